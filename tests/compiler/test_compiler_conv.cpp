@@ -250,16 +250,7 @@ TEST_CASE("Conv2D resident weights arriving in chunks keep pace with streamed on
   // predecessor) would make MTE1 wait for it at every step: ResNet-50's 3x3 256 -> 256 layer
   // at 14x14 on the 910b, 22,476 cycles with 2 tiles a block.
   ConvCase c{1, 14, 14, 256, 3, 3, 96};
-  compiler::ops::CubeConvSpec s;
-  s.images = c.n;
-  s.hs = c.h;
-  s.ws = c.w;
-  s.cs = s.cg_in = c.c;
-  s.kh = s.kw = 3;
-  s.pt = s.pb = s.pl = s.pr = 1;
-  s.cg_out = s.cy = c.cout;
-  s.b_tap = c.c * c.cout;
-  s.b_row = c.cout;
+  const compiler::ops::CubeConvSpec s = square_conv_spec(c.n, c.h, c.c, c.cout, 3);
   const ChipConfig& cfg = test_sim().config();
   const auto base = compiler::ops::plan_cube_conv(s, cfg, "test");
   HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, 24);
@@ -537,8 +528,11 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
 TEST_CASE("plan_filter_grad: a tile's store priced at the bytes FIXPIPE writes") {
   // One part writing f16 dW stores half the bytes of f32 partial products: the estimate of a
   // tiling drops by the tiles of the busiest core x tk x tn x 2 bytes at the store path's rate
-  // (cube_store_rate, from the config); the planner's best is at most that.
-  const ChipConfig& cfg = test_sim().config();
+  // (cube_store_rate, from the config); the planner's best is at most that. The estimate is
+  // also bounded below by the launch's HBM bytes, which f16 lowers too: on the test chip only
+  // f16 <= f32 holds whichever bound binds; the store's saving is checked on the test chip with
+  // 1000 times its HBM bandwidth (so that the HBM bound cannot bind; the store rate does not
+  // depend on it).
   using compiler::ops::FilterGradSpec;
   FilterGradSpec s;
   s.images = 2;
@@ -548,13 +542,21 @@ TEST_CASE("plan_filter_grad: a tile's store priced at the bytes FIXPIPE writes")
   s.cout = 128;
   s.pitch = s.cout;
   const std::string op = "Conv2DBackpropFilter";
-  const compiler::ops::FilterGradTiling f32 = compiler::ops::plan_filter_grad(s, cfg, op);
-  s.out_type = isa::Dtype::F16;
-  const compiler::ops::FilterGradTiling f16 = compiler::ops::plan_filter_grad(s, cfg, op);
-  const double saved = static_cast<double>(f32.per * f32.tk * f32.tn * 2) /
-                       compiler::ops::cube_store_rate(cfg);
-  CHECK(f16.cycles < f32.cycles);
-  CHECK(f16.cycles <= f32.cycles - saved + 1e-6);
+  ChipConfig wide_hbm = test_sim().config();
+  wide_hbm.hbm_gbps *= 1000;
+  for (const ChipConfig* cfg : {&test_sim().config(), static_cast<const ChipConfig*>(&wide_hbm)}) {
+    FilterGradSpec sp = s;
+    const compiler::ops::FilterGradTiling f32 = compiler::ops::plan_filter_grad(sp, *cfg, op);
+    sp.out_type = isa::Dtype::F16;
+    const compiler::ops::FilterGradTiling f16 = compiler::ops::plan_filter_grad(sp, *cfg, op);
+    INFO("HBM " << cfg->hbm_gbps << " GB/s: f32 " << f32.cycles << ", f16 " << f16.cycles);
+    CHECK(f16.cycles <= f32.cycles);
+    if (cfg != &wide_hbm) continue;
+    const double saved = static_cast<double>(f32.per * f32.tk * f32.tn * 2) /
+                         compiler::ops::cube_store_rate(*cfg);
+    CHECK(f16.cycles < f32.cycles);
+    CHECK(f16.cycles <= f32.cycles - saved + 1e-6);
+  }
 }
 
 TEST_CASE("Img2col and the filter gradient: the blocks touch disjoint GM bytes, so they replay") {
@@ -885,8 +887,10 @@ TEST_CASE("cube conv planner: a coupled chip's batch-norm way out priced stage b
   // of a buffer where the way out bounds the block: raising the L2's latency (the landing of
   // stores into lines present) by d must raise the estimate by at least d per tile of the
   // busier buffer beyond its first (whose store misses: HBM's latency), for every plan and so
-  // for the chosen one (t_slow, costed at both latencies); and a much slower landing makes
-  // the planner take fewer, larger tiles per core.
+  // for the chosen one (t_slow) over its own estimate at the base latency, which is at least
+  // the lowest there, which is at least t's over 1 + kPlanTieBand (the planner takes the first
+  // tiling within that band of the lowest); and a much slower landing makes the planner take
+  // fewer, larger tiles per core.
   compiler::ops::CubeConvSpec s = square_conv_spec(4, 14, 64, 384, 1);
   s.bn_affine = true;
   s.bn_a_in_filter = true;
@@ -902,6 +906,7 @@ TEST_CASE("cube conv planner: a coupled chip's batch-norm way out priced stage b
   const auto t_slower = compiler::ops::plan_cube_conv(s, with_l2_latency(10 * d), "pw");
   INFO(t.str() << "\n" << t_slow.str() << "\n" << t_slower.str());
   CHECK(t_slow.tiles_per_block >= 4);
-  CHECK(t_slow.est_cycles - t.est_cycles >= d * ((t_slow.tiles_per_block + 1) / 2 - 1));
+  CHECK(t_slow.est_cycles - t.est_cycles / (1 + compiler::ops::kPlanTieBand) >=
+        d * ((t_slow.tiles_per_block + 1) / 2 - 1));
   CHECK(t_slower.tiles_per_block < t.tiles_per_block);
 }
