@@ -394,12 +394,13 @@ struct CompileRefusal {
   std::string message;
 };
 
-// Compiles op, which must be refused, on the test chip; checks that the message starts with the
-// op's signature.
-inline CompileRefusal compile_refusal(const OpDesc& op) {
+// Compiles op, which must be refused, for cfg (by default the test chip); checks that the
+// message starts with the op's signature.
+inline CompileRefusal compile_refusal(const OpDesc& op,
+                                      const ChipConfig& cfg = test_sim().config()) {
   CompileRefusal r;
   try {
-    compiler::compile(op, test_sim().config());
+    compiler::compile(op, cfg);
     FAIL("compiled");
   } catch (const compiler::InvalidOpError& e) {
     r.invalid = true;

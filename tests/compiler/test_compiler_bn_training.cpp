@@ -548,6 +548,47 @@ TEST_CASE("Conv2DBNTrainingReduce: the sums per tile as the cube cores store the
   check_conv_reduce_per_tile({2, 16, 16, 32}, {3, 3, 32, 64}, DataType::F32, 86, 0);
 }
 
+TEST_CASE("Conv2DBNTrainingReduce: the sums within the chip's cross-core flag ids") {
+  // (split chips only.) The per-tile sums use cross-core flag ids 0-4, the sums after a barrier
+  // 0-2: compiled for the test chip with 4 ids the kernel takes the barrier (no hand-over of
+  // tiles) and runs right; with 2 the compile fails naming sync.cross_core_flag_ids.
+  if (!test_sim().config().split) return;
+  ChipConfig few = test_sim().config();
+  REQUIRE(few.cross_core_flag_ids >= 5);
+  few.cross_core_flag_ids = 4;
+  const DataType dt = DataType::F16;
+  const std::vector<int64_t> xs = {4, 28, 28, 32}, ws = {3, 3, 32, 64};
+  std::vector<HostTensor> in = {random_tensor(dt, xs, 0, 1, 90),
+                                random_tensor(dt, ws, -0.5, 0.5, 91)};
+  const std::map<std::string, compiler::AttrValue> attrs = {
+      {"strides", std::vector<int64_t>{1, 1, 1, 1}}, {"padding", std::string("SAME")}};
+  const OpDesc op = make_op("Conv2DBNTrainingReduce", {in[0].desc, in[1].desc}, attrs);
+  const auto k = compiler::compile(op, few);
+  bool fused = false;
+  for (const auto& l : k.launches)
+    if (l.kernel.program.name.find("_BNTrainingReduce") != std::string::npos) {
+      fused = true;
+      CHECK(l.kernel.listing.find("tile stored: to the vector cores") == std::string::npos);
+      CHECK(l.kernel.listing.find("y stored: to the vector cores") != std::string::npos);
+    }
+  CHECK(fused);
+  g_compile_for = &few;
+  const RunResult res = run("Conv2DBNTrainingReduce", in, attrs, 3);
+  g_compile_for = nullptr;
+  const RunResult conv = run("Conv2D", in, attrs, 1);
+  CHECK(res.outputs[0].values == conv.outputs[0].values);
+  check_channel_sums(res.outputs[0], ws[3], res, 1);
+  {  // the switch takes unset, "0" or "1" only
+    ScopedEnv bad("NPUSIM_FUSION_CONV_BN_REDUCE_TILES", "yes");
+    CHECK(compile_refusal(op).message.find("NPUSIM_FUSION_CONV_BN_REDUCE_TILES='yes'") !=
+          std::string::npos);
+  }
+  few.cross_core_flag_ids = 2;
+  const CompileRefusal r = compile_refusal(op, few);
+  CHECK(r.message.find("sync.cross_core_flag_ids") != std::string::npos);
+  CHECK(r.message.find("needs 3 cross-core flag ids") != std::string::npos);
+}
+
 TEST_CASE("Conv2DBNTrainingReduce: the sums in channels-first tiles at ResNet-50's small maps") {
   // The ResNet-50 v1.5 training test's shapes (tests/tf/test_resnet_v15.py: 32x32 input, batch
   // 16) whose fused sums take another tile with the channels first (ops/channel.cpp): on the

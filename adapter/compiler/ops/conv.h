@@ -147,12 +147,14 @@ struct CubeConvSpec {
   // With bn_stats, unstacked tiles and one group: the vector cores sum each tile as their cube
   // core stores it (bn_stats_per_tile, the default) rather than all of y after a barrier of
   // the cube cores: after each tile's FIXPIPE the cube core hands the tile to its vector cores
-  // (cross-core flag, mode 2), each of which sums half of the tile's rows into per-channel
+  // (cross-core flag, mode 2), each of which sums its ceil(rows / aiv_per_aic) of the tile's
+  // rows into per-channel
   // running sums over all cy channels while the cube computes the next tiles; a vector core
   // hands each tile back once it has taken it, and the cube core waits for that before it
   // hands over a tile more than cross_core_max_pending / aiv_per_aic tiles ahead (the flag
   // counters' bound). Partials: one row per vector core of the launch (zeros for channels its
-  // tiles do not cover), then BNTrainingReduce's epilogue as above.
+  // tiles do not cover), then after a barrier of the vector cores their rows folded pairwise
+  // per 64-channel tile into output0 and output1 (not BNTrainingReduce's block-order epilogue).
   bool bn_stats_per_tile = true;
   // x's element strides in GM between pixels, rows and images (0: NHWC of hs x ws x cs, the
   // default). Other strides view x differently, e.g. the width fold of ops/conv2d.cpp: pixels

@@ -78,6 +78,8 @@
 // full input list (the shape tensor is then checked and ignored).
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -109,9 +111,12 @@ constexpr int64_t kFold16 = 16;  // channels per cube k-block (C0 of f16)
 
 // CubeConvSpec::bn_stats_per_tile unless NPUSIM_FUSION_CONV_BN_REDUCE_TILES=0: a measuring
 // switch (the statistics after a barrier of the cube cores instead), read at every compile.
-bool conv_stats_per_tile() {
+// Unset, "0" or "1"; anything else is a CompileError naming op.
+bool conv_stats_per_tile(const OpDesc& op) {
   const char* v = std::getenv("NPUSIM_FUSION_CONV_BN_REDUCE_TILES");
-  return !(v && std::string_view(v) == "0");
+  if (!v || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  op.fail(fmt::format("NPUSIM_FUSION_CONV_BN_REDUCE_TILES='{}' is neither '0' nor '1'", v));
 }
 
 // Whether the width fold applies to a window of kw columns (padding pl / pr, dilation dw) over
@@ -406,19 +411,29 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     return best;
   };
   const CubeConvSpec one_group_per_step = spec;
-  CubeConvTiling t = plan_or_view(spec);
-  // Block-diagonal groups of one 16-channel block (the depthwise convolutions): `per` of them
-  // to a kernel step (merge_diagonal_groups) for per = 1 .. diagonal_merge_max; the fewest per
-  // step whose estimate is within kPlanTieBand of the lowest (group pitches unchanged: each
-  // group's rows whole blocks).
-  if (!group_padded && diagonal_merge_max > 1) {
-    std::vector<std::pair<CubeConvSpec, CubeConvTiling>> per_step{{spec, t}};
-    for (int64_t per = 2; per <= std::min(diagonal_merge_max, one_group_per_step.groups); ++per) {
-      CubeConvSpec merged = merge_diagonal_groups(one_group_per_step, per, ctx.op.str());
-      const CubeConvTiling tm = plan_or_view(merged);
-      per_step.emplace_back(merged, tm);
+  CubeConvTiling t;
+  if (group_padded || diagonal_merge_max <= 1) {
+    t = plan_or_view(spec);
+  } else {
+    // Block-diagonal groups of one 16-channel block (the depthwise convolutions): `per` of them
+    // to a kernel step (merge_diagonal_groups) for per = 1 .. diagonal_merge_max; the fewest
+    // per step whose estimate is within kPlanTieBand of the lowest (group pitches unchanged:
+    // each group's rows whole blocks). A count that does not plan (CompileError) is left out;
+    // where none plans, the first count's error stands.
+    std::vector<std::pair<CubeConvSpec, CubeConvTiling>> per_step;
+    std::exception_ptr first_error;
+    for (int64_t per = 1; per <= std::min(diagonal_merge_max, one_group_per_step.groups); ++per) {
+      try {
+        CubeConvSpec sp = per == 1 ? one_group_per_step
+                                   : merge_diagonal_groups(one_group_per_step, per, ctx.op.str());
+        const CubeConvTiling tp = plan_or_view(sp);
+        per_step.emplace_back(sp, tp);
+      } catch (const CompileError&) {
+        if (!first_error) first_error = std::current_exception();
+      }
     }
-    double lowest = t.est_cycles;
+    if (per_step.empty()) std::rethrow_exception(first_error);
+    double lowest = per_step.front().second.est_cycles;
     for (const auto& [sp, tp] : per_step) lowest = std::min(lowest, tp.est_cycles);
     for (const auto& [sp, tp] : per_step)
       if (tp.est_cycles <= lowest * (1 + kPlanTieBand)) {
@@ -450,7 +465,7 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
                   !cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str()) &&
                   (spec.cy * osz) % layout::kBlockBytes == 0;
   ArgRef sums, squares;
-  spec.bn_stats_per_tile = conv_stats_per_tile();
+  if (spec.bn_stats) spec.bn_stats_per_tile = conv_stats_per_tile(ctx.op);
   if (spec.bn_stats) spec.name += "_BNTrainingReduce";
   int blocks = 0;
   Launch conv = build_cube_conv(spec, t, ctx.cfg, ctx.op.str(), &blocks);
@@ -1211,9 +1226,16 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
       (split.parts > 1 ? partial_sum_estimate(ctx.cfg, op.str(), split.parts, cin * f[3]) : 0);
   const PointwiseKernel forced = pointwise_filter_grad_kernel(op);
   if (forced != PointwiseKernel::kMatmul && filter_grad_parts_in_kernel(ctx, ct, dt, cin * f[3])) {
-    const FusedFilterGradPlan fused = plan_fused_filter_grad(ctx, ct, dt, x, f, cw);
-    if (forced == PointwiseKernel::kFused || fused.cycles < matmul_cycles) {
-      append_fused_filter_grad(k, ctx, ct, xr, dyr, fused);
+    // Unless forced, a fused kernel that does not plan (its one-part plan does not fit) leaves
+    // the MatMul.
+    std::optional<FusedFilterGradPlan> fused;
+    try {
+      fused = plan_fused_filter_grad(ctx, ct, dt, x, f, cw);
+    } catch (const CompileError&) {
+      if (forced == PointwiseKernel::kFused) throw;
+    }
+    if (fused && (forced == PointwiseKernel::kFused || fused->cycles < matmul_cycles)) {
+      append_fused_filter_grad(k, ctx, ct, xr, dyr, *fused);
       return k;
     }
   }

@@ -106,6 +106,13 @@ class ConvEmitter {
         m_pipe(m_b, t.l0c_buffers) {}
 
   BuiltKernel emit() {
+    // bn_stats needs cross-core flag ids 0 to kPartialsStored (after a barrier) and up to
+    // kTileTaken per tile (stats_per_tile() falls back to the barrier where those do not fit).
+    if (m_s.bn_stats && kPartialsStored >= m_b.config().cross_core_flag_ids)
+      m_b.fail(fmt::format(
+          "the convolution with batch-norm statistics needs {} cross-core flag ids; the chip "
+          "has {} (sync.cross_core_flag_ids)",
+          kPartialsStored + 1, m_b.config().cross_core_flag_ids));
     cube_section();
     if (stats_per_tile())
       emit_tile_stats();
@@ -177,6 +184,7 @@ class ConvEmitter {
       b.emit(Opcode::op_cc_set, {Pipe::FIX, kCcGroup, kYStored}, "y stored: to the vector cores");
       m_pipe.release_registers();
     }
+    m_tbeg = nullptr;  // (its register ends with the section)
     b.end();
   }
 
@@ -198,10 +206,10 @@ class ConvEmitter {
     return cfg.cross_core_max_pending / std::max(1, cfg.aiv_per_aic);
   }
 
-  // CubeConvSpec::bn_stats_per_tile, where it applies.
+  // CubeConvSpec::bn_stats_per_tile, where it applies (its flag ids among the chip's).
   bool stats_per_tile() const {
     return m_s.bn_stats && m_s.bn_stats_per_tile && !stacked() && m_s.groups == 1 &&
-           tile_window() >= 1;
+           tile_window() >= 1 && kTileTaken < m_b.config().cross_core_flag_ids;
   }
 
   // bn_stats_per_tile, cube side, after the FIXPIPE of the block's tile s / chunks (FIX, in
@@ -234,9 +242,9 @@ class ConvEmitter {
   // partial chunk in place). The running sums carry over the tiles of one weight key (the same
   // channels; a block's tiles are key-major); when the key changes, and after the last tile,
   // they are folded to one row and added into the per-channel sums of all cy channels at the
-  // key's first channel (TileStats::flush). Then MTE3 stores those as this core's partials
-  // (squares in "partials", plain sums in "partials2") and BNTrainingReduce's epilogue adds the
-  // launch's partials in vector-core order (emit_epilogue_after_partials).
+  // key's first channel (flush_tile_sums). Then MTE3 stores those as this core's partials
+  // (squares in "partials", plain sums in "partials2") and add_partials folds the launch's
+  // partials pairwise (a fixed order) into output0 and output1.
   void emit_tile_stats() {
     check_stats_layout();
     KernelBuilder& b = m_b;
@@ -299,6 +307,7 @@ class ConvEmitter {
         b.add(dst, dst, off);
         b.emit(Opcode::op_copy_ub2gm, {dst, src, 1, cy * 4 / kBlkBytes, 0, 0}, "partial sums");
       }
+      m_tbeg = nullptr;  // (its register ends with this block)
     }
     add_partials(cores);
     b.end();
@@ -383,6 +392,10 @@ class ConvEmitter {
     uint64_t sum = 0, squares = 0;                     // per channel, all cy
     FlagPair in_free, in_ready;
   };
+  // The vector section's registers that emit_tile_stats' helpers share (references: they
+  // live in emit_tile_stats' scope): chunks loaded so far (the ping / pong parity of the raw
+  // buffers), the running sums' first channel (-1 before the first tile) and channel count,
+  // the running sums' buffer (0 / 1), and the vector core's index in its group.
   struct TileStatsRegs {
     const Reg &chunks, &key_n0, &key_n, &parity, &sub;
   };
@@ -571,6 +584,8 @@ class ConvEmitter {
     }
   }
 
+  // bn_stats' contract on y: dense (pitch() == cy) with whole 32-byte pixels, so that the
+  // vector cores read each pixel's channels as whole blocks; else a CompileError.
   void check_stats_layout() const {
     if (m_s.pitch() != m_s.cy || (m_s.cy * m_osz) % 32 != 0)
       m_b.fail(
