@@ -1255,6 +1255,11 @@ bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg) {
 Launch build_multi_stream_kernel(const std::string& op, const std::vector<StreamSpec>& segments,
                                  const ChipConfig& cfg) {
   if (segments.empty()) throw std::logic_error("build_multi_stream_kernel: no segments");
+  for (const StreamSpec& s : segments)
+    if (!s.accumulators.empty() || s.block_finish || s.tail_args)
+      throw std::logic_error(
+          "build_multi_stream_kernel: accumulators, block_finish and tail_args are "
+          "build_stream_kernel's only");
   return StreamEmitter(op, segments, cfg).build();
 }
 

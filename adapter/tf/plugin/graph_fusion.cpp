@@ -665,6 +665,15 @@ int fuse_add_n_relu_grads_in(tfc::GraphDef& graph, const std::unordered_set<std:
 
 // ---- end of rewrite 16 ----
 
+// Every node's inputs named in `renamed` (data inputs as node or node:port, control inputs as
+// ^node) become the name they map to.
+void rename_inputs(tfc::GraphDef& graph, const std::map<std::string, std::string>& renamed) {
+  if (renamed.empty()) return;
+  for (tfc::NodeDef& n : *graph.mutable_node())
+    for (std::string& in : *n.mutable_input())
+      if (auto it = renamed.find(in); it != renamed.end()) in = it->second;
+}
+
 // ---- Rewrite 0c: a residual add and its ReLU in BNTrainingUpdate (graph_fusion.h) ----
 
 // Ops whose output 0 is an activation of a training graph's block: what the other operand of
@@ -758,9 +767,7 @@ int fuse_bn_add_relus_in(tfc::GraphDef& graph, const std::unordered_set<std::str
       break;
     }
   }
-  for (int i = 0; i < graph.node_size() && !renamed.empty(); ++i)
-    for (std::string& in : *graph.mutable_node(i)->mutable_input())
-      if (auto it = renamed.find(in); it != renamed.end()) in = it->second;
+  rename_inputs(graph, renamed);
   removed->insert(rm.removed().begin(), rm.removed().end());
   return fused;
 }
@@ -4105,14 +4112,6 @@ int fuse_layer_norm_trainings(tfc::GraphDef& graph, const std::unordered_set<std
              {{"T", type_value(n.t)}, {"Tgamma", type_value(n.t)}});
   removed->insert(rm.removed().begin(), rm.removed().end());
   return static_cast<int>(found.size());
-}
-
-// Every node's data inputs named in `renamed` (node or node:port) read its value instead.
-void rename_inputs(tfc::GraphDef& graph, const std::map<std::string, std::string>& renamed) {
-  if (renamed.empty()) return;
-  for (tfc::NodeDef& n : *graph.mutable_node())
-    for (std::string& in : *n.mutable_input())
-      if (auto it = renamed.find(in); it != renamed.end()) in = it->second;
 }
 
 // ---- Rewrite 0d: a convolution's bias gradient in BNTrainingReduceGrad (graph_fusion.h) ----
