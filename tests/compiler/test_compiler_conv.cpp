@@ -766,6 +766,37 @@ TEST_CASE("depthwise groups per step: unforced, the planner's lowest estimate") 
   check_depthwise(0, DataType::F16, ConvCase{2, 7, 9, 40, 3, 3, 0}, 2, 134);
 }
 
+TEST_CASE("cube conv planner: a grouped convolution's first reads of x over the cores' steps") {
+  // MobileNetV2's 56x56x144 depthwise layer on the 310P (batch 4, f16, compile only). The L2
+  // fills whole lines, each holding every group's channels of its pixels, so x comes from HBM
+  // once, read by whichever tile reads a row first. How much of that read the cores' work
+  // hides depends on when the first reads come: HBM's time for x is x's bytes over the
+  // preset's sustained rate; taking it away (HBM a thousand times faster) lowers the estimate
+  // by less than half of it where the blocks' first tiles are spread over the map (five groups
+  // per step: two keys, the blocks of each start a quarter of the positions apart, so x's
+  // first reads run through the whole launch), and by more than three quarters of it where
+  // they come at the launch's start (one group per step: the eight blocks start on different
+  // groups a few tiles apart, and x is read once they have each done a few tiles). Before
+  // the first reads were modelled the estimate added all of HBM's time to the busiest core's,
+  // and the first check failed.
+  const ChipConfig p310 = load_chip_config("310p");
+  const ChipConfig fast_hbm =
+      load_chip_config("310p", {"memory.hbm.gbps=" + std::to_string(p310.hbm_gbps * 1000)});
+  const ConvCase c{4, 56, 56, 144, 3, 3, 0};
+  const double x_time =
+      static_cast<double>(c.n * c.h * c.w * c.c * 2) / p310.hbm_sustained_bytes_per_cycle();
+  auto estimate = [&](const char* per, const ChipConfig& cfg) {
+    Groups forced(per);
+    return conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), cfg)).first;
+  };
+  const double spread = estimate("5", p310) - estimate("5", fast_hbm);
+  const double at_start = estimate("1", p310) - estimate("1", fast_hbm);
+  INFO("x over HBM " << x_time << " cycles; HBM's share of the estimate: 5 per step " << spread
+                     << ", 1 per step " << at_start);
+  CHECK(spread < 0.5 * x_time);
+  CHECK(at_start > 0.75 * x_time);
+}
+
 TEST_CASE("NPUSIM_DEPTHWISE_TILE_ORDER=spatial: depthwise tiles position-major") {
   const ConvCase c{2, 7, 9, 40, 3, 3, 0};
   {
