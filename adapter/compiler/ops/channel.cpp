@@ -377,23 +377,32 @@ struct EpiloguePlan {
   int64_t ct = kF32Tile;
   int blocks = 1;
   uint64_t need = 0;  // UB bytes of its buffers (with their alignment)
+  // Every partial set in a buffer of its own, loaded with the vectors under one MTE2 -> V flag
+  // (one memory round trip per tile); else the sets take turns in one buffer, a round trip each.
+  bool sets_at_once = false;
 };
 
-// The largest channel tile whose buffers fit `ub` bytes of UB (with spread, at most c / cores
-// channels in whole f32 repeats, so that every one of `cores` cores gets a tile).
-EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint64_t ub, int cores) {
+// The largest channel tile whose buffers fit `ub` bytes of UB with one partials buffer (with
+// spread, at most c / cores channels in whole f32 repeats, so that every one of `cores` cores
+// gets a tile). With at_once, the partial sets then take a buffer each where that tile's buffers
+// still fit `ub` (the same tile either way).
+EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint64_t ub, int cores,
+                           bool at_once = false) {
   int max_blocks = 1;
   for (int k : s.partial_blocks) max_blocks = std::max(max_blocks, k);
-  const int nbuf = static_cast<int>(s.partial_blocks.size()) + s.vectors + s.outputs + s.temps;
+  const int sets = static_cast<int>(s.partial_blocks.size());
+  const int nbuf = sets + s.vectors + s.outputs + s.temps;
   if (s.out_type != Dtype::F32 &&
       (s.out_type != Dtype::F16 || (s.c * isa::dtype_size(s.out_type)) % 32 != 0))
     b.fail(fmt::format("channel epilogue outputs of {} x {} (f32, or f16 in whole 32-byte blocks)",
                        s.c, isa::dtype_name(s.out_type)));
-  // One channel tile of ct f32 in every buffer (partials: max_blocks rows of it).
-  auto need = [&](int64_t c) {
+  // One channel tile of ct f32 in every buffer (partials: max_blocks rows of it, per set
+  // `partial_buffers` times).
+  auto need = [&](int64_t c, int partial_buffers = 1) {
     return static_cast<uint64_t>(c) * 4 *
-               (static_cast<uint64_t>(max_blocks) + static_cast<uint64_t>(nbuf)) +
-           static_cast<uint64_t>(nbuf + 1) * 64;
+               (static_cast<uint64_t>(max_blocks) * static_cast<uint64_t>(partial_buffers) +
+                static_cast<uint64_t>(nbuf)) +
+           static_cast<uint64_t>(nbuf + partial_buffers) * 64;
   };
   const int64_t cap =
       s.spread
@@ -406,6 +415,10 @@ EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint6
   p.blocks = s.spread ? static_cast<int>(std::min<int64_t>(ceil_div(s.c, p.ct), cores)) : 1;
   p.need = need(p.ct);
   if (p.need > ub) b.fail("the channel epilogue does not fit the UB");
+  if (at_once && sets > 1 && need(p.ct, sets) <= ub) {
+    p.sets_at_once = true;
+    p.need = need(p.ct, sets);
+  }
   return p;
 }
 
@@ -429,7 +442,9 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
     return at;
   };
   EpilogueOperands ops;
-  const uint64_t partial = alloc(row * static_cast<uint64_t>(max_blocks), "partials");
+  std::vector<uint64_t> partial = {alloc(row * static_cast<uint64_t>(max_blocks), "partials")};
+  for (size_t i = 1; p.sets_at_once && i < s.partial_blocks.size(); ++i)
+    partial.push_back(alloc(row * static_cast<uint64_t>(max_blocks), fmt::format("partials {}", i)));
   for (size_t i = 0; i < s.partial_blocks.size(); ++i)
     ops.sums.push_back(alloc(row, fmt::format("sum {}", i)));
   for (int i = 0; i < s.vectors; ++i)
@@ -438,7 +453,7 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
     ops.outputs.push_back(alloc(row, fmt::format("output {}", i)));
   for (int i = 0; i < s.temps; ++i) ops.temps.push_back(alloc(row, fmt::format("temp {}", i)));
   const int ready = b.flag(Pipe::MTE2, Pipe::V, "inputs loaded");
-  const int consumed = b.flag(Pipe::V, Pipe::MTE2, "partials summed");
+  const int consumed = p.sets_at_once ? -1 : b.flag(Pipe::V, Pipe::MTE2, "partials summed");
   const int done = b.flag(Pipe::V, Pipe::MTE3, "outputs computed");
   const int stored = b.flag(Pipe::MTE3, Pipe::MTE2, "outputs stored");
   Reg item = b.reg("item");
@@ -448,35 +463,54 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
         KernelBuilder::Origin o(b, fmt::format("channels [{}, {})", c0, std::min(s.c, c0 + ct)));
         const int64_t cn = std::min(ct, s.c - c0);
         const int64_t blocks = ceil_div(cn * 4, 32);
-        for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
+        const auto load_set = [&](size_t i) {
           const int nb = s.partial_blocks[i];
           Reg src = b.load_arg(partial_args[i]), t = b.reg("offset"),
-              d = b.reg_imm("partials", int64_t(partial));
+              d = b.reg_imm("partials", int64_t(partial[p.sets_at_once ? i : 0]));
           b.mul(t, item, nb * s.partial_cp * 4);
           b.add(src, src, t);
           b.add(src, src, c0 * 4);
           b.emit(Opcode::op_copy_gm2ub,
                  {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks, ct * 4 / 32 - blocks},
                  "the blocks' partial sums");
+        };
+        const auto load_vectors = [&] {
+          for (int i = 0; i < s.vectors; ++i) {
+            Reg src = b.load_arg(fmt::format("vector{}", i)),
+                d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
+            b.add(src, src, c0 * 4);
+            b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
+          }
+        };
+        // Set i's partials added in block order (the same sums either way).
+        const auto add_set = [&](size_t i) {
+          const uint64_t at = partial[p.sets_at_once ? i : 0];
+          Reg n = b.reg_imm("channels", cn);
+          f32_copy(b, ops.sums[i], at, n);
+          for (int k = 1; k < s.partial_blocks[i]; ++k)
+            f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
+                       at + static_cast<uint64_t>(k) * row, n);
+        };
+        if (p.sets_at_once) {
+          for (size_t i = 0; i < s.partial_blocks.size(); ++i) load_set(i);
+          load_vectors();
           b.set_flag(Pipe::MTE2, Pipe::V, ready);
           b.wait_flag(Pipe::MTE2, Pipe::V, ready);
-          Reg n = b.reg_imm("channels", cn);
-          f32_copy(b, ops.sums[i], partial, n);
-          for (int k = 1; k < nb; ++k)
-            f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
-                       partial + static_cast<uint64_t>(k) * row, n);
-          // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
-          b.set_flag(Pipe::V, Pipe::MTE2, consumed);
-          b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
+          for (size_t i = 0; i < s.partial_blocks.size(); ++i) add_set(i);
+        } else {
+          for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
+            load_set(i);
+            b.set_flag(Pipe::MTE2, Pipe::V, ready);
+            b.wait_flag(Pipe::MTE2, Pipe::V, ready);
+            add_set(i);
+            // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
+            b.set_flag(Pipe::V, Pipe::MTE2, consumed);
+            b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
+          }
+          load_vectors();
+          b.set_flag(Pipe::MTE2, Pipe::V, ready);
+          b.wait_flag(Pipe::MTE2, Pipe::V, ready);
         }
-        for (int i = 0; i < s.vectors; ++i) {
-          Reg src = b.load_arg(fmt::format("vector{}", i)),
-              d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
-          b.add(src, src, c0 * 4);
-          b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
-        }
-        b.set_flag(Pipe::MTE2, Pipe::V, ready);
-        b.wait_flag(Pipe::MTE2, Pipe::V, ready);
         Reg n = b.reg_imm("channels", cn);
         ops.count = &n;
         s.compute(b, ops);
@@ -968,8 +1002,8 @@ void emit_partials_epilogue(KernelBuilder& b, ChannelEpilogueSpec e,
   // The epilogue's buffers over the kernel's (stored before the barrier; V's last use of them
   // came before its flag to MTE3, whose stores came before the barrier that MTE2's loads wait
   // for).
-  const EpiloguePlan p =
-      plan_epilogue(b, e, b.config().core_kind(b.vector_core_kind())->capacity(Buf::UB), blocks);
+  const EpiloguePlan p = plan_epilogue(
+      b, e, b.config().core_kind(b.vector_core_kind())->capacity(Buf::UB), blocks, true);
   Reg blk = b.reg("block");
   b.emit(Opcode::op_get_block_id, {blk});
   if (p.blocks > 1) {
