@@ -115,6 +115,7 @@ class ChannelSumEmitter {
   void declare_args(ChannelSumLaunch& out);
   void emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item, const Reg& g);
   void load_vectors(const Reg& g);
+  void vectors_ready();
   void load_vector(const std::string& arg, uint64_t dst, const Reg& g);
   uint64_t relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
   void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item, const Reg& g);
@@ -692,7 +693,7 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
     vec_dup_bits(b, 4, m_acc[0], 0, n);
     if (m_s.plain_sum) vec_dup_bits(b, 4, m_acc2[0], 0, n);
   }
-  if (m_vectors) load_vectors(g);
+  if (m_vectors) load_vectors(g);     // (their flag after the first raw tile's loads)
   accumulate_tiles(p0, p1, item, g);  // the group's folded sums in acc[0] (and acc2[0])
   b.set_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
   b.wait_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
@@ -702,12 +703,21 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
 }
 
 // The group's per-channel vectors (m; the mask vectors, then fa and fs from them), once per
-// group; V releases them after the group's last tile.
+// group; V releases them after the group's last tile. Their loads only: vectors_ready hands
+// them to V.
 void ChannelSumEmitter::load_vectors(const Reg& g) {
   KernelBuilder& b = m_b;
   b.wait_flag(Pipe::V, Pipe::MTE2, m_m_free);
   if (m_s.centered) load_vector("m", m_m, g);
   for (size_t i = 0; i < m_mask.size(); ++i) load_vector(fmt::format("mask{}", i), m_mask[i], g);
+}
+
+// The vectors load_vectors loaded, to V (and the ReLU's fold from them). Issued after the
+// group's first raw tile's loads: a set_flag holds MTE2 until its loads have landed
+// (sync.set_flag_holds_pipe), so the vectors and that raw tile take one memory round trip, not
+// one each.
+void ChannelSumEmitter::vectors_ready() {
+  KernelBuilder& b = m_b;
   b.set_flag(Pipe::MTE2, Pipe::V, m_m_ready);
   b.wait_flag(Pipe::MTE2, Pipe::V, m_m_ready);
   if (m_s.relu_mask) {
@@ -763,8 +773,14 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
                    m_pingpong ? b.label("tiles_end_sums_in_pong") : Label{}};
   if (!m_pingpong) exit[1] = exit[0];
   const int64_t raw = m_tp * m_rt;
+  {
+    Label none = b.label("no_first_raw_tile");
+    b.branch(ge(t0, p1), none);
+    load_raw_tile(0, t0, p1, item, g);
+    b.bind(none);
+  }
+  if (m_vectors) vectors_ready();
   b.branch(ge(t0, p1), exit[0]);
-  load_raw_tile(0, t0, p1, item, g);
   b.bind(loop);
   for (int q = 0; q < 2; ++q) {
     {
