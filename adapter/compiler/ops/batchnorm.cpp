@@ -820,6 +820,7 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   // sums, whose vector work per element is larger (measured slower at 28x28x128 on the 910b;
   // on the 910's coupled cores slower at every layer it moved: docs/compiler.md).
   s.raw_tile_first = !relu && ctx.cfg.split;
+  s.stagger_first_tiles = true;  // where it can pay (ops/channel.h)
   s.a_type = s.b_type = device_dtype(t.dt);
   s.pixels = t.pixels;
   s.cp = x.cp;

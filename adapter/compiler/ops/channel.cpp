@@ -142,6 +142,7 @@ class ChannelSumEmitter {
   int64_t m_rt = 1;          // tiles per raw tile (a power of two): loaded under one flag
   int64_t m_ct = 0;          // channels per group (divides cp)
   int64_t m_per = 0;         // pixels per block
+  bool m_stagger = false;    // ChannelSumSpec::stagger_first_tiles taken
   int m_blocks = 0;
   uint64_t m_tile = 0;                                // elements per tile
   uint64_t m_a_raw[2] = {0, 0}, m_b_raw[2] = {0, 0};  // ping, pong
@@ -155,6 +156,9 @@ class ChannelSumEmitter {
   std::vector<uint64_t> m_mask;  // relu_mask: the mask vectors' group
   std::optional<PixelOps> m_px;
   FlagPair m_in_free, m_in_ready;
+  // m_stagger: the pixels the next raw tile may hold (this block's share first, then a raw
+  // tile), and the end pixel of the raw tile in buffers q.
+  std::optional<Reg> m_raw_limit, m_raw_end[2];
   int m_m_free = 0, m_m_ready = 0, m_acc_ready = 0, m_acc_free = 0;
   bool m_vectors = false;       // per-group vectors (m, fa, fs) to load
   bool m_pingpong = false;      // the sums ping-pong (else acc[1] == acc[0]: in place)
@@ -286,6 +290,11 @@ void ChannelSumEmitter::plan_tile() {
   m_rt = rt;
   m_ct = ct;
   m_tile = static_cast<uint64_t>(tp * ct);
+  if (s.stagger_first_tiles && !m_pingpong && m_blocks > 1 && m_per >= 2 * tp * rt) {
+    const ChipConfig& cfg = m_b.config();
+    const double ports = m_blocks * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
+    m_stagger = cfg.set_flag_holds_pipe && ports > cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
+  }
 }
 
 // UB buffers, each starting in a bank window of its own among those an instruction combines
@@ -773,14 +782,29 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
                    m_pingpong ? b.label("tiles_end_sums_in_pong") : Label{}};
   if (!m_pingpong) exit[1] = exit[0];
   const int64_t raw = m_tp * m_rt;
-  {
+  if (m_stagger) {
+    // this block's share of a raw tile first: (blk + 1) * max(1, raw / blocks), at most raw
+    KernelBuilder::Origin o(b, fmt::format("staggered first raw tile: {} phases", m_blocks));
+    if (!m_raw_limit) {
+      m_raw_limit.emplace(b.reg("pixels the next raw tile may hold"));
+      for (auto& e : m_raw_end) e.emplace(b.reg("end of the raw tile"));
+    }
+    b.emit(Opcode::op_get_block_id, {*m_raw_limit});
+    b.add(*m_raw_limit, *m_raw_limit, 1);
+    b.mul(*m_raw_limit, *m_raw_limit, std::max<int64_t>(1, raw / m_blocks));
+    b.min(*m_raw_limit, *m_raw_limit, raw, "this block's first raw tile");
+  }
+  if (m_vectors) {  // the first raw tile's loads before the vectors' flag
     Label none = b.label("no_first_raw_tile");
     b.branch(ge(t0, p1), none);
     load_raw_tile(0, t0, p1, item, g);
     b.bind(none);
+    vectors_ready();
+    b.branch(ge(t0, p1), exit[0]);
+  } else {
+    b.branch(ge(t0, p1), exit[0]);
+    load_raw_tile(0, t0, p1, item, g);
   }
-  if (m_vectors) vectors_ready();
-  b.branch(ge(t0, p1), exit[0]);
   b.bind(loop);
   for (int q = 0; q < 2; ++q) {
     {
@@ -788,7 +812,10 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
       // issues in order and waits while the vector queue is full).
       Label none = b.label("no_next_raw_tile");
       Reg next = b.reg("next raw tile");
-      b.add(next, t0, raw);
+      if (m_stagger)
+        b.mov(next, *m_raw_end[q]);
+      else
+        b.add(next, t0, raw);
       b.branch(ge(next, p1), none);
       load_raw_tile(1 - q, next, p1, item, g);
       b.bind(none);
@@ -815,7 +842,13 @@ void ChannelSumEmitter::load_raw_tile(int q, const Reg& t0, const Reg& p1, const
   KernelBuilder::Origin o(b, fmt::format("raw tile load ({})", q ? "pong" : "ping"));
   Reg n = b.reg("raw tile pixels");
   b.sub(n, p1, t0);
-  b.min(n, n, m_tp * m_rt);
+  if (m_stagger) {
+    b.min(n, n, *m_raw_limit);
+    b.movi(*m_raw_limit, m_tp * m_rt, "the later raw tiles: whole ones");
+    b.add(*m_raw_end[q], t0, n);
+  } else {
+    b.min(n, n, m_tp * m_rt);
+  }
   b.wait_flag(m_in_free, q);
   load_tile(m_a_arg, m_a_raw[q], m_sa, s.a_batch_stride, n, t0, item, g);
   if (m_has_b) load_tile("b", m_b_raw[q], m_sb, s.b_batch_stride, n, t0, item, g);
@@ -835,16 +868,21 @@ void ChannelSumEmitter::accumulate_raw_tile(int q, const Reg& t0, const Reg& p1,
     b.set_flag(m_in_free, q);
     b.jmp(to);
   };
+  // Staggered, a raw tile may end before p1 and before its last tile (the block's first): its
+  // tiles end at its own end, and the loop goes on from there (the sums are in place: no exit
+  // depends on the tile's parity).
+  const Reg& end = m_stagger ? *m_raw_end[q] : p1;
+  Label raw_done = m_stagger ? b.label("raw_tile_done") : Label{};
   for (int k = 0; k < m_rt; ++k) {
     const int j = static_cast<int>((q * m_rt + k) % 2);
     if (k > 0) {
       Label more = b.label("raw_tile_more_pixels");
-      b.branch(lt(t0, p1), more);
-      leave(exit[j]);
+      b.branch(lt(t0, end), more);
+      leave(m_stagger ? raw_done : exit[j]);
       b.bind(more);
     }
     Reg n = b.reg("tile pixels");
-    b.sub(n, p1, t0);
+    b.sub(n, end, t0);
     b.min(n, n, m_tp);
     accumulate_tile(q, k, j, n);
     if (k + 1 == m_rt) b.set_flag(m_in_free, q);
@@ -859,6 +897,10 @@ void ChannelSumEmitter::accumulate_raw_tile(int q, const Reg& t0, const Reg& p1,
       }
     }
     b.add(t0, t0, m_tp);
+  }
+  if (m_stagger) {
+    b.bind(raw_done);
+    b.mov(t0, *m_raw_end[q]);
   }
 }
 
