@@ -812,6 +812,81 @@ TEST_CASE("BNTraining channel sums: several tiles loaded under one flag") {
   check_grads({{1, 64, 96, 16}, 67, true});
 }
 
+TEST_CASE("BNTraining channel sums: staggered first raw tiles, the sums within their bounds") {
+  // ChannelSumSpec::stagger_first_tiles (ops/channel.h, BNTrainingUpdateGrad's): block b of B
+  // first loads (b + 1) / B of a raw tile, then whole ones, so that the blocks' round trips fall
+  // at different times. Taken where the vector cores' GM -> UB ports together outrun HBM and a
+  // load's set_flag holds MTE2 (the 910b: fewer cycles, the sums within their bounds, added in
+  // another order); elsewhere (the tiny chip) not: the same kernel, cycles and bits.
+  using namespace compiler::ops;
+  const ChipConfig& cfg = test_sim().config();
+  const isa::CoreKind vk = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
+  const int64_t cores = cfg.core_kind(vk)->count, c = 64;
+  const int64_t pixels = cores * 500 + 7;  // several raw tiles a block, a short last one
+  const HostTensor x = random_tensor(DataType::F16, {pixels, c}, -2, 3, 90);
+  const HostTensor dy = random_tensor(DataType::F16, {pixels, c}, -1, 1, 91);
+  const HostTensor m = random_tensor(DataType::F32, {c}, 0, 1, 92);
+  ChannelSumSpec s;  // BNTrainingUpdateGrad's: a = x centred on m, b = dy, and the sum of dy
+  s.kind = ChannelSumSpec::Kind::kSumProduct;
+  s.centered = true;
+  s.plain_sum = true;
+  s.raw_tile_first = cfg.split;  // as BNTrainingUpdateGrad: sums in place here (else ping-pong,
+                                 // which is not staggered)
+  s.a_type = s.b_type = isa::Dtype::F16;
+  s.pixels = pixels;
+  s.cp = c;
+  ChannelEpilogueSpec e;
+  e.name = "TestSums";
+  e.spread = true;
+  e.c = c;
+  e.outputs = 2;
+  e.compute = [](compiler::KernelBuilder& b, const EpilogueOperands& o) {
+    f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+    f32_copy(b, o.outputs[1], o.sums[1], *o.count);
+  };
+  const auto run_sums = [&](bool stagger, std::string& summary) {
+    s.stagger_first_tiles = stagger;
+    compiler::CompiledKernel k;
+    k.outputs = {TensorDesc{DataType::F32, {c}}, TensorDesc{DataType::F32, {c}}};
+    append_channel_sum_epilogue(k, "test", s, {input_ref(0), input_ref(1), input_ref(2)}, e,
+                                {output_ref(0), output_ref(1)}, cfg,
+                                channel_epilogue_in_kernel(cfg));
+    summary = k.launches.front().summary;
+    UNSCOPED_INFO(summary);
+    return run_compiled(test_sim(), k, {x, dy, m});
+  };
+  std::string plain_summary, staggered_summary;
+  const RunResult plain = run_sums(false, plain_summary);
+  const RunResult staggered = run_sums(true, staggered_summary);
+  const double k = static_cast<double>(pixels + 16);
+  std::vector<double> sp(c), tsp(c), sdy(c), tsdy(c);
+  for (int64_t j = 0; j < c; ++j)
+    for (int64_t i = 0; i < pixels; ++i) {
+      const double p = (at(x, i, j, c) - m.values[static_cast<size_t>(j)]) * at(dy, i, j, c);
+      sp[j] += p;
+      tsp[j] += (k + 2) * kE * std::fabs(p);
+      sdy[j] += at(dy, i, j, c);
+      tsdy[j] += k * kE * std::fabs(at(dy, i, j, c));
+    }
+  for (const RunResult* r : {&plain, &staggered}) {
+    check_within_bounds(r->outputs[0].values, sp, tsp, "sum dy (x - m)");
+    check_within_bounds(r->outputs[1].values, sdy, tsdy, "sum dy");
+  }
+  const double ports = static_cast<double>(cores) * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
+  const bool pays =
+      cfg.set_flag_holds_pipe && ports > cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
+  WARN("plain " << plain.cycles << " cycles, staggered " << staggered.cycles);
+  CHECK(plain_summary.find("staggered") == std::string::npos);
+  CHECK((staggered_summary.find("first raw tiles staggered") != std::string::npos) == pays);
+  if (pays) {
+    CHECK(staggered.cycles < plain.cycles);
+  } else {
+    CHECK(staggered.cycles == plain.cycles);
+    CHECK(staggered.outputs[0].values == plain.outputs[0].values);
+    CHECK(staggered.outputs[1].values == plain.outputs[1].values);
+  }
+}
+
 TEST_CASE("BNTraining channel sums: the most channels per tile first, whatever the L2") {
   // A 6144-pixel x 256-channel sum (6 MiB of f32) takes all 256 channels per tile
   // (ops/channel.cpp), compiled for the test chip with a 64 KiB L2 (which it overflows) and

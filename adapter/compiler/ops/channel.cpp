@@ -639,9 +639,9 @@ ChannelSumLaunch ChannelSumEmitter::build(std::optional<ChannelEpilogueSpec> e) 
   out.blocks = m_blocks;
   out.launch.summary = fmt::format(
       "channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
-      "tiles of {} pixels x {} channels, loaded {} pixels at a time{}",
+      "tiles of {} pixels x {} channels, loaded {} pixels at a time{}{}",
       s.batch, s.pixels, s.cp, isa::dtype_name(s.a_type), m_blocks, m_per, m_tp, m_ct, m_tp * m_rt,
-      epilogue);
+      m_stagger ? " (the blocks' first raw tiles staggered)" : "", epilogue);
   return out;
 }
 
