@@ -449,6 +449,19 @@ void check_conv_reduce_per_tile(const std::vector<int64_t>& xs, const std::vecto
         (1 - (per_block > 2 ? overlap : 0)) * static_cast<double>(barrier.cycles - conv.cycles));
 }
 
+// BNTrainingUpdateGrad's channel sums of `pixels` x c: a = x centred on m (argument "m"), b = dy,
+// the sum of (x - m) dy, and the plain sum of dy.
+compiler::ops::ChannelSumSpec update_grad_sums(int64_t pixels, int64_t c, isa::Dtype t) {
+  compiler::ops::ChannelSumSpec s;
+  s.kind = compiler::ops::ChannelSumSpec::Kind::kSumProduct;
+  s.centered = true;
+  s.plain_sum = true;
+  s.a_type = s.b_type = t;
+  s.pixels = pixels;
+  s.cp = c;
+  return s;
+}
+
 // compiler::ops::append_channel_sum_epilogue with the epilogue in the sums' kernel (one launch,
 // split chips) against the sums' launch and the epilogue's launch: the same outputs, bit for
 // bit. The sums are BNTrainingUpdateGrad's (a = x, b = dy, centred on m, with the plain sum of
@@ -463,13 +476,7 @@ void check_epilogue_in_kernel(int64_t pixels, int64_t c, DataType dt, uint32_t s
   HostTensor dy = random_tensor(dt, {pixels, c}, -1, 1, seed + 1);
   HostTensor m = random_tensor(DataType::F32, {c}, 0, 1, seed + 2);
   HostTensor v = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 3);
-  ChannelSumSpec s;
-  s.kind = ChannelSumSpec::Kind::kSumProduct;
-  s.centered = true;
-  s.plain_sum = true;
-  s.a_type = s.b_type = compiler::device_dtype(dt);
-  s.pixels = pixels;
-  s.cp = c;
+  ChannelSumSpec s = update_grad_sums(pixels, c, compiler::device_dtype(dt));
   ChannelEpilogueSpec e;
   e.name = "TestSums";
   e.spread = true;
@@ -826,15 +833,9 @@ TEST_CASE("BNTraining channel sums: staggered first raw tiles, the sums within t
   const HostTensor x = random_tensor(DataType::F16, {pixels, c}, -2, 3, 90);
   const HostTensor dy = random_tensor(DataType::F16, {pixels, c}, -1, 1, 91);
   const HostTensor m = random_tensor(DataType::F32, {c}, 0, 1, 92);
-  ChannelSumSpec s;  // BNTrainingUpdateGrad's: a = x centred on m, b = dy, and the sum of dy
-  s.kind = ChannelSumSpec::Kind::kSumProduct;
-  s.centered = true;
-  s.plain_sum = true;
+  ChannelSumSpec s = update_grad_sums(pixels, c, isa::Dtype::F16);
   s.raw_tile_first = cfg.split;  // as BNTrainingUpdateGrad: sums in place here (else ping-pong,
                                  // which is not staggered)
-  s.a_type = s.b_type = isa::Dtype::F16;
-  s.pixels = pixels;
-  s.cp = c;
   ChannelEpilogueSpec e;
   e.name = "TestSums";
   e.spread = true;
