@@ -559,6 +559,49 @@ TEST_CASE("plan_filter_grad: a tile's store priced at the bytes FIXPIPE writes")
   }
 }
 
+TEST_CASE("The fused filter gradient adds parts further apart than copy_gm2ub's source gap") {
+  // The parts' f32 products lie a whole filter apart ([parts][taps * C * cout]): for 1x1 x 512
+  // x 1,040 that is 532,480 floats, 66,560 32-byte blocks, past copy_gm2ub's 16-bit src_gap
+  // (ResNet-50's 1x1 512 -> 2048 filter gradient at batch 256 on the 910b split in 2 parts
+  // failed the verifier so). The vector cores then load each part's row by a copy of its own;
+  // dW against the sums in double.
+  if (!test_sim().config().split) return;  // add_parts: split chips only
+  using compiler::ops::FilterGradSpec;
+  const ConvCase c{1, 16, 16, 512, 1, 1, 1040};
+  FilterGradSpec s;
+  s.images = c.n;
+  s.h = c.h;
+  s.w = c.w;
+  s.c = c.c;
+  s.cout = c.cout;
+  s.x_pixel = c.c;
+  s.x_row = c.w * c.c;
+  s.x_image = c.h * c.w * c.c;
+  s.pitch = s.cout;
+  s.parts = 2;
+  s.add_parts = true;
+  s.dw_type = isa::Dtype::F16;
+  const std::string op = "Conv2DBackpropFilter";
+  const compiler::ops::FilterGradTiling t =
+      compiler::ops::plan_filter_grad(s, test_sim().config(), op);
+  REQUIRE(static_cast<uint64_t>(s.pitch * s.c * 4 / 32) > isa::field_imm_max(isa::FieldKind::RU16));
+  compiler::CompiledKernel k;
+  k.outputs = {TensorDesc{DataType::F16, filter_shape(c)},
+               TensorDesc{DataType::F32, {s.parts, s.c, s.pitch}}};
+  k.launches.push_back(
+      compiler::ops::with_args(compiler::ops::build_filter_grad(s, t, test_sim().config(), op),
+                               {compiler::ops::input_ref(0), compiler::ops::input_ref(1),
+                                compiler::ops::output_ref(1), compiler::ops::output_ref(0)}));
+  HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, 95);
+  HostTensor dy = random_tensor(DataType::F16, y_shape(c), -1, 1, 96);
+  const RunResult r = run_compiled(test_sim(), k, {x, dy});
+  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
+  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
+  });
+  check_against(r.outputs[0].values, ref, DataType::F16, false, "dW");
+}
+
 TEST_CASE("Img2col and the filter gradient: the blocks touch disjoint GM bytes, so they replay") {
   // A launch is recorded for replay only if no block touches GM bytes another block writes
   // (sim/replay/launch_replay.h, record_blocks). Each block of the img2col kernel writes the
@@ -721,6 +764,37 @@ TEST_CASE("depthwise groups per step: unforced, the planner's lowest estimate") 
   }
   check_depthwise(0, DataType::F16, ConvCase{2, 9, 8, 80, 3, 3, 0}, 1, 132);
   check_depthwise(0, DataType::F16, ConvCase{2, 7, 9, 40, 3, 3, 0}, 2, 134);
+}
+
+TEST_CASE("cube conv planner: a grouped convolution's first reads of x over the cores' steps") {
+  // MobileNetV2's 56x56x144 depthwise layer on the 310P (batch 4, f16, compile only). The L2
+  // fills whole lines, each holding every group's channels of its pixels, so x comes from HBM
+  // once, read by whichever tile reads a row first. How much of that read the cores' work
+  // hides depends on when the first reads come: HBM's time for x is x's bytes over the
+  // preset's sustained rate; taking it away (HBM a thousand times faster) lowers the estimate
+  // by less than half of it where the blocks' first tiles are spread over the map (five groups
+  // per step: two keys, the blocks of each start a quarter of the positions apart, so x's
+  // first reads run through the whole launch), and by more than three quarters of it where
+  // they come at the launch's start (one group per step: the eight blocks start on different
+  // groups a few tiles apart, and x is read once they have each done a few tiles). Before
+  // the first reads were modelled the estimate added all of HBM's time to the busiest core's,
+  // and the first check failed.
+  const ChipConfig p310 = load_chip_config("310p");
+  const ChipConfig fast_hbm =
+      load_chip_config("310p", {"memory.hbm.gbps=" + std::to_string(p310.hbm_gbps * 1000)});
+  const ConvCase c{4, 56, 56, 144, 3, 3, 0};
+  const double x_time =
+      static_cast<double>(c.n * c.h * c.w * c.c * 2) / p310.hbm_sustained_bytes_per_cycle();
+  auto estimate = [&](const char* per, const ChipConfig& cfg) {
+    Groups forced(per);
+    return conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), cfg)).first;
+  };
+  const double spread = estimate("5", p310) - estimate("5", fast_hbm);
+  const double at_start = estimate("1", p310) - estimate("1", fast_hbm);
+  INFO("x over HBM " << x_time << " cycles; HBM's share of the estimate: 5 per step " << spread
+                     << ", 1 per step " << at_start);
+  CHECK(spread < 0.5 * x_time);
+  CHECK(at_start > 0.75 * x_time);
 }
 
 TEST_CASE("NPUSIM_DEPTHWISE_TILE_ORDER=spatial: depthwise tiles position-major") {

@@ -480,9 +480,23 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
           b.mul(t, item, nb * s.partial_cp * 4);
           b.add(src, src, t);
           b.add(src, src, c0 * 4);
-          b.emit(Opcode::op_copy_gm2ub,
-                 {d, src, nb, blocks, s.partial_cp * 4 / 32 - blocks, ct * 4 / 32 - blocks},
-                 "the blocks' partial sums");
+          // One strided copy of the nb partial rows, or one copy per row where the rows lie
+          // further apart than copy_gm2ub's 16-bit source gap reaches (a filter gradient's
+          // partial rows are a whole filter apart: 512 x 2048 f32 is 131,072 blocks).
+          const int64_t src_gap = s.partial_cp * 4 / 32 - blocks;
+          if (static_cast<uint64_t>(src_gap) <= isa::field_imm_max(isa::FieldKind::RU16)) {
+            b.emit(Opcode::op_copy_gm2ub, {d, src, nb, blocks, src_gap, ct * 4 / 32 - blocks},
+                   "the blocks' partial sums");
+          } else {
+            for (int k = 0; k < nb; ++k) {
+              if (k > 0) {
+                b.add(src, src, s.partial_cp * 4);
+                b.add(d, d, row);
+              }
+              b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0},
+                     fmt::format("block {}'s partial sums", k));
+            }
+          }
         };
         const auto load_vectors = [&] {
           for (int i = 0; i < s.vectors; ++i) {

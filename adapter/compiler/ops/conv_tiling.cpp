@@ -482,29 +482,110 @@ bool y_whole_rows(const CubeConvSpec& s, const CubeConvTiling& t) {
 // 224x48 tiles, runs of 96 bytes: 0.60 of y's 3.61 MB to LPDDR, this estimate 0.57; in
 // 48x144 tiles, whole rows, all of it). Whether the 310P's L2 absorbs write hits so is not
 // sourced (docs/validation.md): this estimates what the model does, not silicon.
-double hbm_time(const ChipConfig& cfg, const CubeConvSpec& s, const CubeConvTiling& t) {
-  if (cfg.hbm_sustained_bytes_per_cycle() <= 0) return 0;
+struct HbmBytes {
+  double x = 0, w = 0, y = 0;  // x's and the weights' first reads, y's writes
+};
+
+HbmBytes hbm_bytes(const ChipConfig& cfg, const CubeConvSpec& s, const CubeConvTiling& t) {
   const int64_t in_size = isa::dtype_size(s.in_type), osz = isa::dtype_size(s.out_type);
   const int64_t taps = s.kh * s.kw;
-  double read = 0;
+  HbmBytes b;
   if (!cfg.l2_keep_across_launches) {
     const int64_t x_elems = s.images * (s.x_image ? s.x_image : s.hs * s.ws * s.cs);
     const int64_t w_elems =
         s.b_diagonal ? s.groups * s.cg_out * kBlk * taps : s.groups * s.cg_in * taps * s.cg_out;
-    read = static_cast<double>((x_elems + w_elems) * in_size);
+    b.x = static_cast<double>(x_elems * in_size);
+    b.w = static_cast<double>(w_elems * in_size);
   }
-  double write = 0;
   if (!cfg.l2_write_back) {
     const double y_bytes = static_cast<double>(s.images * s.oh() * s.ow() * s.cy * osz);
     const int64_t run = round_up(std::min(t.tn, s.cg_out), kBlk) * osz;
     const bool whole_rows = y_whole_rows(s, t);
     const double line = static_cast<double>(std::max<uint32_t>(cfg.l2_line_bytes, 1));
-    write = cfg.l2_bytes == 0 || whole_rows
-                ? y_bytes
-                : y_bytes * static_cast<double>(run) / (static_cast<double>(run) + line);
+    b.y = cfg.l2_bytes == 0 || whole_rows
+              ? y_bytes
+              : y_bytes * static_cast<double>(run) / (static_cast<double>(run) + line);
   }
-  if (read + write <= 0) return 0;
-  return (read + write) / cfg.hbm_mixed_bytes_per_cycle(write / (read + write));
+  return b;
+}
+
+// HBM's rate (bytes per cycle) for the launch's mix of reads and writes; 0 without an HBM rate.
+double hbm_rate(const ChipConfig& cfg, const HbmBytes& b) {
+  const double all = b.x + b.w + b.y;
+  if (cfg.hbm_sustained_bytes_per_cycle() <= 0 || all <= 0) return 0;
+  return cfg.hbm_mixed_bytes_per_cycle(b.y / all);
+}
+
+double hbm_time(const ChipConfig& cfg, const CubeConvSpec& s, const CubeConvTiling& t) {
+  const HbmBytes b = hbm_bytes(cfg, s, t);
+  const double rate = hbm_rate(cfg, b);
+  return rate > 0 ? (b.x + b.w + b.y) / rate : 0;
+}
+
+// Where several groups read the same rows of x (grouped and depthwise convolutions), the
+// launch's HBM traffic and its cores' work overlap as far as x's first reads are spread over the
+// launch (docs/validation.md, "MobileNetV2 on the 310P: the depthwise launches' first reads").
+// A read that misses the L2 fills whole lines (memory.l2.line_bytes) from HBM, and a line of x
+// holds the channels of every group (a 16-channel plane reads 32 bytes of each pixel's 2 * C),
+// so the first tile of any group to read a row of x reads all of it from HBM and the other
+// groups' tiles find it in the L2. With the blocks in lock step (step i: every block's i-th
+// tile in the kernel's order, key-major or position-major), first_read_rows gives per step
+// the rows of x (image, input row) that its tiles read first: in key-major order the cores
+// start on different keys at nearby positions or far apart, so x's first reads come at the
+// launch's start (each row read again by the other cores later: from the L2) or spread over it.
+std::vector<int64_t> first_read_rows(const CubeConvSpec& s, const Candidate& c) {
+  const CubeConvTiling& t = c.t;
+  const int64_t per = t.tiles_per_block, per_key = t.m_tiles * t.stacks, hv = s.hv();
+  const int64_t period = t.stack > 1 ? t.period : hv;
+  std::vector<char> read(static_cast<size_t>(s.images * hv), 0);
+  std::vector<int64_t> rows(static_cast<size_t>(per), 0);
+  for (int64_t i = 0; i < per; ++i)
+    for (int64_t b = 0; b < t.block_dim && b * per + i < t.tiles; ++b) {
+      const int64_t j = b * per + i, pos = t.spatial_major ? j / t.keys : j % per_key;
+      const SlabGeom& g = c.mts[static_cast<size_t>(pos % t.m_tiles)];
+      for (int64_t r = g.r0; r < g.r0 + g.h; ++r) {
+        const int64_t image = pos / t.m_tiles * t.stack + r / period, row = r % period;
+        if (row >= hv || image >= s.images) continue;  // a stack's gap rows, missing images
+        char& seen = read[static_cast<size_t>(image * hv + row)];
+        if (!seen) ++rows[static_cast<size_t>(i)];
+        seen = 1;
+      }
+    }
+  return rows;
+}
+
+// Whether fill_front_time prices the launch: groups that read the same rows of x (block-diagonal
+// groups too: the depthwise convolutions' count per step is chosen between both forms), x in
+// its plain layout (no strided view or fold, no zero insertion), the L2 cold at the launch.
+bool groups_share_x(const ChipConfig& cfg, const CubeConvSpec& s) {
+  return (s.groups > 1 || s.b_diagonal) && s.x_row == 0 && s.x_image == 0 && s.hv() == s.hs &&
+         s.wv() == s.ws && !cfg.l2_keep_across_launches;
+}
+
+// The launch's cycles with x's first reads in lock step (first_read_rows): per step, HBM
+// moves that step's first reads of x (the weights with the first step) and an even share of
+// y's writes, and the cores do an even share of the busiest block's work (`busiest`), each
+// step's work after its reads and after the step before, each step's reads after the step
+// before's and once the step two before is done (the slabs are double-buffered). So the
+// launch takes the sum of HBM's and the cores' times where x is read at its start, and about
+// the larger where x's first reads are spread over the launch.
+double fill_front_time(const ChipConfig& cfg, const CubeConvSpec& s, const Candidate& c,
+                       double busiest) {
+  const HbmBytes b = hbm_bytes(cfg, s, c.t);
+  const double rate = hbm_rate(cfg, b);
+  if (rate <= 0) return busiest;
+  const std::vector<int64_t> rows = first_read_rows(s, c);
+  const double per = static_cast<double>(rows.size());
+  const double row_bytes = static_cast<double>(s.ws * s.cs * isa::dtype_size(s.in_type));
+  double read_end = 0, done = 0, done_before = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const double moved =
+        static_cast<double>(rows[i]) * row_bytes + (i == 0 ? b.w : 0.0) + b.y / per;
+    read_end = std::max(read_end, done_before) + moved / rate;
+    done_before = done;
+    done = std::max(done, read_end) + busiest / per;
+  }
+  return done;
 }
 
 // Among the plans within kPlanTieBand of the lowest modelled cost (the model cannot tell them
@@ -635,7 +716,12 @@ struct ConvPlanner {
     t.b_bytes =
         weight_buffer_bytes(resident ? s.c1_in() * c.taps * kBlk : c.kchunk, s.b_cols(tn16));
     if (!plan_fits(conv_l1_buffers(t, s.bias ? tn16 * kL0cElemBytes : 0).plan, cfg, core)) return;
-    t.est_cycles = busiest_block(cfg, rates, c, s.cg_out) + hbm_time(cfg, s, t);
+    // Grouped convolutions read the same rows of x from each group: their x is read from HBM
+    // once, by whichever tile comes first (fill_front_time); other convolutions add HBM's
+    // time to the busiest core's.
+    const double busiest = busiest_block(cfg, rates, c, s.cg_out);
+    t.est_cycles = groups_share_x(cfg, s) ? fill_front_time(cfg, s, c, busiest)
+                                          : busiest + hbm_time(cfg, s, t);
     plans.push_back(t);
   }
 };
