@@ -449,6 +449,19 @@ void check_conv_reduce_per_tile(const std::vector<int64_t>& xs, const std::vecto
         (1 - (per_block > 2 ? overlap : 0)) * static_cast<double>(barrier.cycles - conv.cycles));
 }
 
+// BNTrainingUpdateGrad's channel sums of `pixels` x c: a = x centred on m (argument "m"), b = dy,
+// the sum of (x - m) dy, and the plain sum of dy.
+compiler::ops::ChannelSumSpec update_grad_sums(int64_t pixels, int64_t c, isa::Dtype t) {
+  compiler::ops::ChannelSumSpec s;
+  s.kind = compiler::ops::ChannelSumSpec::Kind::kSumProduct;
+  s.centered = true;
+  s.plain_sum = true;
+  s.a_type = s.b_type = t;
+  s.pixels = pixels;
+  s.cp = c;
+  return s;
+}
+
 // compiler::ops::append_channel_sum_epilogue with the epilogue in the sums' kernel (one launch,
 // split chips) against the sums' launch and the epilogue's launch: the same outputs, bit for
 // bit. The sums are BNTrainingUpdateGrad's (a = x, b = dy, centred on m, with the plain sum of
@@ -463,13 +476,7 @@ void check_epilogue_in_kernel(int64_t pixels, int64_t c, DataType dt, uint32_t s
   HostTensor dy = random_tensor(dt, {pixels, c}, -1, 1, seed + 1);
   HostTensor m = random_tensor(DataType::F32, {c}, 0, 1, seed + 2);
   HostTensor v = random_tensor(DataType::F32, {c}, 0.5, 2, seed + 3);
-  ChannelSumSpec s;
-  s.kind = ChannelSumSpec::Kind::kSumProduct;
-  s.centered = true;
-  s.plain_sum = true;
-  s.a_type = s.b_type = compiler::device_dtype(dt);
-  s.pixels = pixels;
-  s.cp = c;
+  ChannelSumSpec s = update_grad_sums(pixels, c, compiler::device_dtype(dt));
   ChannelEpilogueSpec e;
   e.name = "TestSums";
   e.spread = true;
@@ -810,6 +817,75 @@ TEST_CASE("BNTraining channel sums: several tiles loaded under one flag") {
   check_grads({{1, 52, 100, 16}, 65, true});
   check_grads({{1, 44, 128, 16}, 66, false, DataType::F16});
   check_grads({{1, 64, 96, 16}, 67, true});
+}
+
+TEST_CASE("BNTraining channel sums: staggered first raw tiles, the sums within their bounds") {
+  // ChannelSumSpec::stagger_first_tiles (ops/channel.h, BNTrainingUpdateGrad's): block b of B
+  // first loads (b + 1) / B of a raw tile, then whole ones, so that the blocks' round trips fall
+  // at different times. Taken where the vector cores' GM -> UB ports together outrun HBM and a
+  // load's set_flag holds MTE2 (the 910b: fewer cycles, the sums within their bounds, added in
+  // another order); elsewhere (the tiny chip) not: the same kernel, cycles and bits.
+  using namespace compiler::ops;
+  const ChipConfig& cfg = test_sim().config();
+  const isa::CoreKind vk = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
+  const int64_t cores = cfg.core_kind(vk)->count, c = 64;
+  const int64_t pixels = cores * 500 + 7;  // several raw tiles a block, a short last one
+  const HostTensor x = random_tensor(DataType::F16, {pixels, c}, -2, 3, 90);
+  const HostTensor dy = random_tensor(DataType::F16, {pixels, c}, -1, 1, 91);
+  const HostTensor m = random_tensor(DataType::F32, {c}, 0, 1, 92);
+  ChannelSumSpec s = update_grad_sums(pixels, c, isa::Dtype::F16);
+  s.raw_tile_first = cfg.split;  // as BNTrainingUpdateGrad: sums in place here (else ping-pong,
+                                 // which is not staggered)
+  ChannelEpilogueSpec e;
+  e.name = "TestSums";
+  e.spread = true;
+  e.c = c;
+  e.outputs = 2;
+  e.compute = [](compiler::KernelBuilder& b, const EpilogueOperands& o) {
+    f32_copy(b, o.outputs[0], o.sums[0], *o.count);
+    f32_copy(b, o.outputs[1], o.sums[1], *o.count);
+  };
+  const auto run_sums = [&](bool stagger, std::string& summary) {
+    s.stagger_first_tiles = stagger;
+    compiler::CompiledKernel k;
+    k.outputs = {TensorDesc{DataType::F32, {c}}, TensorDesc{DataType::F32, {c}}};
+    append_channel_sum_epilogue(k, "test", s, {input_ref(0), input_ref(1), input_ref(2)}, e,
+                                {output_ref(0), output_ref(1)}, cfg,
+                                channel_epilogue_in_kernel(cfg));
+    summary = k.launches.front().summary;
+    UNSCOPED_INFO(summary);
+    return run_compiled(test_sim(), k, {x, dy, m});
+  };
+  std::string plain_summary, staggered_summary;
+  const RunResult plain = run_sums(false, plain_summary);
+  const RunResult staggered = run_sums(true, staggered_summary);
+  const double k = static_cast<double>(pixels + 16);
+  std::vector<double> sp(c), tsp(c), sdy(c), tsdy(c);
+  for (int64_t j = 0; j < c; ++j)
+    for (int64_t i = 0; i < pixels; ++i) {
+      const double p = (at(x, i, j, c) - m.values[static_cast<size_t>(j)]) * at(dy, i, j, c);
+      sp[j] += p;
+      tsp[j] += (k + 2) * kE * std::fabs(p);
+      sdy[j] += at(dy, i, j, c);
+      tsdy[j] += k * kE * std::fabs(at(dy, i, j, c));
+    }
+  for (const RunResult* r : {&plain, &staggered}) {
+    check_within_bounds(r->outputs[0].values, sp, tsp, "sum dy (x - m)");
+    check_within_bounds(r->outputs[1].values, sdy, tsdy, "sum dy");
+  }
+  const double ports = static_cast<double>(cores) * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
+  const bool pays =
+      cfg.set_flag_holds_pipe && ports > cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
+  WARN("plain " << plain.cycles << " cycles, staggered " << staggered.cycles);
+  CHECK(plain_summary.find("staggered") == std::string::npos);
+  CHECK((staggered_summary.find("first raw tiles staggered") != std::string::npos) == pays);
+  if (pays) {
+    CHECK(staggered.cycles < plain.cycles);
+  } else {
+    CHECK(staggered.cycles == plain.cycles);
+    CHECK(staggered.outputs[0].values == plain.outputs[0].values);
+    CHECK(staggered.outputs[1].values == plain.outputs[1].values);
+  }
 }
 
 TEST_CASE("BNTraining channel sums: the most channels per tile first, whatever the L2") {

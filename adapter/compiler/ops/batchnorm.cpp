@@ -820,6 +820,7 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   // sums, whose vector work per element is larger (measured slower at 28x28x128 on the 910b;
   // on the 910's coupled cores slower at every layer it moved: docs/compiler.md).
   s.raw_tile_first = !relu && ctx.cfg.split;
+  s.stagger_first_tiles = true;  // where it can pay (ops/channel.h)
   s.a_type = s.b_type = device_dtype(t.dt);
   s.pixels = t.pixels;
   s.cp = x.cp;
@@ -942,6 +943,12 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   // mask's 11 steps; on the 910's coupled cores, nearer their HBM roofline, slower throughout).
   spec.work_piece = ctx.cfg.split ? 2048 : 0;
   spec.work_piece_min_tiles = 8;
+  // The blocks' first tiles out of phase (StreamSpec::stagger_first_tiles; taken where the
+  // vector cores' ports outrun HBM, as on the 910b, not the 910): blocks in step all wait their
+  // round trip per tile at once with HBM idle. dx is the same bit for bit (tile boundaries
+  // only); the bias gradient's lanes then gather other elements, a different f32 summation
+  // order within the same bounds.
+  spec.stagger_first_tiles = true;
   spec.resident_compute = [=](KernelBuilder& b, const TileOperands& o) {
     const Reg& n = *o.count;
     const uint64_t c1 = o.in[2], kc = o.in[3], k3 = o.in[4], mean = o.in[2 + per_element],

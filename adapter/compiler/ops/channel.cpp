@@ -115,6 +115,7 @@ class ChannelSumEmitter {
   void declare_args(ChannelSumLaunch& out);
   void emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item, const Reg& g);
   void load_vectors(const Reg& g);
+  void vectors_ready();
   void load_vector(const std::string& arg, uint64_t dst, const Reg& g);
   uint64_t relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
   void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item, const Reg& g);
@@ -141,6 +142,7 @@ class ChannelSumEmitter {
   int64_t m_rt = 1;          // tiles per raw tile (a power of two): loaded under one flag
   int64_t m_ct = 0;          // channels per group (divides cp)
   int64_t m_per = 0;         // pixels per block
+  bool m_stagger = false;    // ChannelSumSpec::stagger_first_tiles taken
   int m_blocks = 0;
   uint64_t m_tile = 0;                                // elements per tile
   uint64_t m_a_raw[2] = {0, 0}, m_b_raw[2] = {0, 0};  // ping, pong
@@ -154,6 +156,9 @@ class ChannelSumEmitter {
   std::vector<uint64_t> m_mask;  // relu_mask: the mask vectors' group
   std::optional<PixelOps> m_px;
   FlagPair m_in_free, m_in_ready;
+  // m_stagger: the pixels the next raw tile may hold (this block's share first, then a raw
+  // tile), and the end pixel of the raw tile in buffers q.
+  std::optional<Reg> m_raw_limit, m_raw_end[2];
   int m_m_free = 0, m_m_ready = 0, m_acc_ready = 0, m_acc_free = 0;
   bool m_vectors = false;       // per-group vectors (m, fa, fs) to load
   bool m_pingpong = false;      // the sums ping-pong (else acc[1] == acc[0]: in place)
@@ -285,6 +290,11 @@ void ChannelSumEmitter::plan_tile() {
   m_rt = rt;
   m_ct = ct;
   m_tile = static_cast<uint64_t>(tp * ct);
+  if (s.stagger_first_tiles && !m_pingpong && m_blocks > 1 && m_per >= 2 * tp * rt) {
+    const ChipConfig& cfg = m_b.config();
+    const double ports = m_blocks * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
+    m_stagger = cfg.set_flag_holds_pipe && ports > cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
+  }
 }
 
 // UB buffers, each starting in a bank window of its own among those an instruction combines
@@ -377,23 +387,32 @@ struct EpiloguePlan {
   int64_t ct = kF32Tile;
   int blocks = 1;
   uint64_t need = 0;  // UB bytes of its buffers (with their alignment)
+  // Every partial set in a buffer of its own, loaded with the vectors under one MTE2 -> V flag
+  // (one memory round trip per tile); else the sets take turns in one buffer, a round trip each.
+  bool sets_at_once = false;
 };
 
-// The largest channel tile whose buffers fit `ub` bytes of UB (with spread, at most c / cores
-// channels in whole f32 repeats, so that every one of `cores` cores gets a tile).
-EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint64_t ub, int cores) {
+// The largest channel tile whose buffers fit `ub` bytes of UB with one partials buffer (with
+// spread, at most c / cores channels in whole f32 repeats, so that every one of `cores` cores
+// gets a tile). With at_once, the partial sets then take a buffer each where that tile's buffers
+// still fit `ub` (the same tile either way).
+EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint64_t ub, int cores,
+                           bool at_once = false) {
   int max_blocks = 1;
   for (int k : s.partial_blocks) max_blocks = std::max(max_blocks, k);
-  const int nbuf = static_cast<int>(s.partial_blocks.size()) + s.vectors + s.outputs + s.temps;
+  const int sets = static_cast<int>(s.partial_blocks.size());
+  const int nbuf = sets + s.vectors + s.outputs + s.temps;
   if (s.out_type != Dtype::F32 &&
       (s.out_type != Dtype::F16 || (s.c * isa::dtype_size(s.out_type)) % 32 != 0))
     b.fail(fmt::format("channel epilogue outputs of {} x {} (f32, or f16 in whole 32-byte blocks)",
                        s.c, isa::dtype_name(s.out_type)));
-  // One channel tile of ct f32 in every buffer (partials: max_blocks rows of it).
-  auto need = [&](int64_t c) {
+  // One channel tile of ct f32 in every buffer (partials: max_blocks rows of it, per set
+  // `partial_buffers` times).
+  auto need = [&](int64_t c, int partial_buffers = 1) {
     return static_cast<uint64_t>(c) * 4 *
-               (static_cast<uint64_t>(max_blocks) + static_cast<uint64_t>(nbuf)) +
-           static_cast<uint64_t>(nbuf + 1) * 64;
+               (static_cast<uint64_t>(max_blocks) * static_cast<uint64_t>(partial_buffers) +
+                static_cast<uint64_t>(nbuf)) +
+           static_cast<uint64_t>(nbuf + partial_buffers) * 64;
   };
   const int64_t cap =
       s.spread
@@ -406,6 +425,10 @@ EpiloguePlan plan_epilogue(KernelBuilder& b, const ChannelEpilogueSpec& s, uint6
   p.blocks = s.spread ? static_cast<int>(std::min<int64_t>(ceil_div(s.c, p.ct), cores)) : 1;
   p.need = need(p.ct);
   if (p.need > ub) b.fail("the channel epilogue does not fit the UB");
+  if (at_once && sets > 1 && need(p.ct, sets) <= ub) {
+    p.sets_at_once = true;
+    p.need = need(p.ct, sets);
+  }
   return p;
 }
 
@@ -429,7 +452,9 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
     return at;
   };
   EpilogueOperands ops;
-  const uint64_t partial = alloc(row * static_cast<uint64_t>(max_blocks), "partials");
+  std::vector<uint64_t> partial = {alloc(row * static_cast<uint64_t>(max_blocks), "partials")};
+  for (size_t i = 1; p.sets_at_once && i < s.partial_blocks.size(); ++i)
+    partial.push_back(alloc(row * static_cast<uint64_t>(max_blocks), fmt::format("partials {}", i)));
   for (size_t i = 0; i < s.partial_blocks.size(); ++i)
     ops.sums.push_back(alloc(row, fmt::format("sum {}", i)));
   for (int i = 0; i < s.vectors; ++i)
@@ -438,7 +463,7 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
     ops.outputs.push_back(alloc(row, fmt::format("output {}", i)));
   for (int i = 0; i < s.temps; ++i) ops.temps.push_back(alloc(row, fmt::format("temp {}", i)));
   const int ready = b.flag(Pipe::MTE2, Pipe::V, "inputs loaded");
-  const int consumed = b.flag(Pipe::V, Pipe::MTE2, "partials summed");
+  const int consumed = p.sets_at_once ? -1 : b.flag(Pipe::V, Pipe::MTE2, "partials summed");
   const int done = b.flag(Pipe::V, Pipe::MTE3, "outputs computed");
   const int stored = b.flag(Pipe::MTE3, Pipe::MTE2, "outputs stored");
   Reg item = b.reg("item");
@@ -448,10 +473,10 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
         KernelBuilder::Origin o(b, fmt::format("channels [{}, {})", c0, std::min(s.c, c0 + ct)));
         const int64_t cn = std::min(ct, s.c - c0);
         const int64_t blocks = ceil_div(cn * 4, 32);
-        for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
+        const auto load_set = [&](size_t i) {
           const int nb = s.partial_blocks[i];
           Reg src = b.load_arg(partial_args[i]), t = b.reg("offset"),
-              d = b.reg_imm("partials", int64_t(partial));
+              d = b.reg_imm("partials", int64_t(partial[p.sets_at_once ? i : 0]));
           b.mul(t, item, nb * s.partial_cp * 4);
           b.add(src, src, t);
           b.add(src, src, c0 * 4);
@@ -472,25 +497,44 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
                      fmt::format("block {}'s partial sums", k));
             }
           }
+        };
+        const auto load_vectors = [&] {
+          for (int i = 0; i < s.vectors; ++i) {
+            Reg src = b.load_arg(fmt::format("vector{}", i)),
+                d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
+            b.add(src, src, c0 * 4);
+            b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
+          }
+        };
+        // Set i's partials added in block order (the same sums either way).
+        const auto add_set = [&](size_t i) {
+          const uint64_t at = partial[p.sets_at_once ? i : 0];
+          Reg n = b.reg_imm("channels", cn);
+          f32_copy(b, ops.sums[i], at, n);
+          for (int k = 1; k < s.partial_blocks[i]; ++k)
+            f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
+                       at + static_cast<uint64_t>(k) * row, n);
+        };
+        if (p.sets_at_once) {
+          for (size_t i = 0; i < s.partial_blocks.size(); ++i) load_set(i);
+          load_vectors();
           b.set_flag(Pipe::MTE2, Pipe::V, ready);
           b.wait_flag(Pipe::MTE2, Pipe::V, ready);
-          Reg n = b.reg_imm("channels", cn);
-          f32_copy(b, ops.sums[i], partial, n);
-          for (int k = 1; k < nb; ++k)
-            f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
-                       partial + static_cast<uint64_t>(k) * row, n);
-          // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
-          b.set_flag(Pipe::V, Pipe::MTE2, consumed);
-          b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
+          for (size_t i = 0; i < s.partial_blocks.size(); ++i) add_set(i);
+        } else {
+          for (size_t i = 0; i < s.partial_blocks.size(); ++i) {
+            load_set(i);
+            b.set_flag(Pipe::MTE2, Pipe::V, ready);
+            b.wait_flag(Pipe::MTE2, Pipe::V, ready);
+            add_set(i);
+            // The partials buffer is reused by the next set: V is done with it before MTE2 loads.
+            b.set_flag(Pipe::V, Pipe::MTE2, consumed);
+            b.wait_flag(Pipe::V, Pipe::MTE2, consumed);
+          }
+          load_vectors();
+          b.set_flag(Pipe::MTE2, Pipe::V, ready);
+          b.wait_flag(Pipe::MTE2, Pipe::V, ready);
         }
-        for (int i = 0; i < s.vectors; ++i) {
-          Reg src = b.load_arg(fmt::format("vector{}", i)),
-              d = b.reg_imm("vector", int64_t(ops.vectors[static_cast<size_t>(i)]));
-          b.add(src, src, c0 * 4);
-          b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
-        }
-        b.set_flag(Pipe::MTE2, Pipe::V, ready);
-        b.wait_flag(Pipe::MTE2, Pipe::V, ready);
         Reg n = b.reg_imm("channels", cn);
         ops.count = &n;
         s.compute(b, ops);
@@ -609,9 +653,9 @@ ChannelSumLaunch ChannelSumEmitter::build(std::optional<ChannelEpilogueSpec> e) 
   out.blocks = m_blocks;
   out.launch.summary = fmt::format(
       "channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
-      "tiles of {} pixels x {} channels, loaded {} pixels at a time{}",
+      "tiles of {} pixels x {} channels, loaded {} pixels at a time{}{}",
       s.batch, s.pixels, s.cp, isa::dtype_name(s.a_type), m_blocks, m_per, m_tp, m_ct, m_tp * m_rt,
-      epilogue);
+      m_stagger ? " (the blocks' first raw tiles staggered)" : "", epilogue);
   return out;
 }
 
@@ -672,7 +716,7 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
     vec_dup_bits(b, 4, m_acc[0], 0, n);
     if (m_s.plain_sum) vec_dup_bits(b, 4, m_acc2[0], 0, n);
   }
-  if (m_vectors) load_vectors(g);
+  if (m_vectors) load_vectors(g);     // (their flag after the first raw tile's loads)
   accumulate_tiles(p0, p1, item, g);  // the group's folded sums in acc[0] (and acc2[0])
   b.set_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
   b.wait_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
@@ -682,12 +726,21 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
 }
 
 // The group's per-channel vectors (m; the mask vectors, then fa and fs from them), once per
-// group; V releases them after the group's last tile.
+// group; V releases them after the group's last tile. Their loads only: vectors_ready hands
+// them to V.
 void ChannelSumEmitter::load_vectors(const Reg& g) {
   KernelBuilder& b = m_b;
   b.wait_flag(Pipe::V, Pipe::MTE2, m_m_free);
   if (m_s.centered) load_vector("m", m_m, g);
   for (size_t i = 0; i < m_mask.size(); ++i) load_vector(fmt::format("mask{}", i), m_mask[i], g);
+}
+
+// The vectors load_vectors loaded, to V (and the ReLU's fold from them). Issued after the
+// group's first raw tile's loads: a set_flag holds MTE2 until its loads have landed
+// (sync.set_flag_holds_pipe), so the vectors and that raw tile take one memory round trip, not
+// one each.
+void ChannelSumEmitter::vectors_ready() {
+  KernelBuilder& b = m_b;
   b.set_flag(Pipe::MTE2, Pipe::V, m_m_ready);
   b.wait_flag(Pipe::MTE2, Pipe::V, m_m_ready);
   if (m_s.relu_mask) {
@@ -743,8 +796,29 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
                    m_pingpong ? b.label("tiles_end_sums_in_pong") : Label{}};
   if (!m_pingpong) exit[1] = exit[0];
   const int64_t raw = m_tp * m_rt;
-  b.branch(ge(t0, p1), exit[0]);
-  load_raw_tile(0, t0, p1, item, g);
+  if (m_stagger) {
+    // this block's share of a raw tile first: (blk + 1) * max(1, raw / blocks), at most raw
+    KernelBuilder::Origin o(b, fmt::format("staggered first raw tile: {} phases", m_blocks));
+    if (!m_raw_limit) {
+      m_raw_limit.emplace(b.reg("pixels the next raw tile may hold"));
+      for (auto& e : m_raw_end) e.emplace(b.reg("end of the raw tile"));
+    }
+    b.emit(Opcode::op_get_block_id, {*m_raw_limit});
+    b.add(*m_raw_limit, *m_raw_limit, 1);
+    b.mul(*m_raw_limit, *m_raw_limit, std::max<int64_t>(1, raw / m_blocks));
+    b.min(*m_raw_limit, *m_raw_limit, raw, "this block's first raw tile");
+  }
+  if (m_vectors) {  // the first raw tile's loads before the vectors' flag
+    Label none = b.label("no_first_raw_tile");
+    b.branch(ge(t0, p1), none);
+    load_raw_tile(0, t0, p1, item, g);
+    b.bind(none);
+    vectors_ready();
+    b.branch(ge(t0, p1), exit[0]);
+  } else {
+    b.branch(ge(t0, p1), exit[0]);
+    load_raw_tile(0, t0, p1, item, g);
+  }
   b.bind(loop);
   for (int q = 0; q < 2; ++q) {
     {
@@ -752,7 +826,10 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
       // issues in order and waits while the vector queue is full).
       Label none = b.label("no_next_raw_tile");
       Reg next = b.reg("next raw tile");
-      b.add(next, t0, raw);
+      if (m_stagger)
+        b.mov(next, *m_raw_end[q]);
+      else
+        b.add(next, t0, raw);
       b.branch(ge(next, p1), none);
       load_raw_tile(1 - q, next, p1, item, g);
       b.bind(none);
@@ -779,7 +856,13 @@ void ChannelSumEmitter::load_raw_tile(int q, const Reg& t0, const Reg& p1, const
   KernelBuilder::Origin o(b, fmt::format("raw tile load ({})", q ? "pong" : "ping"));
   Reg n = b.reg("raw tile pixels");
   b.sub(n, p1, t0);
-  b.min(n, n, m_tp * m_rt);
+  if (m_stagger) {
+    b.min(n, n, *m_raw_limit);
+    b.movi(*m_raw_limit, m_tp * m_rt, "the later raw tiles: whole ones");
+    b.add(*m_raw_end[q], t0, n);
+  } else {
+    b.min(n, n, m_tp * m_rt);
+  }
   b.wait_flag(m_in_free, q);
   load_tile(m_a_arg, m_a_raw[q], m_sa, s.a_batch_stride, n, t0, item, g);
   if (m_has_b) load_tile("b", m_b_raw[q], m_sb, s.b_batch_stride, n, t0, item, g);
@@ -799,16 +882,21 @@ void ChannelSumEmitter::accumulate_raw_tile(int q, const Reg& t0, const Reg& p1,
     b.set_flag(m_in_free, q);
     b.jmp(to);
   };
+  // Staggered, a raw tile may end before p1 and before its last tile (the block's first): its
+  // tiles end at its own end, and the loop goes on from there (the sums are in place: no exit
+  // depends on the tile's parity).
+  const Reg& end = m_stagger ? *m_raw_end[q] : p1;
+  Label raw_done = m_stagger ? b.label("raw_tile_done") : Label{};
   for (int k = 0; k < m_rt; ++k) {
     const int j = static_cast<int>((q * m_rt + k) % 2);
     if (k > 0) {
       Label more = b.label("raw_tile_more_pixels");
-      b.branch(lt(t0, p1), more);
-      leave(exit[j]);
+      b.branch(lt(t0, end), more);
+      leave(m_stagger ? raw_done : exit[j]);
       b.bind(more);
     }
     Reg n = b.reg("tile pixels");
-    b.sub(n, p1, t0);
+    b.sub(n, end, t0);
     b.min(n, n, m_tp);
     accumulate_tile(q, k, j, n);
     if (k + 1 == m_rt) b.set_flag(m_in_free, q);
@@ -823,6 +911,10 @@ void ChannelSumEmitter::accumulate_raw_tile(int q, const Reg& t0, const Reg& p1,
       }
     }
     b.add(t0, t0, m_tp);
+  }
+  if (m_stagger) {
+    b.bind(raw_done);
+    b.mov(t0, *m_raw_end[q]);
   }
 }
 
@@ -982,8 +1074,8 @@ void emit_partials_epilogue(KernelBuilder& b, ChannelEpilogueSpec e,
   // The epilogue's buffers over the kernel's (stored before the barrier; V's last use of them
   // came before its flag to MTE3, whose stores came before the barrier that MTE2's loads wait
   // for).
-  const EpiloguePlan p =
-      plan_epilogue(b, e, b.config().core_kind(b.vector_core_kind())->capacity(Buf::UB), blocks);
+  const EpiloguePlan p = plan_epilogue(
+      b, e, b.config().core_kind(b.vector_core_kind())->capacity(Buf::UB), blocks, true);
   Reg blk = b.reg("block");
   b.emit(Opcode::op_get_block_id, {blk});
   if (p.blocks > 1) {

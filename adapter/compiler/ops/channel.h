@@ -59,6 +59,13 @@ struct ChannelSumSpec {
   // the largest tile, where that raw tile holds more pixels; measured for BNTrainingUpdateGrad's
   // unmasked sums, BiasAddGrad's and f32 BNTrainingReduce's (docs/compiler.md).
   bool raw_tile_first = false;
+  // Block b of B first loads a raw tile of (b + 1) / B of a raw tile's pixels (at least one),
+  // then whole raw tiles, as StreamSpec::stagger_first_tiles: the blocks' round trips out of
+  // phase. Taken where it can pay (the vector cores' GM -> UB ports together faster than HBM's
+  // sustained rate, sync.set_flag_holds_pipe, a block's range at least two raw tiles) and the
+  // sums are added in place (a short tile's sums stay in their lanes); the lanes then gather
+  // other pixels, a different f32 summation order.
+  bool stagger_first_tiles = false;
   // relu_mask: writes fa and fs (f32, `count` lanes in the UB) from vectors = {m, mask0, ...};
   // tmp: a scratch of as many lanes.
   std::function<void(KernelBuilder& b, const Reg& count, const std::vector<uint64_t>& vectors,
