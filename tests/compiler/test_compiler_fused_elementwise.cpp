@@ -6,6 +6,7 @@
 // against a double-precision evaluation of its formula.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -794,6 +795,18 @@ TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit
     REQUIRE(k.launches.size() == 2);  // the small variables' segments, then the large ones'
     CHECK(k.launches[0].summary.find("8 segments") != std::string::npos);
     CHECK(k.launches[1].summary.find("2 segments") != std::string::npos);
+    // A segment's first tile is loaded before its single-element inputs are built (scalar ld,
+    // vdup) and its uniform steps run, which overlap the load's round trip: in each launch the
+    // first GM -> UB copy comes before the first scalar load.
+    for (const compiler::Launch& l : k.launches) {
+      std::vector<isa::Opcode> ops;
+      for (const isa::Section& sec : l.kernel.program.sections)
+        for (const isa::Instruction& i : sec.code) ops.push_back(i.op);
+      const auto copy = std::find(ops.begin(), ops.end(), isa::Opcode::op_copy_gm2ub);
+      const auto ld = std::find(ops.begin(), ops.end(), isa::Opcode::op_ld);
+      REQUIRE(ld != ops.end());
+      CHECK(copy < ld);
+    }
     const RunResult multi = run_compiled(test_sim(), k, in);
     uint64_t own_cycles = 0;
     for (size_t g = 0; g < g_count; ++g) {
