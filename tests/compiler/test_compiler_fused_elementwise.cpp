@@ -6,6 +6,7 @@
 // against a double-precision evaluation of its formula.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -422,6 +423,64 @@ TEST_CASE("ReluGrad steps: a residual gradient sum back through its ReLU, bit-id
   }
 }
 
+namespace {
+
+// The "tile N elements" of a stream launch's summary.
+int64_t summary_tile(const std::string& summary) {
+  const size_t at = summary.find("tile ");
+  REQUIRE(at != std::string::npos);
+  return std::stoll(summary.substr(at + 5));
+}
+
+// The get_block_id instructions of a launch: one for its range, one more for a staggered first
+// tile (StreamSpec::stagger_first_tiles).
+size_t block_id_reads(const compiler::Launch& l) {
+  size_t n = 0;
+  for (const isa::Section& s : l.kernel.program.sections)
+    for (const isa::Instruction& i : s.code) n += i.op == isa::Opcode::op_get_block_id;
+  return n;
+}
+
+}  // namespace
+
+// The ResNet-50 step's residual gradient sum at a size where every block streams several tiles
+// (docs/compiler.md "Fused element-wise chains", the chains' schedule): the blocks' first tiles
+// are staggered where that can pay (the vector cores' GM -> UB ports together outrun HBM's
+// sustained rate and a load's set_flag holds MTE2: the 910b, not the tiny chip), as AddN's, and
+// ReluGrad declares the one scratch tile its compute uses, so the tile exceeds what a layout
+// with ReluGrad's four scratch tiles could hold. The values stay the unfused ops' bit for bit.
+TEST_CASE("the residual gradient sum: staggered blocks, ReluGrad's one scratch tile") {
+  const ChipConfig& cfg = test_sim().config();
+  const isa::CoreKind vk = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
+  const int cores = cfg.core_kind(vk)->count;
+  const uint64_t ub = cfg.core_kind(vk)->capacity(isa::Buf::UB);
+  const std::vector<int64_t> shape = {cores, 4, 4096 + 24};
+  std::vector<HostTensor> in = {random_tensor(DataType::F16, shape, -2, 2, 71),
+                                random_tensor(DataType::F16, shape, -2, 2, 72),
+                                random_tensor(DataType::F16, shape, -1, 1, 73)};
+  for (size_t i = 0; i < in[2].values.size(); i += 7) in[2].values[i] = i % 2 ? -0.0 : 0.0;
+  const Steps steps = {"AddV2 i0 i1", "ReluGrad s0 i2"};
+  check_chain(in, steps);
+  const bool stagger =
+      cfg.set_flag_holds_pipe && cores * cfg.path_rate(isa::Buf::GM, isa::Buf::UB) >
+                                     cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
+  const CompiledKernel k = compiler::compile(fused_op(in, steps), cfg);
+  REQUIRE(k.launches.size() == 1);
+  INFO(k.launches[0].summary);
+  CHECK(block_id_reads(k.launches[0]) == (stagger ? 2u : 1u));
+  // Bytes per element with four scratch tiles: two f16 tiles per input (3) and the output, the
+  // sum's f16 tile, ReluGrad's three widened f32 operands and four f32 scratch tiles.
+  const uint64_t four_scratch = 2 * 2 * 4 + 2 + 3 * 4 + 4 * 4;
+  CHECK(static_cast<uint64_t>(summary_tile(k.launches[0].summary)) * four_scratch > ub);
+  // AddN streams as the same chain of AddV2 steps, with the same schedule (a larger shape: its
+  // tile is larger, and a block of under two tiles is not staggered).
+  const TensorDesc term{DataType::F16, {cores, 16, 4096 + 24}};
+  const CompiledKernel add_n = compiler::compile(make_op("AddN", {term, term, term}, {}), cfg);
+  REQUIRE(add_n.launches.size() == 1);
+  INFO(add_n.launches[0].summary);
+  CHECK(block_id_reads(add_n.launches[0]) == (stagger ? 2u : 1u));
+}
+
 TEST_CASE("fusible_elementwise: the float ops of binary.cpp and unary.cpp with a float result") {
   using compiler::ops::fusible_elementwise;
   for (const char* op : {"AddV2",    "Add",        "Sub",     "Mul",
@@ -676,10 +735,8 @@ TEST_CASE("FusedVariableUpdate: Keras 3's Adam, its step size once, tiles the UB
   // A tile per step result that is no output (17 of 20) and per scalar (9), two per flat input
   // (3 f32, 1 f16) and output (3 f32): at least this many UB bytes per element.
   const uint64_t one_each = 17 * 4 + 9 * 4 + 2 * (3 * 4 + 2) + 2 * 3 * 4;
-  const size_t at = summary.find("tile ");
-  REQUIRE(at != std::string::npos);
-  const int64_t tile = std::stoll(summary.substr(at + 5));
-  CHECK(static_cast<uint64_t>(tile) * one_each > cfg.core_kind(vk)->capacity(isa::Buf::UB));
+  CHECK(static_cast<uint64_t>(summary_tile(summary)) * one_each >
+        cfg.core_kind(vk)->capacity(isa::Buf::UB));
   // The staggered first tiles (each block's first limit computed from its block id) where the
   // blocks' GM -> UB ports together outrun HBM's sustained rate (the 910b's 48 x 32 B/cycle;
   // not the tiny chip's 4): test_compiler_stream.cpp shows what that buys.
@@ -687,10 +744,7 @@ TEST_CASE("FusedVariableUpdate: Keras 3's Adam, its step size once, tiles the UB
   const bool stagger =
       cfg.set_flag_holds_pipe && cores * cfg.path_rate(isa::Buf::GM, isa::Buf::UB) >
                                      cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
-  size_t block_ids = 0;
-  for (const isa::Section& s : k.launches[0].kernel.program.sections)
-    for (const isa::Instruction& i : s.code) block_ids += i.op == isa::Opcode::op_get_block_id;
-  CHECK(block_ids == (stagger ? 2u : 1u));  // its range, its first tile
+  CHECK(block_id_reads(k.launches[0]) == (stagger ? 2u : 1u));  // its range, its first tile
 }
 
 // The multi-tensor form (members > 1, graph_fusion.h rewrite 5b): Keras' Adam over variables of
@@ -741,6 +795,18 @@ TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit
     REQUIRE(k.launches.size() == 2);  // the small variables' segments, then the large ones'
     CHECK(k.launches[0].summary.find("8 segments") != std::string::npos);
     CHECK(k.launches[1].summary.find("2 segments") != std::string::npos);
+    // A segment's first tile is loaded before its single-element inputs are built (scalar ld,
+    // vdup) and its uniform steps run, which overlap the load's round trip: in each launch the
+    // first GM -> UB copy comes before the first scalar load.
+    for (const compiler::Launch& l : k.launches) {
+      std::vector<isa::Opcode> ops;
+      for (const isa::Section& sec : l.kernel.program.sections)
+        for (const isa::Instruction& i : sec.code) ops.push_back(i.op);
+      const auto copy = std::find(ops.begin(), ops.end(), isa::Opcode::op_copy_gm2ub);
+      const auto ld = std::find(ops.begin(), ops.end(), isa::Opcode::op_ld);
+      REQUIRE(ld != ops.end());
+      CHECK(copy < ld);
+    }
     const RunResult multi = run_compiled(test_sim(), k, in);
     uint64_t own_cycles = 0;
     for (size_t g = 0; g < g_count; ++g) {

@@ -40,6 +40,7 @@
 //   L2Loss       sum(x * x) / 2 over all elements (f32 accumulation), a scalar
 #include <cmath>
 #include <functional>
+#include <stdexcept>
 #include <variant>
 
 #include <fmt/format.h>
@@ -67,7 +68,8 @@ constexpr double kGeluTanhCubic = 0.044715;
 constexpr double kErfc[] = {-1.26551223, 1.00002368, 0.37409196,  0.09678418, -0.18628806,
                             0.27886807,  -1.13520398, 1.48851587, -0.82215223, 0.17087277};
 
-// Scratch buffers of the compute step (f32 or s32 lanes), after the widened inputs and output.
+// Scratch buffers of the compute step (f32 or s32 lanes), after the widened inputs and output:
+// at most kScratch, as many as the op's compute uses (ActOp::scratch).
 constexpr int kScratch = 4;
 // 64-lane constants, filled in the prologue.
 enum Const { kZero, kOne, kSix, kNumConsts };
@@ -79,7 +81,18 @@ struct Lanes {
   const Reg& n;
   std::vector<uint64_t> in;     // widened inputs
   uint64_t out = 0;             // result
-  uint64_t tmp[kScratch] = {};  // scratch
+  // The scratch buffers: tmp[i] for i below the op's ActOp::scratch; an index beyond it is a
+  // compiler bug (the buffer is not declared), thrown when the kernel is built.
+  struct Scratch {
+    uint64_t addr[kScratch] = {};
+    int count = 0;
+    uint64_t operator[](int i) const {
+      if (i < 0 || i >= count)
+        throw std::logic_error(
+            fmt::format("activation compute reads scratch buffer {} of {} declared", i, count));
+      return addr[i];
+    }
+  } tmp;
   uint64_t bits = 0, bits2 = 0; // compare bits
   uint64_t konst[kNumConsts] = {};
 
@@ -120,6 +133,9 @@ struct ActOp {
   int inputs;
   bool ints;  // also s32
   ComputeFn compute;
+  // The scratch buffers (Lanes::tmp) the compute uses, 1..kScratch: each is a tile of f32 (4
+  // bytes per element) in the UB, so declaring only those used leaves a larger tile.
+  int scratch = kScratch;
 };
 
 // tanh(x) into d (d != x; uses tmp[0..3], bits), m = expm1(-2|x|) by Kahan's formula (the
@@ -236,7 +252,8 @@ const ActOp kOps[] = {
        l.cmp(isa::Cmp::GT, l.bits, l.in[1], kZero);
        l.sel(l.tmp[0], l.bits, l.k(kOne), l.k(kZero));
        l.bin(Opcode::op_vmul, l.out, l.in[0], l.tmp[0]);
-     }},
+     },
+     1},
     {"Relu6Grad", 2, true,
      [](Lanes& l, DataType) {
        l.cmp(isa::Cmp::GT, l.bits, l.in[1], kZero);
@@ -244,7 +261,8 @@ const ActOp kOps[] = {
        l.and_bits();
        l.sel(l.tmp[0], l.bits, l.k(kOne), l.k(kZero));
        l.bin(Opcode::op_vmul, l.out, l.in[0], l.tmp[0]);
-     }},
+     },
+     1},
     {"EluGrad", 2, false,
      [](Lanes& l, DataType) {
        l.adds(l.tmp[0], l.in[1], 1);
@@ -435,10 +453,14 @@ void act_tile_work(const ActOp& kind, DataType dt, StreamSpec& spec) {
   const int n_wide = widen ? n_in + 1 : 0;
   for (int i = 0; i < n_wide; ++i)
     spec.temps.push_back(TempSpec{fmt::format("f32 {}", i), 4, 0, i});
-  for (int i = 0; i < kScratch; ++i)
+  const int n_scratch = kind.scratch;
+  if (n_scratch < 1 || n_scratch > kScratch)
+    throw std::logic_error(fmt::format("activation {}: {} scratch buffers (1..{})", kind.tf_op,
+                                       n_scratch, kScratch));
+  for (int i = 0; i < n_scratch; ++i)
     spec.temps.push_back(TempSpec{fmt::format("scratch {}", i), 4, 0, n_in + 1 + i});
   // The stream's tiles: spec.inputs as the caller set them (none for a fused step's work).
-  const int first_stream = widen ? n_in + 1 + kScratch : 0;
+  const int first_stream = widen ? n_in + 1 + n_scratch : 0;
   for (size_t i = 0; i < spec.inputs.size(); ++i)
     spec.inputs[i].window = first_stream + static_cast<int>(i);
   spec.out_window = first_stream + n_in;
@@ -467,7 +489,8 @@ void act_tile_work(const ActOp& kind, DataType dt, StreamSpec& spec) {
       }
     }
     l.out = widen ? t.temp[next++] : t.out;
-    for (int i = 0; i < kScratch; ++i) l.tmp[i] = t.temp[next++];
+    l.tmp.count = n_scratch;
+    for (int i = 0; i < n_scratch; ++i) l.tmp.addr[i] = t.temp[next++];
     l.bits = t.temp[next++];
     l.bits2 = t.temp[next++];
     for (int i = 0; i < kNumConsts; ++i) l.konst[i] = t.temp[next++];

@@ -274,6 +274,10 @@ class StreamEmitter {
   int64_t work_piece() const;
   void store_resident_results();  // StreamSpec::resident_stores
   void emit_tile(int q, const Label& drain);
+  // emit_tile's two halves: its range check, element count and loads (MTE2, gathers), then its
+  // compute and store once the loads have landed.
+  void emit_tile_loads(int q, const Label& drain);
+  void emit_tile_compute(int q);
   void load_flat_inputs(int q);
   void compute(int q);
   void store_outputs(int q);
@@ -830,6 +834,11 @@ void StreamEmitter::init_stagger() {
 
 // One tile of the loop (q: 0 ping, 1 pong buffers).
 void StreamEmitter::emit_tile(int q, const Label& drain) {
+  emit_tile_loads(q, drain);
+  emit_tile_compute(q);
+}
+
+void StreamEmitter::emit_tile_loads(int q, const Label& drain) {
   KernelBuilder::Origin o(m_b, fmt::format("tile ({})", q ? "pong" : "ping"));
   m_b.branch(ge(m_pos, m_end), drain);
   m_b.sub(m_cnt, m_end, m_pos);
@@ -843,6 +852,10 @@ void StreamEmitter::emit_tile(int q, const Label& drain) {
   for (size_t k = 0; k < m_in.size(); ++k)
     if (m_in[k].access == Access::kGather)
       emit_gather(static_cast<int>(k), m_in[k].buf[q], m_pos, m_cnt, true);
+}
+
+void StreamEmitter::emit_tile_compute(int q) {
+  KernelBuilder::Origin o(m_b, fmt::format("tile ({})", q ? "pong" : "ping"));
   if (m_any_flat) m_b.wait_flag(m_in_ready, q);
   m_b.wait_flag(m_out_free, q);
   compute(q);
@@ -1155,14 +1168,29 @@ void StreamEmitter::emit_segments(Launch& launch) {
       m_b.emit(Opcode::op_ldarg,
                {m_out_addr[j], static_cast<int64_t>(g * (n_in + n_out) + n_in + j)},
                fmt::format("segment {} out{}", g, j));
+    // A segment with resident work (its single-element inputs built into tiles, its uniform
+    // steps) issues its first tile's loads before that work: MTE2 brings the tile in while V
+    // builds the resident tiles (the work reads and writes no flat input tile), instead of
+    // waiting for that work and V then waiting the load's round trip. The first tile exists
+    // (the range check above); the loop then starts at the pong tile. Without resident work the
+    // tile loop is as in build().
+    bool resident = static_cast<bool>(m_spec->resident_compute);
+    for (const InputPlan& p : m_in) resident |= p.access == Access::kResident;
+    if (resident && m_any_flat) emit_tile_loads(0, next);
     build_resident_inputs();
     if (m_spec->resident_compute) compute_resident();
     // The tile loop exits to the next segment without a drain: each parity's free flags are
     // set once between any two tiles, whichever parity comes next, so the next segment starts
     // with its ping tile as the first segment did.
     Label loop = m_b.label(fmt::format("segment{}_tiles", g));
-    m_b.bind(loop);
-    for (int q = 0; q < 2; ++q) emit_tile(q, next);
+    if (resident && m_any_flat) {
+      emit_tile_compute(0);
+      m_b.bind(loop);
+      for (int q : {1, 0}) emit_tile(q, next);
+    } else {
+      m_b.bind(loop);
+      for (int q = 0; q < 2; ++q) emit_tile(q, next);
+    }
     m_b.jmp(loop);
     m_b.bind(next);
   }

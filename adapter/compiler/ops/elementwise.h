@@ -206,8 +206,10 @@ bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg);
 // blocks, form one range split over the vector cores as build_stream_kernel splits one output;
 // each block streams the part of its range in each segment with that segment's addresses,
 // every element computed by the segment's own compute, so the values are those of
-// build_stream_kernel(segment) bit for bit. Arguments, segment by segment: its inputs (ArgRef
-// kInput g * n_inputs + k), then its outputs (kOutput g * n_outputs + j).
+// build_stream_kernel(segment) bit for bit. A segment with resident work (single-element inputs,
+// uniform steps) issues its first tile's loads before that work, so that the work overlaps the
+// load's round trip. Arguments, segment by segment: its inputs (ArgRef kInput g * n_inputs + k),
+// then its outputs (kOutput g * n_outputs + j).
 Launch build_multi_stream_kernel(const std::string& op, const std::vector<StreamSpec>& segments,
                                  const ChipConfig& cfg);
 

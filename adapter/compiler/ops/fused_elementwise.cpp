@@ -133,7 +133,7 @@ DataType steps_type(const OpDesc& op) {
   return t ? *t : op.inputs[0].dtype;
 }
 
-// How a stream of steps uses the UB and splits its work (the defaults: FusedElementwise's).
+// How a stream of steps uses the UB and splits its work.
 struct StepsSchedule {
   // Per-tile intermediate results share UB tiles: a result's tile is free again after the last
   // step reading it, and a step never writes a tile one of its operands is in (each result its
@@ -147,6 +147,12 @@ struct StepsSchedule {
 // update streams every variable and its gradient once, HBM-bound, so the tiles are as large as
 // the UB allows and the blocks' loads are staggered.
 constexpr StepsSchedule kUpdateSchedule{true, true};
+// FusedElementwise's and AddN's schedule: a chain streams each of its inputs once and writes its
+// output once, a few vector instructions per element, so a large one is HBM-bound as an update
+// is (the ResNet-50 step's residual gradient sums: three f16 reads, one write, AddV2 and
+// ReluGrad) and its blocks' first tiles are staggered too (StreamSpec::stagger_first_tiles takes
+// it only where it can pay). Each per-tile result keeps a tile of its own.
+constexpr StepsSchedule kChainSchedule{false, true};
 
 // The stream of `texts` (fused_elementwise.h's steps) over op.inputs: output j is the result of
 // step output_steps[j] (distinct steps, each of the inputs' broadcast shape). Steps that are
@@ -393,7 +399,7 @@ CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<s
 
 CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
   const std::vector<std::string> texts = ctx.op.attr_strings("steps");
-  return fused_steps_kernel(ctx, texts, {texts.empty() ? 0 : texts.size() - 1});
+  return fused_steps_kernel(ctx, texts, {texts.empty() ? 0 : texts.size() - 1}, kChainSchedule);
 }
 
 CompiledKernel compile_add_n(const CompileContext& ctx) {
@@ -418,7 +424,7 @@ CompiledKernel compile_add_n(const CompileContext& ctx) {
   std::vector<std::string> steps = {"AddV2 i0 i1"};
   for (size_t n = 2; n < op.inputs.size(); ++n)
     steps.push_back(fmt::format("AddV2 s{} i{}", n - 2, n));
-  return fused_steps_kernel(ctx, steps, {steps.size() - 1});
+  return fused_steps_kernel(ctx, steps, {steps.size() - 1}, kChainSchedule);
 }
 
 namespace {
