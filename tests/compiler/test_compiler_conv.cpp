@@ -559,6 +559,86 @@ TEST_CASE("plan_filter_grad: a tile's store priced at the bytes FIXPIPE writes")
   }
 }
 
+TEST_CASE("Conv2DBackpropInput: a 1x1 window of stride > 1 as a strided MatMul") {
+  // dx[n][sh*i][sw*j] = dy[n][i][j] x W^T, zero elsewhere. Where FIXPIPE writes GM (split
+  // chips): a zero fill of dx and the MatMul of dy's positions storing its rows at dx's strided
+  // positions (NPUSIM_CONV_STRIDED_INPUT_GRAD=1 forces it, 0 keeps the zero-insertion
+  // convolution, unset the lower estimate). Each case against the double reference and the
+  // convolution's dx bit for bit (the same f32 sums of the same products; the convolution's
+  // inserted zeros add nothing).
+  const ChipConfig& cfg = test_sim().config();
+  const bool applies = cfg.split && !cube_out_via_ub();
+  ConvCase a{2, 9, 7, 30, 1, 1, 20};  // stride 2 SAME over odd H and W: OH 5, OW 4
+  a.sh = a.sw = 2;
+  ConvCase b{2, 10, 8, 24, 1, 1, 40};  // stride 3 VALID: row 9 and column 7 get no gradient
+  b.sh = b.sw = 3;
+  b.padding = "VALID";
+  ConvCase m{1, 12, 9, 48, 1, 1, 300};  // strides 2 x 3, k 300: runs of 3 rows, several chunks
+  m.sh = 2;
+  m.sw = 3;
+  ConvCase t{4, 16, 16, 64, 1, 1, 64};  // 256 positions: tiles holding several runs of 8
+  t.sh = t.sw = 2;
+  t.padding = "VALID";
+  struct Case {
+    ConvCase c;
+    DataType dt;
+  };
+  uint32_t seed = 100;
+  for (const Case& k : {Case{a, DataType::F16}, Case{b, DataType::F32}, Case{m, DataType::F16},
+                        Case{t, DataType::F16}, Case{t, DataType::BF16}}) {
+    if (k.dt == DataType::BF16 && !cfg.cube_bf16) continue;
+    seed += 2;
+    BackpropInputRun zero_inserted, strided;
+    {
+      ScopedEnv off("NPUSIM_CONV_STRIDED_INPUT_GRAD", "0");
+      zero_inserted = check_conv2d_backprop_input(k.dt, k.c, seed);
+    }
+    {
+      ScopedEnv on("NPUSIM_CONV_STRIDED_INPUT_GRAD", "1");
+      strided = check_conv2d_backprop_input(k.dt, k.c, seed);
+    }
+    CHECK_FALSE(has_launch(zero_inserted.launches, "MatMul"));
+    CHECK(has_launch(strided.launches, "MatMul") == applies);
+    CHECK(has_launch(strided.launches, "Fill0") == applies);
+    CHECK(mentions(strided.launches, "C strided") == applies);
+    CHECK(strided.dx == zero_inserted.dx);
+  }
+  // Forced, a 3x3 window of stride 2 stays on the convolution (its windows overlap); so does
+  // f32 under allow_mix_precision (FIXPIPE writes f16 that a launch widens).
+  {
+    ScopedEnv on("NPUSIM_CONV_STRIDED_INPUT_GRAD", "1");
+    ConvCase w{2, 8, 8, 4, 3, 3, 6};
+    w.sh = w.sw = 2;
+    CHECK_FALSE(has_launch(check_conv2d_backprop_input(DataType::F16, w, 120).launches, "MatMul"));
+    CHECK_FALSE(has_launch(
+        check_conv2d_backprop_input(DataType::F32, a, 121, PrecisionMode::kAllowMixPrecision)
+            .launches,
+        "MatMul"));
+  }
+  // Unforced on the 910b (compiled, not run): ResNet-50's 256 -> 512 projection at batch 8 takes
+  // the strided MatMul, its modelled cycles (fill included) below the convolution's; the
+  // summary states both.
+  {
+    ConvCase r{8, 56, 56, 256, 1, 1, 512};
+    r.sh = r.sw = 2;
+    r.padding = "VALID";
+    const TensorDesc f{DataType::F16, filter_shape(r)}, dy{DataType::F16, y_shape(r)};
+    auto op = make_op("Conv2DBackpropInput", {f, dy}, r.attrs());
+    op.attrs["input_sizes"] = std::vector<int64_t>{r.n, r.h, r.w, r.c};
+    const compiler::CompiledKernel k = compiler::compile(op, load_chip_config("910b"));
+    REQUIRE(k.launches.size() == 2);
+    const std::string& s = k.launches[1].summary;
+    INFO(s);
+    REQUIRE(s.find("modelled ~") != std::string::npos);
+    const double strided_cycles = std::stod(s.substr(s.find("modelled ~") + 10));
+    const double conv_cycles = std::stod(s.substr(s.find("convolution ~") + 13));
+    CHECK(strided_cycles < conv_cycles);
+    ScopedEnv bad("NPUSIM_CONV_STRIDED_INPUT_GRAD", "yes");
+    CHECK_THROWS_WITH(compiler::compile(op, load_chip_config("910b")),
+                      Catch::Contains("NPUSIM_CONV_STRIDED_INPUT_GRAD='yes'"));
+  }
+}
+
 TEST_CASE("Img2col and the filter gradient: the blocks touch disjoint GM bytes, so they replay") {
   // A launch is recorded for replay only if no block touches GM bytes another block writes
   // (sim/replay/launch_replay.h, record_blocks). Each block of the img2col kernel writes the

@@ -790,6 +790,75 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   return k;
 }
 
+// Which kernel a strided 1x1 input gradient takes (NPUSIM_CONV_STRIDED_INPUT_GRAD, read at
+// every compile): unset, the lower estimate (append_strided_input_grad); "0", the zero-insertion
+// convolution; "1", the strided MatMul wherever it applies (for measuring and tests). Anything
+// else is a CompileError naming op.
+enum class StridedInputGrad { kByEstimate, kOff, kForced };
+StridedInputGrad strided_input_grad_mode(const OpDesc& op) {
+  const char* v = std::getenv("NPUSIM_CONV_STRIDED_INPUT_GRAD");
+  if (!v) return StridedInputGrad::kByEstimate;
+  if (std::string_view(v) == "0") return StridedInputGrad::kOff;
+  if (std::string_view(v) == "1") return StridedInputGrad::kForced;
+  op.fail(fmt::format("NPUSIM_CONV_STRIDED_INPUT_GRAD='{}' is neither '0' nor '1'", v));
+}
+
+// The input gradient of a 1x1 window of stride (sh, sw) > 1 (no padding: a 1x1 window never
+// has any, set_transposed_window), dx [N,H,W,Cin] from dy [N,OH,OW,Cout] and the filter
+// [1,1,Cin,Cout]: dx[n][sh*i][sw*j][:] = dy[n][i][j][:] x W^T, zero elsewhere. Two launches: the
+// vector cores zero dx (a fresh buffer), then the MatMul dy (N*OH*OW x Cout) x W^T (the filter
+// read as Cin x Cout, trans_b) writes its rows at the strided positions (MatmulTiling's strided
+// C: runs of OW rows sw*Cin apart, run i of image n at (n*H + sh*i)*W*Cin). The cube computes
+// the positions of dy only, where the zero-insertion convolution computes every position of
+// dx (sh*sw times the MACs). Taken where the chip's FIXPIPE writes GM (split chips) and writes
+// the op's type (no widening), and where the estimate of `conv`, the zero-insertion
+// convolution (plan_cube_conv), is above the MatMul's (plan_matmul_tiling) plus the fill's bytes
+// at the vector cores' ub->gm rate (or HBM's, the lower) and the second launch's task overheads,
+// or where NPUSIM_CONV_STRIDED_INPUT_GRAD=1 forces it. Returns whether it appended them.
+bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                               const ConvWindow& cw, const std::vector<int64_t>& dy,
+                               CubeConvSpec conv) {
+  const OpDesc& op = ctx.op;
+  const ChipConfig& cfg = ctx.cfg;
+  const StridedInputGrad mode = strided_input_grad_mode(op);
+  if (cw.h.k != 1 || cw.w.k != 1 || (cw.h.s == 1 && cw.w.s == 1) || cw.h.before != 0 ||
+      cw.w.before != 0 || ct.widen || mode == StridedInputGrad::kOff ||
+      cube_store_via_ub(cfg, cube_core(cfg, op.str()), op.str()))
+    return false;
+  const TensorDesc& dx = k.outputs[0];
+  const int64_t n = dx.shape[0], h = dx.shape[1], w = dx.shape[2], cin = dx.shape[3];
+  const int64_t cout = dy[3];
+  MatmulTiling t = plan_matmul_tiling(n * dy[1] * dy[2], cin, cout, false, true,
+                                      device_dtype(ct.cube), ct.fix_out, cfg, op.str(), 1, true);
+  const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);
+  const int vector_cores = vec ? vec->count : cube_core(cfg, op.str()).count;
+  const double fill_rate =
+      std::min(vector_cores * cfg.path_rate(Buf::UB, Buf::GM), cfg.hbm_bytes_per_cycle());
+  const double launch = static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
+                                            cfg.task_block_start_cycles);
+  const double fill_bytes = static_cast<double>(dx.num_elements() * data_type_bytes(dx.dtype));
+  const double cycles = t.est_cycles + fill_bytes / fill_rate + launch;
+  conv.in_type = device_dtype(ct.cube);  // the types append_cube_conv gives the kernel
+  conv.out_type = ct.fix_out;
+  const double conv_cycles = plan_cube_conv(conv, cfg, op.str()).est_cycles;
+  if (mode == StridedInputGrad::kByEstimate && cycles >= conv_cycles) return false;
+  t.c_pitch = cw.w.s * cin;
+  t.c_run_rows = dy[2];
+  t.c_run_pitch = cw.h.s * w * cin;
+  t.c_runs_per_group = dy[1];
+  t.c_group_pitch = h * w * cin;
+  t.c_elements = dx.num_elements();
+  append_zero_output(k, op, dx, cfg);
+  const ArgRef dyr = cube_operand(k, ctx, ct, 1), wr = cube_operand(k, ctx, ct, 0);
+  Launch mm = with_args(build_matmul_launch(t, cfg, op.str()), {dyr, wr, output_ref(0)});
+  mm.summary = fmt::format(
+      "dy x W^T at dx's positions of stride {}x{} (modelled ~{:.0f} cycles with the fill, the "
+      "zero-insertion convolution ~{:.0f}): {}",
+      cw.h.s, cw.w.s, cycles, conv_cycles, mm.summary);
+  k.launches.push_back(std::move(mm));
+  return true;
+}
+
 // Data inputs: filter, out_backprop (input_sizes as an attribute).
 CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
@@ -831,6 +900,7 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   s.b_flip = true;
   s.b_tap = f[2] * f[3];
   s.b_row = f[3];
+  if (append_strided_input_grad(k, ctx, ct, cw, dy, s)) return k;
   const ArgRef dyr = cube_operand(k, ctx, ct, 1), wr = cube_operand(k, ctx, ct, 0);
   append_cube_conv(k, ctx, ct, s, dyr, wr);
   return k;

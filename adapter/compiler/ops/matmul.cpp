@@ -107,7 +107,9 @@ std::string MatmulTiling::str() const {
          (region_tiles_m > 0
               ? fmt::format("; core split {}x{} (regions of {}x{} tiles)", region_tiles_m * tm,
                             region_tiles_n * tn, region_tiles_m, region_tiles_n)
-              : std::string());
+              : std::string()) +
+         (c_run_rows > 0 ? fmt::format("; C strided: runs of {} rows {} apart", c_run_rows, c_pitch)
+                         : std::string());
 }
 
 namespace {
@@ -383,7 +385,10 @@ class MatmulEmitter {
     } else {
       b.declare_arg("a", m_t.in_type, {am, ak});
       b.declare_arg("b", m_t.in_type, {bk, bn});
-      b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
+      if (m_t.c_run_rows > 0)
+        b.declare_arg("c", m_t.out_type, {m_t.c_elements});
+      else
+        b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
     }
     if (m_t.bias || m_t.bias_in_ub) b.declare_arg("bias", Dtype::F32, {m_t.n});
     Reg steps = b.reg("steps of this block: tiles x k chunks");
@@ -417,6 +422,8 @@ class MatmulEmitter {
   void allocate() {
     if (m_t.bias_in_ub && (!m_t.via_ub || m_t.bias || m_t.batch > 1))
       m_b.fail("internal: the bias in the UB needs the UB path, no bias table and one product");
+    if (m_t.c_run_rows > 0 && (m_t.via_ub || m_t.batch > 1 || m_t.bias_in_ub))
+      m_b.fail("internal: a strided C needs FIXPIPE to GM and one product");
     const BufferPlan::Placed l1 =
         l1_chunks(m_t.tm, m_t.tn, m_isz, m_t.bias).allocate(m_b, m_t.tk_l1);
     m_l1a = Twin{{l1[0], l1[2]}};
@@ -628,6 +635,9 @@ class MatmulEmitter {
         cdst = b.reg("compute: C address"), pt = b.reg("compute: L0C parity");
     Reg col0;  // bias_in_ub: the tile's first column (its bias table entry)
     if (m_t.bias_in_ub) col0 = b.reg("compute: first column");
+    Reg row0;  // strided C: the tile's first row
+    const bool strided = m_t.c_run_rows > 0;
+    if (strided) row0 = b.reg("compute: first row");
     {
       Reg j = b.reg("compute: tile index"), m0 = b.reg("compute: m0"), n0 = b.reg("compute: n0"),
           k0 = b.reg("compute: k0");
@@ -635,7 +645,12 @@ class MatmulEmitter {
       if (m_t.batch > 1) bi = b.reg("compute: product");
       coords(s, j, ch, m0, n0, k0, m_act, n_act, kc, m_t.batch > 1 ? &bi : nullptr);
       if (m_t.bias_in_ub) b.mov(col0, n0);
-      b.mul(cdst, m0, m_t.c_pitch);
+      if (strided) {
+        b.mov(row0, m0);
+        b.movi(cdst, 0, "strided C: rows placed by the store");
+      } else {
+        b.mul(cdst, m0, m_t.c_pitch);
+      }
       b.add(cdst, cdst, n0);
       if (m_t.batch > 1) {
         b.mul(j, bi, m_t.m * m_t.c_pitch);
@@ -660,10 +675,68 @@ class MatmulEmitter {
       KernelBuilder::Origin f(b, "store: L0C -> C");
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
-      m_pipe.store({m_t.out_type, cdst, l0c, m_act, n_act, m_t.c_pitch, m_t.relu,
-                    m_t.bias_in_ub ? &col0 : nullptr},
-                   pt);
+      if (strided) {
+        store_strided(cdst, l0c, row0, m_act, n_act);
+        m_pipe.l0c_stored(pt);
+      } else {
+        m_pipe.store({m_t.out_type, cdst, l0c, m_act, n_act, m_t.c_pitch, m_t.relu,
+                      m_t.bias_in_ub ? &col0 : nullptr},
+                     pt);
+      }
     });
+  }
+
+  // Strided C (MatmulTiling::c_run_rows): the tile's rows [m0, m0 + m_act) at L0C address l0c
+  // (NZ, rows padded to round16(m_act)) run by run, each run's rows as one ND fixpipe per
+  // 16-column block (a block's rows are contiguous in L0C from any row; a fixpipe of more
+  // blocks would read them round16(rows) apart). cdst: C's address plus the tile's first
+  // column in bytes.
+  void store_strided(const Reg& cdst, const Reg& l0c, const Reg& m0, const Reg& m_act,
+                     const Reg& n_act) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "store: L0C -> C, run by run");
+    Reg r = b.reg("store: row"), end = b.reg("store: end row"), len = b.reg("store: run rows"),
+        dst = b.reg("store: run address"), t = b.reg("store: scratch"),
+        blk = b.reg("store: L0C column block bytes");
+    b.add(end, m0, m_act);
+    b.mov(r, m0);
+    round16(m_b, blk, m_act);
+    b.mul(blk, blk, kFractalRows * kL0cElemBytes, "bytes per 16-column block of the tile");
+    Label next = b.label("strided_run");
+    b.bind(next);
+    {
+      // len = min((r / R + 1) * R, end) - r; dst = C + element of (run r / R, row r % R)
+      b.div(t, r, m_t.c_run_rows, "run");
+      b.div(dst, t, m_t.c_runs_per_group);
+      b.mul(dst, dst, m_t.c_group_pitch);
+      b.rem(t, t, m_t.c_runs_per_group);
+      b.mul_add(dst, t, m_t.c_run_pitch, dst, "run's first element");
+      b.rem(t, r, m_t.c_run_rows, "row within the run");
+      b.mul_add(dst, t, m_t.c_pitch, dst);
+      b.sub(len, r, t);
+      b.add(len, len, m_t.c_run_rows, "the run's end row");
+      b.min(len, len, end);
+      b.sub(len, len, r, "rows of the run in the tile");
+      b.mul(dst, dst, m_osz);
+      b.add(dst, dst, cdst, "run address");
+      Reg src = b.reg("store: L0C source"), cb = b.reg("store: column"),
+          cols = b.reg("store: columns");
+      b.sub(src, r, m0);
+      b.mul(src, src, kFractalRows * kL0cElemBytes);
+      b.add(src, src, l0c, "the run's first row in column block 0");
+      b.for_range(cb, 0, n_act, kFractalRows, [&] {
+        b.sub(cols, n_act, cb);
+        b.min(cols, cols, kFractalRows);
+        b.emit(Opcode::op_fixpipe,
+               {Dtype::F32, m_t.out_type, Buf::GM, dst, src, len, cols, m_t.c_pitch, 1,
+                m_t.relu ? 1 : 0, 0},
+               "16 columns of a run to C (ND)");
+        b.add(src, src, blk);
+        b.add(dst, dst, kFractalRows * m_osz);
+      });
+      b.add(r, r, len);
+    }
+    b.branch(lt(r, end), next);
   }
 
   // One mmad step: k [kk, kk + ks) of the chunk in L1 buffer p, into L0C buffer pt.

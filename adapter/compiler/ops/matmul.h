@@ -53,6 +53,13 @@ struct MatmulTiling {
   // matrix's last row / column of regions), regions_m of them down M; block b computes region
   // (b % regions_m, b / regions_m), its tiles row by row, and block_dim is the region count.
   int64_t region_tiles_m = 0, region_tiles_n = 0, regions_m = 0;
+  // Strided C (not batched, C leaving L0C by FIXPIPE to GM; the strided input gradient of
+  // ops/conv2d.cpp): c_run_rows > 0 cuts C's rows into runs of c_run_rows; row t of run q goes
+  // to element (q / c_runs_per_group) * c_group_pitch + (q % c_runs_per_group) * c_run_pitch +
+  // t * c_pitch of argument "c" (c_elements elements in all), the elements between untouched.
+  // A tile leaves L0C as one fixpipe per (run it holds, 16-column block); 0: dense rows.
+  int64_t c_run_rows = 0, c_run_pitch = 0, c_runs_per_group = 0, c_group_pitch = 0;
+  int64_t c_elements = 0;
   // plan_matmul_tiling's modelled cycles of the busiest cube core for this tiling (its loads
   // with the L2's reuse, mmads, epilogue and pipeline; no task overheads): what callers compare
   // against other kernels' estimates.
