@@ -836,19 +836,27 @@ bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, con
       std::min(vector_cores * cfg.path_rate(Buf::UB, Buf::GM), cfg.hbm_bytes_per_cycle());
   const double launch = static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
                                             cfg.task_block_start_cycles);
-  const double fill_bytes = static_cast<double>(dx.num_elements() * data_type_bytes(dx.dtype));
-  const double cycles = t.est_cycles + fill_bytes / fill_rate + launch;
-  conv.in_type = device_dtype(ct.cube);  // the types append_cube_conv gives the kernel
-  conv.out_type = ct.fix_out;
-  const double conv_cycles = plan_cube_conv(conv, cfg, op.str()).est_cycles;
-  if (mode == StridedInputGrad::kByEstimate && cycles >= conv_cycles) return false;
   t.c_pitch = cw.w.s * cin;
   t.c_run_rows = dy[2];
   t.c_run_pitch = cw.h.s * w * cin;
   t.c_runs_per_group = dy[1];
   t.c_group_pitch = h * w * cin;
   t.c_elements = dx.num_elements();
-  append_zero_output(k, op, dx, cfg);
+  t.c_zero_fill = matmul_zero_fill_fits(t, cfg);
+  const double esz = data_type_bytes(dx.dtype);
+  const double dx_bytes = static_cast<double>(dx.num_elements()) * esz;
+  // The MatMul's zeros written by its own vector cores under the cube's work: the launch's
+  // HBM bytes (dy, W, dx) at HBM's rate bound it; else a fill launch first.
+  const double operand_bytes =
+      static_cast<double>((n * dy[1] * dy[2] + cin) * cout) * isa::dtype_size(t.in_type);
+  const double cycles =
+      t.c_zero_fill ? std::max(t.est_cycles, (operand_bytes + dx_bytes) / cfg.hbm_bytes_per_cycle())
+                    : t.est_cycles + dx_bytes / fill_rate + launch;
+  conv.in_type = device_dtype(ct.cube);  // the types append_cube_conv gives the kernel
+  conv.out_type = ct.fix_out;
+  const double conv_cycles = plan_cube_conv(conv, cfg, op.str()).est_cycles;
+  if (mode == StridedInputGrad::kByEstimate && cycles >= conv_cycles) return false;
+  if (!t.c_zero_fill) append_zero_output(k, op, dx, cfg);
   const ArgRef dyr = cube_operand(k, ctx, ct, 1), wr = cube_operand(k, ctx, ct, 0);
   Launch mm = with_args(build_matmul_launch(t, cfg, op.str()), {dyr, wr, output_ref(0)});
   mm.summary = fmt::format(

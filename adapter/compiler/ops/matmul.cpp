@@ -108,8 +108,10 @@ std::string MatmulTiling::str() const {
               ? fmt::format("; core split {}x{} (regions of {}x{} tiles)", region_tiles_m * tm,
                             region_tiles_n * tn, region_tiles_m, region_tiles_n)
               : std::string()) +
-         (c_run_rows > 0 ? fmt::format("; C strided: runs of {} rows {} apart", c_run_rows, c_pitch)
-                         : std::string());
+         (c_run_rows > 0
+              ? fmt::format("; C strided: runs of {} rows {} apart{}", c_run_rows, c_pitch,
+                            c_zero_fill ? ", the zeros between by the vector cores" : "")
+              : std::string());
 }
 
 namespace {
@@ -412,7 +414,12 @@ class MatmulEmitter {
       };
     m_pipe.run(
         steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); }, hooks);
+    if (m_t.c_zero_fill) {  // (the vector section begins with no register held)
+      steps.release();
+      m_pipe.release_registers();
+    }
     b.end();
+    if (m_t.c_zero_fill) emit_zero_fill();
     return b.finish();
   }
 
@@ -686,6 +693,77 @@ class MatmulEmitter {
     });
   }
 
+  // MatmulTiling::c_zero_fill, the vector section: vector core v of the launch's V takes runs
+  // q = v, v + V, ... (over every group) and writes from a zeroed UB buffer by MTE3 the gaps
+  // after each of the run's rows but its last (one copy of c_run_rows - 1 bursts, c_pitch
+  // apart) and the span from its last row's end to the next run's first element (or the
+  // group's end), in pieces of the buffer's size. No flag with the cube cores: disjoint bytes.
+  void emit_zero_fill() {
+    KernelBuilder& b = m_b;
+    b.begin_section(b.vector_core_kind());
+    KernelBuilder::Origin o(b, "zeros between C's strided rows");
+    const int64_t rows = m_t.c_run_rows, runs = m_t.c_runs_per_group;
+    const int64_t block_elems = layout::kBlockBytes / m_osz;
+    const int64_t gap = m_t.c_pitch - m_t.n;  // elements between two rows of a run
+    const int64_t run_end = (rows - 1) * m_t.c_pitch + m_t.n;
+    const int64_t tail = m_t.c_run_pitch - run_end;  // to the next run
+    const int64_t last_tail = m_t.c_group_pitch - (runs - 1) * m_t.c_run_pitch - run_end;
+    const int64_t zero_bytes = kMatmulZeroBufferBytes;
+    BufferPlan ub(Buf::UB);
+    const auto zeros = ub.add_fixed("zeros", static_cast<uint64_t>(zero_bytes));
+    const uint64_t zbuf = ub.allocate(b, 0)[zeros];
+    {
+      Reg n = b.reg_imm("zeros: 32-bit words", zero_bytes / 4);
+      vec_dup_bits(b, 4, b.reg_imm("zeros: UB", static_cast<int64_t>(zbuf)), 0, n);
+    }
+    const int ready = b.flag(Pipe::V, Pipe::MTE3, "zeros written");
+    b.set_flag(Pipe::V, Pipe::MTE3, ready);
+    b.wait_flag(Pipe::V, Pipe::MTE3, ready);
+    const int cores = m_t.block_dim * b.config().aiv_per_aic;
+    Reg q = b.reg("run"), base = b.reg("run address"), t = b.reg("scratch"),
+        src = b.reg_imm("zeros: UB address", static_cast<int64_t>(zbuf)), n = b.reg("bursts"),
+        len = b.reg("burst blocks"), g = b.reg("burst gap blocks");
+    b.emit(Opcode::op_get_block_id, {q});
+    b.emit(Opcode::op_get_subblock_id, {t});
+    b.mul_add(q, q, static_cast<int64_t>(b.config().aiv_per_aic), t, "this vector core");
+    b.for_range(q, q, m_t.c_runs_per_group * (m_t.c_elements / m_t.c_group_pitch), cores, [&] {
+      b.div(base, q, runs);
+      b.mul(base, base, m_t.c_group_pitch);
+      b.rem(t, q, runs);
+      b.mul_add(base, t, m_t.c_run_pitch, base, "the run's first element");
+      b.mul(base, base, m_osz);
+      Reg c = b.load_arg("c");
+      b.add(base, base, c, "the run's address");
+      if (rows > 1 && gap > 0) {
+        b.add(c, base, m_t.n * m_osz, "the first gap");
+        b.movi(n, rows - 1);
+        b.movi(len, gap / block_elems);
+        b.movi(g, m_t.n / block_elems);
+        b.emit(Opcode::op_copy_ub2gm, {c, src, n, len, 0, g}, "the gaps between the rows");
+      }
+      // From the last row's end: `tail` elements, or `last_tail` after a group's last run.
+      b.rem(t, q, runs);
+      b.movi(len, tail);
+      b.if_(eq(t, runs - 1), [&] { b.movi(len, last_tail); });
+      b.add(c, base, run_end * m_osz, "after the run's last row");
+      b.movi(n, 1);
+      Label more = b.label("zero_span");
+      Label done = b.label("zero_span_done");
+      b.bind(more);
+      b.branch(lt(len, 1), done);
+      b.min(t, len, zero_bytes / m_osz);
+      b.sub(len, len, t);
+      b.mul(t, t, m_osz);
+      b.add(g, c, t, "the next piece");
+      b.shr(t, t, 5, "32-byte blocks");
+      b.emit(Opcode::op_copy_ub2gm, {c, src, n, t, 0, 0}, "zeros after the run");
+      b.mov(c, g);
+      b.jmp(more);
+      b.bind(done);
+    });
+    b.end();
+  }
+
   // Strided C (MatmulTiling::c_run_rows): the tile's rows [m0, m0 + m_act) at L0C address l0c
   // (NZ, rows padded to round16(m_act)) run by run, each run's rows as one ND fixpipe per
   // 16-column block (a block's rows are contiguous in L0C from any row; a fixpipe of more
@@ -897,6 +975,15 @@ class MatmulEmitter {
 };
 
 }  // namespace
+
+bool matmul_zero_fill_fits(const MatmulTiling& t, const ChipConfig& cfg) {
+  if (t.c_run_rows <= 0 || !cfg.core_kind(isa::CoreKind::AIV) || cfg.aiv_per_aic <= 0) return false;
+  const int64_t block = layout::kBlockBytes / isa::dtype_size(t.out_type);
+  const int64_t gaps = (t.c_run_rows - 1) * (t.c_pitch - t.n) * isa::dtype_size(t.out_type);
+  return t.n % block == 0 && t.c_pitch % block == 0 && t.c_run_pitch % block == 0 &&
+         t.c_group_pitch % block == 0 && gaps <= kMatmulZeroBufferBytes &&
+         (t.c_pitch - t.n) / block <= 65535 && t.c_run_rows - 1 <= 65535;
+}
 
 Launch build_matmul_launch(const MatmulTiling& t, const ChipConfig& cfg, const std::string& op) {
   Launch l;
