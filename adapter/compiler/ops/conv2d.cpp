@@ -443,7 +443,8 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
       }
   }
   const int64_t rows = out.num_elements() / spec.cy;
-  const bool padded = spec.pitch() != spec.cy;
+  // (A strided y is the output itself: its pitch places its rows, the rest is not y's.)
+  const bool padded = spec.pitch() != spec.cy && spec.y_strided.run_rows == 0;
   ArgRef y = final_y;
   if (ct.widen || padded || narrow_via_f32)
     y = workspace_take(k, static_cast<uint64_t>(rows * spec.pitch() * osz));
@@ -791,30 +792,37 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
 }
 
 // Which kernel a strided 1x1 input gradient takes (NPUSIM_CONV_STRIDED_INPUT_GRAD, read at
-// every compile): unset, the lower estimate (append_strided_input_grad); "0", the zero-insertion
-// convolution; "1", the strided MatMul wherever it applies (for measuring and tests). Anything
-// else is a CompileError naming op.
-enum class StridedInputGrad { kByEstimate, kOff, kForced };
+// every compile): unset, the lowest estimate (append_strided_input_grad); "0", the
+// zero-insertion convolution; "1", the lower of the two strided kernels wherever they apply;
+// "matmul" / "conv" the one named (for measuring and tests). Anything else is a CompileError
+// naming op.
+enum class StridedInputGrad { kByEstimate, kOff, kStrided, kMatmul, kConv };
 StridedInputGrad strided_input_grad_mode(const OpDesc& op) {
   const char* v = std::getenv("NPUSIM_CONV_STRIDED_INPUT_GRAD");
   if (!v) return StridedInputGrad::kByEstimate;
-  if (std::string_view(v) == "0") return StridedInputGrad::kOff;
-  if (std::string_view(v) == "1") return StridedInputGrad::kForced;
-  op.fail(fmt::format("NPUSIM_CONV_STRIDED_INPUT_GRAD='{}' is neither '0' nor '1'", v));
+  const std::string_view value(v);
+  if (value == "0") return StridedInputGrad::kOff;
+  if (value == "1") return StridedInputGrad::kStrided;
+  if (value == "matmul") return StridedInputGrad::kMatmul;
+  if (value == "conv") return StridedInputGrad::kConv;
+  op.fail(
+      fmt::format("NPUSIM_CONV_STRIDED_INPUT_GRAD='{}' is none of '0', '1', 'matmul', 'conv'", v));
 }
 
 // The input gradient of a 1x1 window of stride (sh, sw) > 1 (no padding: a 1x1 window never
 // has any, set_transposed_window), dx [N,H,W,Cin] from dy [N,OH,OW,Cout] and the filter
-// [1,1,Cin,Cout]: dx[n][sh*i][sw*j][:] = dy[n][i][j][:] x W^T, zero elsewhere. Two launches: the
-// vector cores zero dx (a fresh buffer), then the MatMul dy (N*OH*OW x Cout) x W^T (the filter
-// read as Cin x Cout, trans_b) writes its rows at the strided positions (MatmulTiling's strided
-// C: runs of OW rows sw*Cin apart, run i of image n at (n*H + sh*i)*W*Cin). The cube computes
-// the positions of dy only, where the zero-insertion convolution computes every position of
-// dx (sh*sw times the MACs). Taken where the chip's FIXPIPE writes GM (split chips) and writes
-// the op's type (no widening), and where the estimate of `conv`, the zero-insertion
-// convolution (plan_cube_conv), is above the MatMul's (plan_matmul_tiling) plus the fill's bytes
-// at the vector cores' ub->gm rate (or HBM's, the lower) and the second launch's task overheads,
-// or where NPUSIM_CONV_STRIDED_INPUT_GRAD=1 forces it. Returns whether it appended them.
+// [1,1,Cin,Cout]: dx[n][sh*i][sw*j][:] = dy[n][i][j][:] x W^T, zero elsewhere. The cube computes
+// dy's positions only (the zero-insertion convolution `conv` computes every position of dx,
+// sh*sw times the MACs), its tiles stored straight to dx's strided positions (StridedRows: runs
+// of OW rows sw*Cin apart, run i of image n at (n*H + sh*i)*W*Cin), by one of two kernels: the
+// 1x1 stride-1 convolution of dy (CubeConvSpec::y_strided; unstacked) or the MatMul of dy
+// (N*OH*OW x Cout) by the filter read as Cin x Cout (trans_b; MatmulTiling::c_strided). dx is a
+// fresh buffer: where its pixels are whole 32-byte blocks the kernel's own vector cores write
+// the zeros between (emit_strided_zeros; the estimate then at least the launch's HBM bytes at
+// HBM's rate), else a fill launch first (its bytes at the vector cores' ub->gm rate or HBM's,
+// and one more launch's task overheads). Where FIXPIPE writes GM (split chips) and writes the
+// op's type (no widening); the kernel of the lowest estimate (plan_cube_conv's, plan_matmul_
+// tiling's), or as NPUSIM_CONV_STRIDED_INPUT_GRAD says. Returns whether it appended it.
 bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                                const ConvWindow& cw, const std::vector<int64_t>& dy,
                                CubeConvSpec conv) {
@@ -828,42 +836,64 @@ bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, con
   const TensorDesc& dx = k.outputs[0];
   const int64_t n = dx.shape[0], h = dx.shape[1], w = dx.shape[2], cin = dx.shape[3];
   const int64_t cout = dy[3];
-  MatmulTiling t = plan_matmul_tiling(n * dy[1] * dy[2], cin, cout, false, true,
-                                      device_dtype(ct.cube), ct.fix_out, cfg, op.str(), 1, true);
+  StridedRows rows;  // runs: dy's rows; groups: images
+  rows.run_rows = dy[2];
+  rows.row_pitch = cw.w.s * cin;
+  rows.run_pitch = cw.h.s * w * cin;
+  rows.runs_per_group = dy[1];
+  rows.group_pitch = h * w * cin;
+  rows.cols = cin;
+  rows.elements = dx.num_elements();
+  const bool zero_fill = strided_zeros_fit(rows, isa::dtype_size(ct.fix_out), cfg);
   const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);
   const int vector_cores = vec ? vec->count : cube_core(cfg, op.str()).count;
   const double fill_rate =
       std::min(vector_cores * cfg.path_rate(Buf::UB, Buf::GM), cfg.hbm_bytes_per_cycle());
   const double launch = static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
                                             cfg.task_block_start_cycles);
-  t.c_pitch = cw.w.s * cin;
-  t.c_run_rows = dy[2];
-  t.c_run_pitch = cw.h.s * w * cin;
-  t.c_runs_per_group = dy[1];
-  t.c_group_pitch = h * w * cin;
-  t.c_elements = dx.num_elements();
-  t.c_zero_fill = matmul_zero_fill_fits(t, cfg);
-  const double esz = data_type_bytes(dx.dtype);
-  const double dx_bytes = static_cast<double>(dx.num_elements()) * esz;
-  // The MatMul's zeros written by its own vector cores under the cube's work: the launch's
-  // HBM bytes (dy, W, dx) at HBM's rate bound it; else a fill launch first.
+  const double dx_bytes = static_cast<double>(dx.num_elements() * data_type_bytes(dx.dtype));
   const double operand_bytes =
-      static_cast<double>((n * dy[1] * dy[2] + cin) * cout) * isa::dtype_size(t.in_type);
-  const double cycles =
-      t.c_zero_fill ? std::max(t.est_cycles, (operand_bytes + dx_bytes) / cfg.hbm_bytes_per_cycle())
-                    : t.est_cycles + dx_bytes / fill_rate + launch;
+      static_cast<double>((n * dy[1] * dy[2] + cin) * cout) * data_type_bytes(ct.cube);
+  // A strided kernel's estimate with the zeros.
+  const auto with_zeros = [&](double est) {
+    return zero_fill ? std::max(est, (operand_bytes + dx_bytes) / cfg.hbm_bytes_per_cycle())
+                     : est + dx_bytes / fill_rate + launch;
+  };
+  MatmulTiling t = plan_matmul_tiling(n * dy[1] * dy[2], cin, cout, false, true,
+                                      device_dtype(ct.cube), ct.fix_out, cfg, op.str(), 1, true);
+  t.c_strided = rows;
+  t.c_zero_fill = zero_fill;
   conv.in_type = device_dtype(ct.cube);  // the types append_cube_conv gives the kernel
   conv.out_type = ct.fix_out;
-  const double conv_cycles = plan_cube_conv(conv, cfg, op.str()).est_cycles;
-  if (mode == StridedInputGrad::kByEstimate && cycles >= conv_cycles) return false;
-  if (!t.c_zero_fill) append_zero_output(k, op, dx, cfg);
+  CubeConvSpec strided = conv;  // dy's 1x1 stride-1 convolution, y at dx's strided positions
+  strided.kh = strided.kw = strided.sh = strided.sw = strided.dh = strided.dw = 1;
+  strided.up_h = strided.up_w = 1;
+  strided.ext_h = strided.ext_w = 0;
+  strided.pt = strided.pb = strided.pl = strided.pr = 0;
+  strided.b_flip = false;
+  strided.y_pitch = rows.row_pitch;
+  strided.y_strided = rows;
+  strided.y_zero_fill = zero_fill;
+  const double matmul_cycles = with_zeros(t.est_cycles);
+  const double conv_cycles = with_zeros(plan_cube_conv(strided, cfg, op.str()).est_cycles);
+  const double zero_inserted_cycles = plan_cube_conv(conv, cfg, op.str()).est_cycles;
+  const bool by_conv = mode == StridedInputGrad::kConv ||
+                       (mode != StridedInputGrad::kMatmul && conv_cycles <= matmul_cycles);
+  const double cycles = by_conv ? conv_cycles : matmul_cycles;
+  if (mode == StridedInputGrad::kByEstimate && cycles >= zero_inserted_cycles) return false;
+  if (!zero_fill) append_zero_output(k, op, dx, cfg);
   const ArgRef dyr = cube_operand(k, ctx, ct, 1), wr = cube_operand(k, ctx, ct, 0);
-  Launch mm = with_args(build_matmul_launch(t, cfg, op.str()), {dyr, wr, output_ref(0)});
-  mm.summary = fmt::format(
-      "dy x W^T at dx's positions of stride {}x{} (modelled ~{:.0f} cycles with the fill, the "
-      "zero-insertion convolution ~{:.0f}): {}",
-      cw.h.s, cw.w.s, cycles, conv_cycles, mm.summary);
-  k.launches.push_back(std::move(mm));
+  if (by_conv)
+    append_cube_conv(k, ctx, ct, strided, dyr, wr);
+  else
+    k.launches.push_back(
+        with_args(build_matmul_launch(t, cfg, op.str()), {dyr, wr, output_ref(0)}));
+  Launch& l = k.launches.back();
+  l.summary = fmt::format(
+      "dy's positions to dx's of stride {}x{} (modelled ~{:.0f} cycles with the zeros; the "
+      "{} ~{:.0f}, the zero-insertion convolution ~{:.0f}): {}",
+      cw.h.s, cw.w.s, cycles, by_conv ? "MatMul" : "convolution",
+      by_conv ? matmul_cycles : conv_cycles, zero_inserted_cycles, l.summary);
   return true;
 }
 

@@ -108,8 +108,9 @@ std::string MatmulTiling::str() const {
               ? fmt::format("; core split {}x{} (regions of {}x{} tiles)", region_tiles_m * tm,
                             region_tiles_n * tn, region_tiles_m, region_tiles_n)
               : std::string()) +
-         (c_run_rows > 0
-              ? fmt::format("; C strided: runs of {} rows {} apart{}", c_run_rows, c_pitch,
+         (c_strided.run_rows > 0
+              ? fmt::format("; C strided: runs of {} rows {} apart{}", c_strided.run_rows,
+                            c_strided.row_pitch,
                             c_zero_fill ? ", the zeros between by the vector cores" : "")
               : std::string());
 }
@@ -387,8 +388,8 @@ class MatmulEmitter {
     } else {
       b.declare_arg("a", m_t.in_type, {am, ak});
       b.declare_arg("b", m_t.in_type, {bk, bn});
-      if (m_t.c_run_rows > 0)
-        b.declare_arg("c", m_t.out_type, {m_t.c_elements});
+      if (m_t.c_strided.run_rows > 0)
+        b.declare_arg("c", m_t.out_type, {m_t.c_strided.elements});
       else
         b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
     }
@@ -419,7 +420,7 @@ class MatmulEmitter {
       m_pipe.release_registers();
     }
     b.end();
-    if (m_t.c_zero_fill) emit_zero_fill();
+    if (m_t.c_zero_fill) emit_strided_zeros(b, m_t.c_strided, m_osz, m_t.block_dim, "c");
     return b.finish();
   }
 
@@ -429,7 +430,7 @@ class MatmulEmitter {
   void allocate() {
     if (m_t.bias_in_ub && (!m_t.via_ub || m_t.bias || m_t.batch > 1))
       m_b.fail("internal: the bias in the UB needs the UB path, no bias table and one product");
-    if (m_t.c_run_rows > 0 && (m_t.via_ub || m_t.batch > 1 || m_t.bias_in_ub))
+    if (m_t.c_strided.run_rows > 0 && (m_t.via_ub || m_t.batch > 1 || m_t.bias_in_ub))
       m_b.fail("internal: a strided C needs FIXPIPE to GM and one product");
     const BufferPlan::Placed l1 =
         l1_chunks(m_t.tm, m_t.tn, m_isz, m_t.bias).allocate(m_b, m_t.tk_l1);
@@ -643,7 +644,7 @@ class MatmulEmitter {
     Reg col0;  // bias_in_ub: the tile's first column (its bias table entry)
     if (m_t.bias_in_ub) col0 = b.reg("compute: first column");
     Reg row0;  // strided C: the tile's first row
-    const bool strided = m_t.c_run_rows > 0;
+    const bool strided = m_t.c_strided.run_rows > 0;
     if (strided) row0 = b.reg("compute: first row");
     {
       Reg j = b.reg("compute: tile index"), m0 = b.reg("compute: m0"), n0 = b.reg("compute: n0"),
@@ -683,7 +684,7 @@ class MatmulEmitter {
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
       if (strided) {
-        store_strided(cdst, l0c, row0, m_act, n_act);
+        store_strided_rows(b, m_t.c_strided, m_t.out_type, m_t.relu, cdst, l0c, row0, m_act, n_act);
         m_pipe.l0c_stored(pt);
       } else {
         m_pipe.store({m_t.out_type, cdst, l0c, m_act, n_act, m_t.c_pitch, m_t.relu,
@@ -691,130 +692,6 @@ class MatmulEmitter {
                      pt);
       }
     });
-  }
-
-  // MatmulTiling::c_zero_fill, the vector section: vector core v of the launch's V takes runs
-  // q = v, v + V, ... (over every group) and writes from a zeroed UB buffer by MTE3 the gaps
-  // after each of the run's rows but its last (one copy of c_run_rows - 1 bursts, c_pitch
-  // apart) and the span from its last row's end to the next run's first element (or the
-  // group's end), in pieces of the buffer's size. No flag with the cube cores: disjoint bytes.
-  void emit_zero_fill() {
-    KernelBuilder& b = m_b;
-    b.begin_section(b.vector_core_kind());
-    KernelBuilder::Origin o(b, "zeros between C's strided rows");
-    const int64_t rows = m_t.c_run_rows, runs = m_t.c_runs_per_group;
-    const int64_t block_elems = layout::kBlockBytes / m_osz;
-    const int64_t gap = m_t.c_pitch - m_t.n;  // elements between two rows of a run
-    const int64_t run_end = (rows - 1) * m_t.c_pitch + m_t.n;
-    const int64_t tail = m_t.c_run_pitch - run_end;  // to the next run
-    const int64_t last_tail = m_t.c_group_pitch - (runs - 1) * m_t.c_run_pitch - run_end;
-    const int64_t zero_bytes = kMatmulZeroBufferBytes;
-    BufferPlan ub(Buf::UB);
-    const auto zeros = ub.add_fixed("zeros", static_cast<uint64_t>(zero_bytes));
-    const uint64_t zbuf = ub.allocate(b, 0)[zeros];
-    {
-      Reg n = b.reg_imm("zeros: 32-bit words", zero_bytes / 4);
-      vec_dup_bits(b, 4, b.reg_imm("zeros: UB", static_cast<int64_t>(zbuf)), 0, n);
-    }
-    const int ready = b.flag(Pipe::V, Pipe::MTE3, "zeros written");
-    b.set_flag(Pipe::V, Pipe::MTE3, ready);
-    b.wait_flag(Pipe::V, Pipe::MTE3, ready);
-    const int cores = m_t.block_dim * b.config().aiv_per_aic;
-    Reg q = b.reg("run"), base = b.reg("run address"), t = b.reg("scratch"),
-        src = b.reg_imm("zeros: UB address", static_cast<int64_t>(zbuf)), n = b.reg("bursts"),
-        len = b.reg("burst blocks"), g = b.reg("burst gap blocks");
-    b.emit(Opcode::op_get_block_id, {q});
-    b.emit(Opcode::op_get_subblock_id, {t});
-    b.mul_add(q, q, static_cast<int64_t>(b.config().aiv_per_aic), t, "this vector core");
-    b.for_range(q, q, m_t.c_runs_per_group * (m_t.c_elements / m_t.c_group_pitch), cores, [&] {
-      b.div(base, q, runs);
-      b.mul(base, base, m_t.c_group_pitch);
-      b.rem(t, q, runs);
-      b.mul_add(base, t, m_t.c_run_pitch, base, "the run's first element");
-      b.mul(base, base, m_osz);
-      Reg c = b.load_arg("c");
-      b.add(base, base, c, "the run's address");
-      if (rows > 1 && gap > 0) {
-        b.add(c, base, m_t.n * m_osz, "the first gap");
-        b.movi(n, rows - 1);
-        b.movi(len, gap / block_elems);
-        b.movi(g, m_t.n / block_elems);
-        b.emit(Opcode::op_copy_ub2gm, {c, src, n, len, 0, g}, "the gaps between the rows");
-      }
-      // From the last row's end: `tail` elements, or `last_tail` after a group's last run.
-      b.rem(t, q, runs);
-      b.movi(len, tail);
-      b.if_(eq(t, runs - 1), [&] { b.movi(len, last_tail); });
-      b.add(c, base, run_end * m_osz, "after the run's last row");
-      b.movi(n, 1);
-      Label more = b.label("zero_span");
-      Label done = b.label("zero_span_done");
-      b.bind(more);
-      b.branch(lt(len, 1), done);
-      b.min(t, len, zero_bytes / m_osz);
-      b.sub(len, len, t);
-      b.mul(t, t, m_osz);
-      b.add(g, c, t, "the next piece");
-      b.shr(t, t, 5, "32-byte blocks");
-      b.emit(Opcode::op_copy_ub2gm, {c, src, n, t, 0, 0}, "zeros after the run");
-      b.mov(c, g);
-      b.jmp(more);
-      b.bind(done);
-    });
-    b.end();
-  }
-
-  // Strided C (MatmulTiling::c_run_rows): the tile's rows [m0, m0 + m_act) at L0C address l0c
-  // (NZ, rows padded to round16(m_act)) run by run, each run's rows as one ND fixpipe per
-  // 16-column block (a block's rows are contiguous in L0C from any row; a fixpipe of more
-  // blocks would read them round16(rows) apart). cdst: C's address plus the tile's first
-  // column in bytes.
-  void store_strided(const Reg& cdst, const Reg& l0c, const Reg& m0, const Reg& m_act,
-                     const Reg& n_act) {
-    KernelBuilder& b = m_b;
-    KernelBuilder::Origin o(b, "store: L0C -> C, run by run");
-    Reg r = b.reg("store: row"), end = b.reg("store: end row"), len = b.reg("store: run rows"),
-        dst = b.reg("store: run address"), t = b.reg("store: scratch"),
-        blk = b.reg("store: L0C column block bytes");
-    b.add(end, m0, m_act);
-    b.mov(r, m0);
-    round16(m_b, blk, m_act);
-    b.mul(blk, blk, kFractalRows * kL0cElemBytes, "bytes per 16-column block of the tile");
-    Label next = b.label("strided_run");
-    b.bind(next);
-    {
-      // len = min((r / R + 1) * R, end) - r; dst = C + element of (run r / R, row r % R)
-      b.div(t, r, m_t.c_run_rows, "run");
-      b.div(dst, t, m_t.c_runs_per_group);
-      b.mul(dst, dst, m_t.c_group_pitch);
-      b.rem(t, t, m_t.c_runs_per_group);
-      b.mul_add(dst, t, m_t.c_run_pitch, dst, "run's first element");
-      b.rem(t, r, m_t.c_run_rows, "row within the run");
-      b.mul_add(dst, t, m_t.c_pitch, dst);
-      b.sub(len, r, t);
-      b.add(len, len, m_t.c_run_rows, "the run's end row");
-      b.min(len, len, end);
-      b.sub(len, len, r, "rows of the run in the tile");
-      b.mul(dst, dst, m_osz);
-      b.add(dst, dst, cdst, "run address");
-      Reg src = b.reg("store: L0C source"), cb = b.reg("store: column"),
-          cols = b.reg("store: columns");
-      b.sub(src, r, m0);
-      b.mul(src, src, kFractalRows * kL0cElemBytes);
-      b.add(src, src, l0c, "the run's first row in column block 0");
-      b.for_range(cb, 0, n_act, kFractalRows, [&] {
-        b.sub(cols, n_act, cb);
-        b.min(cols, cols, kFractalRows);
-        b.emit(Opcode::op_fixpipe,
-               {Dtype::F32, m_t.out_type, Buf::GM, dst, src, len, cols, m_t.c_pitch, 1,
-                m_t.relu ? 1 : 0, 0},
-               "16 columns of a run to C (ND)");
-        b.add(src, src, blk);
-        b.add(dst, dst, kFractalRows * m_osz);
-      });
-      b.add(r, r, len);
-    }
-    b.branch(lt(r, end), next);
   }
 
   // One mmad step: k [kk, kk + ks) of the chunk in L1 buffer p, into L0C buffer pt.
@@ -975,15 +852,6 @@ class MatmulEmitter {
 };
 
 }  // namespace
-
-bool matmul_zero_fill_fits(const MatmulTiling& t, const ChipConfig& cfg) {
-  if (t.c_run_rows <= 0 || !cfg.core_kind(isa::CoreKind::AIV) || cfg.aiv_per_aic <= 0) return false;
-  const int64_t block = layout::kBlockBytes / isa::dtype_size(t.out_type);
-  const int64_t gaps = (t.c_run_rows - 1) * (t.c_pitch - t.n) * isa::dtype_size(t.out_type);
-  return t.n % block == 0 && t.c_pitch % block == 0 && t.c_run_pitch % block == 0 &&
-         t.c_group_pitch % block == 0 && gaps <= kMatmulZeroBufferBytes &&
-         (t.c_pitch - t.n) / block <= 65535 && t.c_run_rows - 1 <= 65535;
-}
 
 Launch build_matmul_launch(const MatmulTiling& t, const ChipConfig& cfg, const std::string& op) {
   Launch l;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/registry.h"
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
@@ -54,16 +55,11 @@ struct MatmulTiling {
   // (b % regions_m, b / regions_m), its tiles row by row, and block_dim is the region count.
   int64_t region_tiles_m = 0, region_tiles_n = 0, regions_m = 0;
   // Strided C (not batched, C leaving L0C by FIXPIPE to GM; the strided input gradient of
-  // ops/conv2d.cpp): c_run_rows > 0 cuts C's rows into runs of c_run_rows; row t of run q goes
-  // to element (q / c_runs_per_group) * c_group_pitch + (q % c_runs_per_group) * c_run_pitch +
-  // t * c_pitch of argument "c" (c_elements elements in all), the elements between untouched.
-  // A tile leaves L0C as one fixpipe per (run it holds, 16-column block); 0: dense rows.
-  int64_t c_run_rows = 0, c_run_pitch = 0, c_runs_per_group = 0, c_group_pitch = 0;
-  int64_t c_elements = 0;
-  // Strided C with c_zero_fill: the launch's vector cores (split chips) write zeros to every
-  // element of c the rows do not (the gaps between a run's rows, from a run's last row to the
-  // next run or the group's end), bytes disjoint from the cube cores', while they compute; the
-  // gaps, pitches and n must be whole 32-byte blocks (matmul_zero_fill_fits).
+  // ops/conv2d.cpp): c_strided.run_rows > 0 places C's rows as c_strided says (argument "c" of
+  // c_strided.elements elements; the elements between untouched), a tile leaving L0C by
+  // store_strided_rows. With c_zero_fill the launch's vector cores write zeros to every other
+  // element of c while the cube cores compute (emit_strided_zeros; strided_zeros_fit).
+  StridedRows c_strided;
   bool c_zero_fill = false;
   // plan_matmul_tiling's modelled cycles of the busiest cube core for this tiling (its loads
   // with the L2's reuse, mmads, epilogue and pipeline; no task overheads): what callers compare
@@ -119,13 +115,6 @@ struct MatmulCoreSplit {
   bool empty() const { return m == 0; }
 };
 MatmulCoreSplit parse_matmul_core_split(const std::string& split, const std::string& op);
-
-// The UB buffer of zeros MatmulTiling::c_zero_fill's vector cores copy from (bytes).
-inline constexpr int64_t kMatmulZeroBufferBytes = 32 * 1024;
-
-// Whether t's strided C can take c_zero_fill on cfg: vector cores, and every gap, pitch and n
-// whole 32-byte blocks of t.out_type, the gaps of a run within kMatmulZeroBufferBytes.
-bool matmul_zero_fill_fits(const MatmulTiling& t, const ChipConfig& cfg);
 
 // The cube kernel of a tiling, for families that multiply operands they prepared themselves
 // (e.g. Conv2DBackpropFilter: img2col^T x dy). Arguments a, b, c (bind Launch::args); C is
