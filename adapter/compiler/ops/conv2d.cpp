@@ -79,6 +79,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string_view>
 
@@ -859,8 +860,22 @@ bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, con
     return zero_fill ? std::max(est, (operand_bytes + dx_bytes) / cfg.hbm_bytes_per_cycle())
                      : est + dx_bytes / fill_rate + launch;
   };
-  MatmulTiling t = plan_matmul_tiling(n * dy[1] * dy[2], cin, cout, false, true,
-                                      device_dtype(ct.cube), ct.fix_out, cfg, op.str(), 1, true);
+  // A strided kernel's estimate with the zeros, or infinity where it does not plan (then a
+  // CompileError only where the switch names it).
+  const auto estimate = [&](StridedInputGrad kernel, auto&& plan) {
+    try {
+      return with_zeros(plan());
+    } catch (const CompileError&) {
+      if (mode == kernel) throw;
+      return std::numeric_limits<double>::infinity();
+    }
+  };
+  MatmulTiling t;
+  const double matmul_cycles = estimate(StridedInputGrad::kMatmul, [&] {
+    t = plan_matmul_tiling(n * dy[1] * dy[2], cin, cout, false, true, device_dtype(ct.cube),
+                           ct.fix_out, cfg, op.str(), 1, true);
+    return t.est_cycles;
+  });
   t.c_strided = rows;
   t.c_zero_fill = zero_fill;
   conv.in_type = device_dtype(ct.cube);  // the types append_cube_conv gives the kernel
@@ -874,12 +889,17 @@ bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, con
   strided.y_pitch = rows.row_pitch;
   strided.y_strided = rows;
   strided.y_zero_fill = zero_fill;
-  const double matmul_cycles = with_zeros(t.est_cycles);
-  const double conv_cycles = with_zeros(plan_cube_conv(strided, cfg, op.str()).est_cycles);
-  const double zero_inserted_cycles = plan_cube_conv(conv, cfg, op.str()).est_cycles;
+  const double conv_cycles = estimate(
+      StridedInputGrad::kConv, [&] { return plan_cube_conv(strided, cfg, op.str()).est_cycles; });
+  double zero_inserted_cycles = std::numeric_limits<double>::infinity();
+  try {
+    zero_inserted_cycles = plan_cube_conv(conv, cfg, op.str()).est_cycles;
+  } catch (const CompileError&) {  // (the strided kernels may still plan)
+  }
   const bool by_conv = mode == StridedInputGrad::kConv ||
                        (mode != StridedInputGrad::kMatmul && conv_cycles <= matmul_cycles);
   const double cycles = by_conv ? conv_cycles : matmul_cycles;
+  if (cycles == std::numeric_limits<double>::infinity()) return false;  // neither plans
   if (mode == StridedInputGrad::kByEstimate && cycles >= zero_inserted_cycles) return false;
   if (!zero_fill) append_zero_output(k, op, dx, cfg);
   const ArgRef dyr = cube_operand(k, ctx, ct, 1), wr = cube_operand(k, ctx, ct, 0);
