@@ -610,6 +610,16 @@ TEST_CASE("Conv2DBackpropInput: a 1x1 window of stride > 1 stored at dx's stride
       CHECK(strided.dx == zero_inserted.dx);
     }
   }
+  // A row of 65,552 dy pixels exceeds set_fmatrix's 16-bit width: neither convolution plans
+  // (a CompileError where the switch names the strided one), the MatMul does.
+  if (applies) {
+    ConvCase wide{1, 1, 131103, 16, 1, 1, 16};
+    wide.sw = 2;
+    CHECK(has_launch(check_conv2d_backprop_input(DataType::F16, wide, 125).launches, "MatMul"));
+    ScopedEnv on("NPUSIM_CONV_STRIDED_INPUT_GRAD", "conv");
+    CHECK_THROWS_WITH(check_conv2d_backprop_input(DataType::F16, wide, 125),
+                      Catch::Contains("set_fmatrix"));
+  }
   // Forced, a 3x3 window of stride 2 stays on the zero-insertion convolution (its windows
   // overlap); so does f32 under allow_mix_precision (FIXPIPE writes f16 that a launch widens).
   {
