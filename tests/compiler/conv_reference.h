@@ -257,9 +257,14 @@ inline void accumulate(Reference& r, int64_t i, double p) {
 // Conv2DBackpropInput: dx[x index] += dy[y index] * f[filter index] over the forward's products.
 // TF's full input list (input_sizes, filter, out_backprop) with input_sizes also as an
 // attribute, or (data_only) just filter and out_backprop.
-inline void check_conv2d_backprop_input(DataType dt, const ConvCase& c, uint32_t seed,
-                                        PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
-                                        bool data_only = false) {
+// What a Conv2DBackpropInput check ran: per launch its kernel name and summary, and dx.
+struct BackpropInputRun {
+  std::vector<std::string> launches;
+  std::vector<double> dx;
+};
+inline BackpropInputRun check_conv2d_backprop_input(
+    DataType dt, const ConvCase& c, uint32_t seed,
+    PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16, bool data_only = false) {
   INFO("BackpropInput " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << "," << c.w
                         << "," << c.c << "] filter " << c.kh << "x" << c.kw << " -> " << c.cout
                         << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh << "x" << c.dw
@@ -281,6 +286,11 @@ inline void check_conv2d_backprop_input(DataType dt, const ConvCase& c, uint32_t
     accumulate(ref, xi, dy.values[static_cast<size_t>(yi)] * f.values[static_cast<size_t>(fi)]);
   });
   check_against(r.outputs[0].values, ref, dt, dt == DataType::F32, "dx");
+  BackpropInputRun run;
+  for (const compiler::Launch& l : k.launches)
+    run.launches.push_back(l.kernel.program.name + ": " + l.summary);
+  run.dx = std::move(r.outputs[0].values);
+  return run;
 }
 
 // Conv2DBackpropFilter: dW[filter index] += x[x index] * dy[y index].

@@ -602,6 +602,105 @@ TEST_CASE("The fused filter gradient adds parts further apart than copy_gm2ub's 
   check_against(r.outputs[0].values, ref, DataType::F16, false, "dW");
 }
 
+TEST_CASE("Conv2DBackpropInput: a 1x1 window of stride > 1 stored at dx's strided positions") {
+  // dx[n][sh*i][sw*j] = dy[n][i][j] x W^T, zero elsewhere. Where FIXPIPE writes GM (split
+  // chips): the product of dy's positions only, its tiles stored at dx's strided positions, by
+  // the MatMul or by dy's 1x1 stride-1 convolution; the zeros between written by the kernel's
+  // vector cores where dx's pixels are whole 32-byte blocks, else by a fill launch before it
+  // (NPUSIM_CONV_STRIDED_INPUT_GRAD=matmul / conv names the kernel, 0 keeps the zero-insertion
+  // convolution, unset the lowest estimate). Each case against the double reference and the
+  // zero-insertion convolution's dx bit for bit (the same f32 sums of the same products; the
+  // inserted zeros add nothing).
+  const ChipConfig& cfg = test_sim().config();
+  const bool applies = cfg.split && !cube_out_via_ub();
+  ConvCase a{2, 9, 7, 30, 1, 1, 20};  // stride 2 SAME over odd H, W: OH 5, OW 4; 60-byte pixels
+  a.sh = a.sw = 2;
+  ConvCase b{2, 10, 8, 24, 1, 1, 40};  // stride 3 VALID: row 9 and column 7 get no gradient
+  b.sh = b.sw = 3;
+  b.padding = "VALID";
+  ConvCase m{1, 12, 9, 48, 1, 1, 300};  // strides 2 x 3, k 300: runs of 3 rows, several chunks
+  m.sh = 2;
+  m.sw = 3;
+  ConvCase t{4, 16, 16, 64, 1, 1, 64};  // 256 positions: tiles holding several runs of 8
+  t.sh = t.sw = 2;
+  t.padding = "VALID";
+  struct Case {
+    ConvCase c;
+    DataType dt;
+  };
+  uint32_t seed = 100;
+  for (const Case& k : {Case{a, DataType::F16}, Case{b, DataType::F32}, Case{m, DataType::F16},
+                        Case{t, DataType::F16}, Case{t, DataType::BF16}}) {
+    if (k.dt == DataType::BF16 && !cfg.cube_bf16) continue;
+    seed += 2;
+    BackpropInputRun zero_inserted;
+    {
+      ScopedEnv off("NPUSIM_CONV_STRIDED_INPUT_GRAD", "0");
+      zero_inserted = check_conv2d_backprop_input(k.dt, k.c, seed);
+    }
+    CHECK_FALSE(has_launch(zero_inserted.launches, "MatMul"));
+    const bool whole_blocks = k.c.c * compiler::data_type_bytes(k.dt) % 32 == 0;
+    for (const char* kernel : {"matmul", "conv"}) {
+      INFO(kernel);
+      ScopedEnv on("NPUSIM_CONV_STRIDED_INPUT_GRAD", kernel);
+      const BackpropInputRun strided = check_conv2d_backprop_input(k.dt, k.c, seed);
+      const bool matmul = kernel[0] == 'm';
+      CHECK(has_launch(strided.launches, "MatMul") == (applies && matmul));
+      CHECK(mentions(strided.launches, matmul ? "C strided" : "y strided") == applies);
+      CHECK(has_launch(strided.launches, "Fill0") == (applies && !whole_blocks));
+      CHECK(mentions(strided.launches, "zeros between by the vector cores") ==
+            (applies && whole_blocks));
+      CHECK(strided.dx == zero_inserted.dx);
+    }
+  }
+  // A row of 65,552 dy pixels exceeds set_fmatrix's 16-bit width: neither convolution plans
+  // (a CompileError where the switch names the strided one), the MatMul does.
+  if (applies) {
+    ConvCase wide{1, 1, 131103, 16, 1, 1, 16};
+    wide.sw = 2;
+    CHECK(has_launch(check_conv2d_backprop_input(DataType::F16, wide, 125).launches, "MatMul"));
+    ScopedEnv on("NPUSIM_CONV_STRIDED_INPUT_GRAD", "conv");
+    CHECK_THROWS_WITH(check_conv2d_backprop_input(DataType::F16, wide, 125),
+                      Catch::Contains("set_fmatrix"));
+  }
+  // Forced, a 3x3 window of stride 2 stays on the zero-insertion convolution (its windows
+  // overlap); so does f32 under allow_mix_precision (FIXPIPE writes f16 that a launch widens).
+  {
+    ScopedEnv on("NPUSIM_CONV_STRIDED_INPUT_GRAD", "1");
+    ConvCase w{2, 8, 8, 4, 3, 3, 6};
+    w.sh = w.sw = 2;
+    CHECK_FALSE(mentions(check_conv2d_backprop_input(DataType::F16, w, 120).launches, "strided"));
+    CHECK_FALSE(mentions(
+        check_conv2d_backprop_input(DataType::F32, a, 121, PrecisionMode::kAllowMixPrecision)
+            .launches,
+        "strided"));
+  }
+  // Unforced on the 910b (compiled, not run): ResNet-50's 256 -> 512 projection at batch 8 takes
+  // a strided kernel, one launch writing the zeros too, its modelled cycles below the other's
+  // and the zero-insertion convolution's; the summary states all three.
+  {
+    ConvCase r{8, 56, 56, 256, 1, 1, 512};
+    r.sh = r.sw = 2;
+    r.padding = "VALID";
+    const TensorDesc f{DataType::F16, filter_shape(r)}, dy{DataType::F16, y_shape(r)};
+    auto op = make_op("Conv2DBackpropInput", {f, dy}, r.attrs());
+    op.attrs["input_sizes"] = std::vector<int64_t>{r.n, r.h, r.w, r.c};
+    const compiler::CompiledKernel k = compiler::compile(op, load_chip_config("910b"));
+    REQUIRE(k.launches.size() == 1);
+    const std::string& s = k.launches[0].summary;
+    INFO(s);
+    REQUIRE(s.find("modelled ~") != std::string::npos);
+    const double chosen = std::stod(s.substr(s.find("modelled ~") + 10));
+    const double other = std::stod(s.substr(s.find(" ~", s.find("; the ")) + 2));
+    const double zero_inserted = std::stod(s.substr(s.find("insertion convolution ~") + 23));
+    CHECK(chosen <= other);
+    CHECK(chosen < zero_inserted);
+    ScopedEnv bad("NPUSIM_CONV_STRIDED_INPUT_GRAD", "yes");
+    CHECK_THROWS_WITH(compiler::compile(op, load_chip_config("910b")),
+                      Catch::Contains("NPUSIM_CONV_STRIDED_INPUT_GRAD='yes'"));
+  }
+}
+
 TEST_CASE("Img2col and the filter gradient: the blocks touch disjoint GM bytes, so they replay") {
   // A launch is recorded for replay only if no block touches GM bytes another block writes
   // (sim/replay/launch_replay.h, record_blocks). Each block of the img2col kernel writes the

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/fused.h"
 #include "adapter/compiler/ops/registry.h"
 #include "isa/isa.h"
@@ -160,6 +161,14 @@ struct CubeConvSpec {
   // default). Other strides view x differently, e.g. the width fold of ops/conv2d.cpp: pixels
   // cin apart holding kw * cin channels (overlapping windows). No zero insertion or stacking.
   int64_t x_pixel = 0, x_row = 0, x_image = 0;
+  // Strided y (the strided input gradient of ops/conv2d.cpp): y_strided.run_rows > 0 (= ow)
+  // places y's positions as StridedRows says (a run: one row of y; a group: an image; the row
+  // pitch pitch()), argument "y" of y_strided.elements elements, a tile leaving L0C by
+  // store_strided_rows; with y_zero_fill the launch's vector cores write zeros to every other
+  // element of y (emit_strided_zeros). FIXPIPE to GM, one group, unstacked tiles, no bias,
+  // batch norm or residual.
+  StridedRows y_strided;
+  bool y_zero_fill = false;
   std::string name;  // kernel name
 
   int64_t hv() const { return (hs - 1) * up_h + 1 + ext_h; }

@@ -79,6 +79,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <string_view>
 
@@ -443,7 +444,8 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
       }
   }
   const int64_t rows = out.num_elements() / spec.cy;
-  const bool padded = spec.pitch() != spec.cy;
+  // (A strided y is the output itself: its pitch places its rows, the rest is not y's.)
+  const bool padded = spec.pitch() != spec.cy && spec.y_strided.run_rows == 0;
   ArgRef y = final_y;
   if (ct.widen || padded || narrow_via_f32)
     y = workspace_take(k, static_cast<uint64_t>(rows * spec.pitch() * osz));
@@ -790,6 +792,131 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   return k;
 }
 
+// Which kernel a strided 1x1 input gradient takes (NPUSIM_CONV_STRIDED_INPUT_GRAD, read at
+// every compile): unset, the lowest estimate (append_strided_input_grad); "0", the
+// zero-insertion convolution; "1", the lower of the two strided kernels wherever they apply;
+// "matmul" / "conv" the one named (for measuring and tests). Anything else is a CompileError
+// naming op.
+enum class StridedInputGrad { kByEstimate, kOff, kStrided, kMatmul, kConv };
+StridedInputGrad strided_input_grad_mode(const OpDesc& op) {
+  const char* v = std::getenv("NPUSIM_CONV_STRIDED_INPUT_GRAD");
+  if (!v) return StridedInputGrad::kByEstimate;
+  const std::string_view value(v);
+  if (value == "0") return StridedInputGrad::kOff;
+  if (value == "1") return StridedInputGrad::kStrided;
+  if (value == "matmul") return StridedInputGrad::kMatmul;
+  if (value == "conv") return StridedInputGrad::kConv;
+  op.fail(
+      fmt::format("NPUSIM_CONV_STRIDED_INPUT_GRAD='{}' is none of '0', '1', 'matmul', 'conv'", v));
+}
+
+// The input gradient of a 1x1 window of stride (sh, sw) > 1 (no padding: a 1x1 window never
+// has any, set_transposed_window), dx [N,H,W,Cin] from dy [N,OH,OW,Cout] and the filter
+// [1,1,Cin,Cout]: dx[n][sh*i][sw*j][:] = dy[n][i][j][:] x W^T, zero elsewhere. The cube computes
+// dy's positions only (the zero-insertion convolution `conv` computes every position of dx,
+// sh*sw times the MACs), its tiles stored straight to dx's strided positions (StridedRows: runs
+// of OW rows sw*Cin apart, run i of image n at (n*H + sh*i)*W*Cin), by one of two kernels: the
+// 1x1 stride-1 convolution of dy (CubeConvSpec::y_strided; unstacked) or the MatMul of dy
+// (N*OH*OW x Cout) by the filter read as Cin x Cout (trans_b; MatmulTiling::c_strided). dx is a
+// fresh buffer: where its pixels are whole 32-byte blocks the kernel's own vector cores write
+// the zeros between (emit_strided_zeros; the estimate then at least the launch's HBM bytes at
+// HBM's rate), else a fill launch first (its bytes at the vector cores' ub->gm rate or HBM's,
+// and one more launch's task overheads). Where FIXPIPE writes GM (split chips) and writes the
+// op's type (no widening); the kernel of the lowest estimate (plan_cube_conv's, plan_matmul_
+// tiling's), or as NPUSIM_CONV_STRIDED_INPUT_GRAD says. Returns whether it appended it.
+bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                               const ConvWindow& cw, const std::vector<int64_t>& dy,
+                               CubeConvSpec conv) {
+  const OpDesc& op = ctx.op;
+  const ChipConfig& cfg = ctx.cfg;
+  const StridedInputGrad mode = strided_input_grad_mode(op);
+  if (cw.h.k != 1 || cw.w.k != 1 || (cw.h.s == 1 && cw.w.s == 1) || cw.h.before != 0 ||
+      cw.w.before != 0 || ct.widen || mode == StridedInputGrad::kOff ||
+      cube_store_via_ub(cfg, cube_core(cfg, op.str()), op.str()))
+    return false;
+  const TensorDesc& dx = k.outputs[0];
+  const int64_t n = dx.shape[0], h = dx.shape[1], w = dx.shape[2], cin = dx.shape[3];
+  const int64_t cout = dy[3];
+  StridedRows rows;  // runs: dy's rows; groups: images
+  rows.run_rows = dy[2];
+  rows.row_pitch = cw.w.s * cin;
+  rows.run_pitch = cw.h.s * w * cin;
+  rows.runs_per_group = dy[1];
+  rows.group_pitch = h * w * cin;
+  rows.cols = cin;
+  rows.elements = dx.num_elements();
+  const bool zero_fill = strided_zeros_fit(rows, isa::dtype_size(ct.fix_out), cfg);
+  const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);
+  const int vector_cores = vec ? vec->count : cube_core(cfg, op.str()).count;
+  const double fill_rate =
+      std::min(vector_cores * cfg.path_rate(Buf::UB, Buf::GM), cfg.hbm_bytes_per_cycle());
+  const double launch = static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
+                                            cfg.task_block_start_cycles);
+  const double dx_bytes = static_cast<double>(dx.num_elements() * data_type_bytes(dx.dtype));
+  const double operand_bytes =
+      static_cast<double>((n * dy[1] * dy[2] + cin) * cout) * data_type_bytes(ct.cube);
+  // A strided kernel's estimate with the zeros.
+  const auto with_zeros = [&](double est) {
+    return zero_fill ? std::max(est, (operand_bytes + dx_bytes) / cfg.hbm_bytes_per_cycle())
+                     : est + dx_bytes / fill_rate + launch;
+  };
+  // A strided kernel's estimate with the zeros, or infinity where it does not plan (then a
+  // CompileError only where the switch names it).
+  const auto estimate = [&](StridedInputGrad kernel, auto&& plan) {
+    try {
+      return with_zeros(plan());
+    } catch (const CompileError&) {
+      if (mode == kernel) throw;
+      return std::numeric_limits<double>::infinity();
+    }
+  };
+  MatmulTiling t;
+  const double matmul_cycles = estimate(StridedInputGrad::kMatmul, [&] {
+    t = plan_matmul_tiling(n * dy[1] * dy[2], cin, cout, false, true, device_dtype(ct.cube),
+                           ct.fix_out, cfg, op.str(), 1, true);
+    return t.est_cycles;
+  });
+  t.c_strided = rows;
+  t.c_zero_fill = zero_fill;
+  conv.in_type = device_dtype(ct.cube);  // the types append_cube_conv gives the kernel
+  conv.out_type = ct.fix_out;
+  CubeConvSpec strided = conv;  // dy's 1x1 stride-1 convolution, y at dx's strided positions
+  strided.kh = strided.kw = strided.sh = strided.sw = strided.dh = strided.dw = 1;
+  strided.up_h = strided.up_w = 1;
+  strided.ext_h = strided.ext_w = 0;
+  strided.pt = strided.pb = strided.pl = strided.pr = 0;
+  strided.b_flip = false;
+  strided.y_pitch = rows.row_pitch;
+  strided.y_strided = rows;
+  strided.y_zero_fill = zero_fill;
+  const double conv_cycles = estimate(
+      StridedInputGrad::kConv, [&] { return plan_cube_conv(strided, cfg, op.str()).est_cycles; });
+  double zero_inserted_cycles = std::numeric_limits<double>::infinity();
+  try {
+    zero_inserted_cycles = plan_cube_conv(conv, cfg, op.str()).est_cycles;
+  } catch (const CompileError&) {  // (the strided kernels may still plan)
+  }
+  const bool by_conv = mode == StridedInputGrad::kConv ||
+                       (mode != StridedInputGrad::kMatmul && conv_cycles <= matmul_cycles);
+  const double cycles = by_conv ? conv_cycles : matmul_cycles;
+  if (cycles == std::numeric_limits<double>::infinity()) return false;  // neither plans
+  if (mode == StridedInputGrad::kByEstimate && cycles >= zero_inserted_cycles) return false;
+  if (!zero_fill) append_zero_output(k, op, dx, cfg);
+  const ArgRef dyr = cube_operand(k, ctx, ct, 1), wr = cube_operand(k, ctx, ct, 0);
+  if (by_conv)
+    append_cube_conv(k, ctx, ct, strided, dyr, wr);
+  else
+    k.launches.push_back(
+        with_args(build_matmul_launch(t, cfg, op.str()), {dyr, wr, output_ref(0)}));
+  Launch& l = k.launches.back();
+  l.summary = fmt::format(
+      "dy's positions to dx's of stride {}x{} (modelled ~{:.0f} cycles with the zeros; the "
+      "{} ~{:.0f}, the zero-insertion convolution ~{:.0f}): {}",
+      cw.h.s, cw.w.s, cycles, by_conv ? "MatMul" : "convolution",
+      by_conv ? matmul_cycles : conv_cycles, zero_inserted_cycles, l.summary);
+  return true;
+}
+
 // Data inputs: filter, out_backprop (input_sizes as an attribute).
 CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
@@ -831,6 +958,7 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   s.b_flip = true;
   s.b_tap = f[2] * f[3];
   s.b_row = f[3];
+  if (append_strided_input_grad(k, ctx, ct, cw, dy, s)) return k;
   const ArgRef dyr = cube_operand(k, ctx, ct, 1), wr = cube_operand(k, ctx, ct, 0);
   append_cube_conv(k, ctx, ct, s, dyr, wr);
   return k;

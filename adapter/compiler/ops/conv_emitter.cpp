@@ -114,6 +114,7 @@ class ConvEmitter {
           "has {} (sync.cross_core_flag_ids)",
           kPartialsStored + 1, m_b.config().cross_core_flag_ids));
     cube_section();
+    if (m_s.y_zero_fill) emit_strided_zeros(m_b, m_s.y_strided, m_osz, m_t.block_dim, "y");
     if (stats_per_tile())
       emit_tile_stats();
     else if (m_s.bn_stats)
@@ -133,7 +134,17 @@ class ConvEmitter {
     allocate();
     b.declare_arg("x", m_s.in_type, {m_s.images, m_s.hs, m_s.ws, m_s.cs});
     b.declare_arg("w", m_s.in_type, {});
-    b.declare_arg("y", m_s.out_type, {m_s.images, m_s.oh(), m_s.ow(), m_s.pitch()});
+    if (strided_y()) {
+      if (stacked() || m_s.groups > 1 || m_s.bias || m_s.bn_affine || m_s.bn_stats ||
+          m_s.residual || m_pipe.via_ub() || m_s.y_strided.run_rows != m_s.ow() ||
+          m_s.y_strided.row_pitch != m_s.pitch())
+        b.fail(
+            "internal: a strided y needs FIXPIPE to GM, one group, unstacked tiles, no "
+            "epilogue but ReLU, runs of ow positions pitch() apart");
+      b.declare_arg("y", m_s.out_type, {m_s.y_strided.elements});
+    } else {
+      b.declare_arg("y", m_s.out_type, {m_s.images, m_s.oh(), m_s.ow(), m_s.pitch()});
+    }
     if (m_s.bias) b.declare_arg("bias", Dtype::F32, {m_s.cy});
     if (m_s.bn_affine) {
       b.declare_arg("a", Dtype::F32, {m_s.cy});
@@ -182,6 +193,8 @@ class ConvEmitter {
       b.emit(Opcode::op_cc_set, {Pipe::FIX, kCcAllCube, kTilesStored}, "this core's tiles stored");
       b.emit(Opcode::op_cc_wait, {Pipe::FIX, kTilesStored}, "wait: every cube core's tiles");
       b.emit(Opcode::op_cc_set, {Pipe::FIX, kCcGroup, kYStored}, "y stored: to the vector cores");
+      m_pipe.release_registers();
+    } else if (m_s.y_zero_fill) {
       m_pipe.release_registers();
     }
     m_tbeg = nullptr;  // (its register ends with the section)
@@ -773,6 +786,7 @@ class ConvEmitter {
   }
 
   bool stacked() const { return m_t.stack > 1; }
+  bool strided_y() const { return m_s.y_strided.run_rows > 0; }
 
   // Step s -> chunk ch, m tile mt, image img (stacked: the stack's first image), weight key
   // (group * n_tiles + n tile).
@@ -1000,9 +1014,12 @@ class ConvEmitter {
         kc = b.reg("compute: k in the chunk"), n_act = b.reg("compute: columns"),
         cdst = b.reg("compute: output address"), bbase = b.reg("compute: B of the chunk in L1");
     Reg chan0 = b.reg("compute: the tile's first channel");
+    Reg p0;  // strided y: the tile's first position in y (images' positions one after another)
+    if (strided_y()) p0 = b.reg("compute: the tile's first position");
     {
       Reg key = b.reg("compute: weight key"), n0 = b.reg("compute: n0");
-      TileRegs t{ch, m_act, msl, chan, kc, n_act, cdst, bbase, key, n0};
+      TileRegs t{
+          ch, m_act, msl, chan, kc, n_act, cdst, bbase, key, n0, strided_y() ? &p0 : nullptr};
       tile_output(s, t);
       chunk_operands(s, t);
       b.div(chan0, key, m_t.n_tiles);
@@ -1033,10 +1050,14 @@ class ConvEmitter {
       const CubePipeline::Store st{
           m_s.out_type, cdst,        l0c,      m_act,
           n_act,        m_s.pitch(), m_s.relu, m_s.bn_affine ? &chan0 : nullptr};
-      if (stacked())
+      if (stacked()) {
         store_stacked(s, st, pt);
-      else
+      } else if (strided_y()) {
+        store_strided_rows(b, m_s.y_strided, m_s.out_type, m_s.relu, cdst, l0c, p0, m_act, n_act);
+        m_pipe.l0c_stored(pt);
+      } else {
         m_pipe.store(st, pt);
+      }
       if (stats_per_tile()) hand_over_tile(s);
     });
   }
@@ -1047,6 +1068,7 @@ class ConvEmitter {
   // chunk) and bbase (the chunk's B in L1).
   struct TileRegs {
     const Reg &ch, &m_act, &msl, &chan, &kc, &n_act, &cdst, &bbase, &key, &n0;
+    const Reg* p0;  // strided y: set to the tile's first position in y (else nullptr)
   };
 
   // The tile of step s: chunk, positions, set_fmatrix for its slab, channels and output address.
@@ -1066,8 +1088,12 @@ class ConvEmitter {
     m_slab.slab_first_row(t.msl, m0);
     n_range(t.key, t.n0, t.n_act);
     // y + ((img * OH*OW + m0) * pitch + g * group pitch + n0) * size (stacked: without the
-    // position, added per image when storing)
+    // position, added per image when storing; strided y: the position placed by the store)
     if (stacked()) {
+      b.movi(t.cdst, 0);
+    } else if (t.p0) {
+      b.mul(*t.p0, img, m_s.oh() * m_s.ow());
+      b.add(*t.p0, *t.p0, m0, "the tile's first position in y");
       b.movi(t.cdst, 0);
     } else {
       b.mul(t.cdst, img, m_s.oh() * m_s.ow());
@@ -1443,6 +1469,10 @@ Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const Chi
       s.bn_stats ? " + batch-norm statistics" : "", s.images, s.hs, s.ws, s.cs,
       isa::dtype_name(s.in_type), s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.up_h, s.up_w, s.groups,
       s.cg_in, s.cg_out, t.str());
+  if (s.y_strided.run_rows > 0)
+    l.summary += fmt::format("; y strided: runs of {} positions {} apart{}", s.y_strided.run_rows,
+                             s.y_strided.row_pitch,
+                             s.y_zero_fill ? ", the zeros between by the vector cores" : "");
   return l;
 }
 

@@ -151,6 +151,9 @@ std::vector<int64_t> stack_counts(const CubeConvSpec& s, const std::string& op, 
         fmt::format("{}: a strided view of x takes no zero insertion or stacking", op));
   if (s.residual && stack > 1)  // the residual's rows are loaded as one run per tile
     throw CompileError(fmt::format("{}: a residual epilogue takes no stacking", op));
+  const bool strided_y = s.y_strided.run_rows > 0;  // stored run by run, one image per map
+  if (strided_y && stack > 1)
+    throw CompileError(fmt::format("{}: a strided y takes no stacking", op));
   std::vector<int64_t> counts;
   if (stack > 0) {
     if (stack > 1 && (zero_insertion || stack > s.images))
@@ -160,7 +163,8 @@ std::vector<int64_t> stack_counts(const CubeConvSpec& s, const std::string& op, 
     return counts;
   }
   counts.push_back(1);
-  for (int64_t st = 2; !zero_insertion && s.x_row == 0 && !s.residual && st <= s.images; ++st) {
+  for (int64_t st = 2;
+       !zero_insertion && s.x_row == 0 && !s.residual && !strided_y && st <= s.images; ++st) {
     if (stack_geom(s, st).tall_oh * s.ow() > kMaxTile) break;
     counts.push_back(st);
   }

@@ -815,4 +815,126 @@ void CubePipeline::ub_done() {
     m_b.set_flag(Pipe::MTE3, Pipe::FIX, m_ub_free);
 }
 
+bool strided_zeros_fit(const StridedRows& r, int64_t osz, const ChipConfig& cfg) {
+  if (r.run_rows <= 0 || !cfg.core_kind(isa::CoreKind::AIV) || cfg.aiv_per_aic <= 0) return false;
+  const int64_t block = static_cast<int64_t>(layout::kBlockBytes) / osz;
+  const int64_t gap = r.row_pitch - r.cols;
+  return r.cols % block == 0 && r.row_pitch % block == 0 && r.run_pitch % block == 0 &&
+         r.group_pitch % block == 0 && (r.run_rows - 1) * gap * osz <= kStridedZeroBufferBytes &&
+         gap / block <= 65535 && r.cols / block <= 65535 && r.run_rows - 1 <= 65535;
+}
+
+void store_strided_rows(KernelBuilder& b, const StridedRows& sr, Dtype out_type, bool relu,
+                        const Reg& dst0, const Reg& l0c, const Reg& r0, const Reg& rows,
+                        const Reg& cols) {
+  using layout::kFractalRows;
+  KernelBuilder::Origin o(b, "store: L0C -> strided rows, run by run");
+  const int64_t osz = isa::dtype_size(out_type);
+  Reg r = b.reg("store: row"), end = b.reg("store: end row"), len = b.reg("store: run rows"),
+      dst = b.reg("store: run address"), t = b.reg("store: scratch"),
+      blk = b.reg("store: L0C column block bytes");
+  b.add(end, r0, rows);
+  b.mov(r, r0);
+  round16(b, blk, rows);
+  b.mul(blk, blk, kFractalRows * kL0cElemBytes, "bytes per 16-column block of the tile");
+  Label next = b.label("strided_run");
+  b.bind(next);
+  {
+    // len = min((r / R + 1) * R, end) - r; dst = the element of (run r / R, row r % R)
+    b.div(t, r, sr.run_rows, "run");
+    b.div(dst, t, sr.runs_per_group);
+    b.mul(dst, dst, sr.group_pitch);
+    b.rem(t, t, sr.runs_per_group);
+    b.mul_add(dst, t, sr.run_pitch, dst, "run's first element");
+    b.rem(t, r, sr.run_rows, "row within the run");
+    b.mul_add(dst, t, sr.row_pitch, dst);
+    b.sub(len, r, t);
+    b.add(len, len, sr.run_rows, "the run's end row");
+    b.min(len, len, end);
+    b.sub(len, len, r, "rows of the run in the tile");
+    b.mul(dst, dst, osz);
+    b.add(dst, dst, dst0, "run address");
+    Reg src = b.reg("store: L0C source"), cb = b.reg("store: column"), n = b.reg("store: columns");
+    b.sub(src, r, r0);
+    b.mul(src, src, kFractalRows * kL0cElemBytes);
+    b.add(src, src, l0c, "the run's first row in column block 0");
+    b.for_range(cb, 0, cols, kFractalRows, [&] {
+      b.sub(n, cols, cb);
+      b.min(n, n, kFractalRows);
+      b.emit(Opcode::op_fixpipe,
+             {Dtype::F32, out_type, Buf::GM, dst, src, len, n, sr.row_pitch, 1, relu ? 1 : 0, 0},
+             "16 columns of a run (ND)");
+      b.add(src, src, blk);
+      b.add(dst, dst, kFractalRows * osz);
+    });
+    b.add(r, r, len);
+  }
+  b.branch(lt(r, end), next);
+}
+
+void emit_strided_zeros(KernelBuilder& b, const StridedRows& sr, int64_t osz, int block_dim,
+                        const std::string& arg) {
+  b.begin_section(b.vector_core_kind());
+  KernelBuilder::Origin o(b, "zeros between the strided rows");
+  const int64_t rows = sr.run_rows, runs = sr.runs_per_group;
+  const int64_t block_elems = static_cast<int64_t>(layout::kBlockBytes) / osz;
+  const int64_t gap = sr.row_pitch - sr.cols;  // elements between two rows of a run
+  const int64_t run_end = (rows - 1) * sr.row_pitch + sr.cols;
+  const int64_t tail = sr.run_pitch - run_end;  // to the next run
+  const int64_t last_tail = sr.group_pitch - (runs - 1) * sr.run_pitch - run_end;
+  BufferPlan ub(Buf::UB);
+  const auto zeros = ub.add_fixed("zeros", static_cast<uint64_t>(kStridedZeroBufferBytes));
+  const uint64_t zbuf = ub.allocate(b, 0)[zeros];
+  Reg src = b.reg_imm("zeros: UB address", static_cast<int64_t>(zbuf));
+  {
+    Reg words = b.reg_imm("zeros: 32-bit words", kStridedZeroBufferBytes / 4);
+    vec_dup_bits(b, 4, src, 0, words);
+  }
+  const int ready = b.flag(Pipe::V, Pipe::MTE3, "zeros written");
+  b.set_flag(Pipe::V, Pipe::MTE3, ready);
+  b.wait_flag(Pipe::V, Pipe::MTE3, ready);
+  const int cores = block_dim * b.config().aiv_per_aic;
+  Reg q = b.reg("run"), base = b.reg("run address"), t = b.reg("scratch"), n = b.reg("bursts"),
+      len = b.reg("burst blocks"), g = b.reg("burst gap blocks");
+  b.emit(Opcode::op_get_block_id, {q});
+  b.emit(Opcode::op_get_subblock_id, {t});
+  b.mul_add(q, q, static_cast<int64_t>(b.config().aiv_per_aic), t, "this vector core");
+  b.for_range(q, q, sr.elements / sr.group_pitch * runs, cores, [&] {
+    b.div(base, q, runs);
+    b.mul(base, base, sr.group_pitch);
+    b.rem(t, q, runs);
+    b.mul_add(base, t, sr.run_pitch, base, "the run's first element");
+    b.mul(base, base, osz);
+    Reg c = b.load_arg(arg);
+    b.add(base, base, c, "the run's address");
+    if (rows > 1 && gap > 0) {
+      b.add(c, base, sr.cols * osz, "the first gap");
+      b.movi(n, rows - 1);
+      b.movi(len, gap / block_elems);
+      b.movi(g, sr.cols / block_elems);
+      b.emit(Opcode::op_copy_ub2gm, {c, src, n, len, 0, g}, "the gaps between the rows");
+    }
+    // From the last row's end: `tail` elements, or `last_tail` after a group's last run.
+    b.rem(t, q, runs);
+    b.movi(len, tail);
+    b.if_(eq(t, runs - 1), [&] { b.movi(len, last_tail); });
+    b.add(c, base, run_end * osz, "after the run's last row");
+    b.movi(n, 1);
+    Label more = b.label("zero_span");
+    Label done = b.label("zero_span_done");
+    b.bind(more);
+    b.branch(lt(len, 1), done);
+    b.min(t, len, kStridedZeroBufferBytes / osz);
+    b.sub(len, len, t);
+    b.mul(t, t, osz);
+    b.add(g, c, t, "the next piece");
+    b.shr(t, t, 5, "32-byte blocks");
+    b.emit(Opcode::op_copy_ub2gm, {c, src, n, t, 0, 0}, "zeros after the run");
+    b.mov(c, g);
+    b.jmp(more);
+    b.bind(done);
+  });
+  b.end();
+}
+
 }  // namespace npusim::compiler::ops

@@ -360,4 +360,39 @@ class CubePipeline {
   FlagPair m_res_full, m_res_free;
 };
 
+// Rows of a cube product stored at strided places of an argument (the strided input gradient:
+// dx's positions (sh*i, sw*j)): row t of run q goes to element (q / runs_per_group) *
+// group_pitch + (q % runs_per_group) * run_pitch + t * row_pitch, `cols` elements each; the
+// argument holds `elements` elements. run_rows 0: not strided.
+struct StridedRows {
+  int64_t run_rows = 0, row_pitch = 0, run_pitch = 0, runs_per_group = 0, group_pitch = 0;
+  int64_t cols = 0, elements = 0;
+};
+
+// The UB buffer of zeros emit_strided_zeros copies from (bytes).
+inline constexpr int64_t kStridedZeroBufferBytes = 32 * 1024;
+
+// Whether emit_strided_zeros can write r's zeros on cfg for elements of osz bytes: vector cores,
+// and cols, the pitches and the gaps whole 32-byte blocks, a run's gaps within the zero buffer.
+bool strided_zeros_fit(const StridedRows& r, int64_t osz, const ChipConfig& cfg);
+
+// FIXPIPE (to GM) of a tile's rows [r0, r0 + rows) of r, at L0C address l0c (NZ, rows padded to
+// round16(rows)), `cols` columns, to dst (the argument's address plus the tile's first column,
+// bytes), run by run: one ND fixpipe per (run the tile holds, 16-column block). A block's rows
+// are contiguous in L0C from any row; a fixpipe of more blocks would read them round16(its
+// rows) apart. The caller frees the L0C buffer after it.
+void store_strided_rows(KernelBuilder& b, const StridedRows& r, isa::Dtype out_type, bool relu,
+                        const Reg& dst, const Reg& l0c, const Reg& r0, const Reg& rows,
+                        const Reg& cols);
+
+// The vector section of a launch whose cube cores store r's rows: writes zeros to every element
+// of argument `arg` (of osz bytes) the rows do not (after each row of a run but its last, the
+// row pitch's gap; after a run's last row, up to the next run or the group's end). Vector core
+// v of the launch's block_dim * aiv_per_aic takes runs v, v + those, ...: from a zeroed UB
+// buffer by MTE3, one copy of run_rows - 1 bursts for the gaps, then the span in pieces of the
+// buffer. Bytes disjoint from the cube cores', so no flag between them. Needs
+// strided_zeros_fit.
+void emit_strided_zeros(KernelBuilder& b, const StridedRows& r, int64_t osz, int block_dim,
+                        const std::string& arg);
+
 }  // namespace npusim::compiler::ops

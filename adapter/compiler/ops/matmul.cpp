@@ -107,6 +107,11 @@ std::string MatmulTiling::str() const {
          (region_tiles_m > 0
               ? fmt::format("; core split {}x{} (regions of {}x{} tiles)", region_tiles_m * tm,
                             region_tiles_n * tn, region_tiles_m, region_tiles_n)
+              : std::string()) +
+         (c_strided.run_rows > 0
+              ? fmt::format("; C strided: runs of {} rows {} apart{}", c_strided.run_rows,
+                            c_strided.row_pitch,
+                            c_zero_fill ? ", the zeros between by the vector cores" : "")
               : std::string());
 }
 
@@ -383,7 +388,10 @@ class MatmulEmitter {
     } else {
       b.declare_arg("a", m_t.in_type, {am, ak});
       b.declare_arg("b", m_t.in_type, {bk, bn});
-      b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
+      if (m_t.c_strided.run_rows > 0)
+        b.declare_arg("c", m_t.out_type, {m_t.c_strided.elements});
+      else
+        b.declare_arg("c", m_t.out_type, {m_t.m, m_t.c_pitch});
     }
     if (m_t.bias || m_t.bias_in_ub) b.declare_arg("bias", Dtype::F32, {m_t.n});
     Reg steps = b.reg("steps of this block: tiles x k chunks");
@@ -407,7 +415,12 @@ class MatmulEmitter {
       };
     m_pipe.run(
         steps, [&](const Reg& t) { load_step(t); }, [&](const Reg& s) { compute_step(s); }, hooks);
+    if (m_t.c_zero_fill) {  // (the vector section begins with no register held)
+      steps.release();
+      m_pipe.release_registers();
+    }
     b.end();
+    if (m_t.c_zero_fill) emit_strided_zeros(b, m_t.c_strided, m_osz, m_t.block_dim, "c");
     return b.finish();
   }
 
@@ -417,6 +430,8 @@ class MatmulEmitter {
   void allocate() {
     if (m_t.bias_in_ub && (!m_t.via_ub || m_t.bias || m_t.batch > 1))
       m_b.fail("internal: the bias in the UB needs the UB path, no bias table and one product");
+    if (m_t.c_strided.run_rows > 0 && (m_t.via_ub || m_t.batch > 1 || m_t.bias_in_ub))
+      m_b.fail("internal: a strided C needs FIXPIPE to GM and one product");
     const BufferPlan::Placed l1 =
         l1_chunks(m_t.tm, m_t.tn, m_isz, m_t.bias).allocate(m_b, m_t.tk_l1);
     m_l1a = Twin{{l1[0], l1[2]}};
@@ -628,6 +643,9 @@ class MatmulEmitter {
         cdst = b.reg("compute: C address"), pt = b.reg("compute: L0C parity");
     Reg col0;  // bias_in_ub: the tile's first column (its bias table entry)
     if (m_t.bias_in_ub) col0 = b.reg("compute: first column");
+    Reg row0;  // strided C: the tile's first row
+    const bool strided = m_t.c_strided.run_rows > 0;
+    if (strided) row0 = b.reg("compute: first row");
     {
       Reg j = b.reg("compute: tile index"), m0 = b.reg("compute: m0"), n0 = b.reg("compute: n0"),
           k0 = b.reg("compute: k0");
@@ -635,7 +653,12 @@ class MatmulEmitter {
       if (m_t.batch > 1) bi = b.reg("compute: product");
       coords(s, j, ch, m0, n0, k0, m_act, n_act, kc, m_t.batch > 1 ? &bi : nullptr);
       if (m_t.bias_in_ub) b.mov(col0, n0);
-      b.mul(cdst, m0, m_t.c_pitch);
+      if (strided) {
+        b.mov(row0, m0);
+        b.movi(cdst, 0, "strided C: rows placed by the store");
+      } else {
+        b.mul(cdst, m0, m_t.c_pitch);
+      }
       b.add(cdst, cdst, n0);
       if (m_t.batch > 1) {
         b.mul(j, bi, m_t.m * m_t.c_pitch);
@@ -660,9 +683,14 @@ class MatmulEmitter {
       KernelBuilder::Origin f(b, "store: L0C -> C");
       Reg l0c = b.reg("store: L0C address");
       m_pipe.l0c_ready(pt, l0c, m_l0c);
-      m_pipe.store({m_t.out_type, cdst, l0c, m_act, n_act, m_t.c_pitch, m_t.relu,
-                    m_t.bias_in_ub ? &col0 : nullptr},
-                   pt);
+      if (strided) {
+        store_strided_rows(b, m_t.c_strided, m_t.out_type, m_t.relu, cdst, l0c, row0, m_act, n_act);
+        m_pipe.l0c_stored(pt);
+      } else {
+        m_pipe.store({m_t.out_type, cdst, l0c, m_act, n_act, m_t.c_pitch, m_t.relu,
+                      m_t.bias_in_ub ? &col0 : nullptr},
+                     pt);
+      }
     });
   }
 

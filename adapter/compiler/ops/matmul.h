@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/cube_pipeline.h"
 #include "adapter/compiler/ops/registry.h"
 #include "isa/isa.h"
 #include "sim/config/chip_config.h"
@@ -53,6 +54,13 @@ struct MatmulTiling {
   // matrix's last row / column of regions), regions_m of them down M; block b computes region
   // (b % regions_m, b / regions_m), its tiles row by row, and block_dim is the region count.
   int64_t region_tiles_m = 0, region_tiles_n = 0, regions_m = 0;
+  // Strided C (not batched, C leaving L0C by FIXPIPE to GM; the strided input gradient of
+  // ops/conv2d.cpp): c_strided.run_rows > 0 places C's rows as c_strided says (argument "c" of
+  // c_strided.elements elements; the elements between untouched), a tile leaving L0C by
+  // store_strided_rows. With c_zero_fill the launch's vector cores write zeros to every other
+  // element of c while the cube cores compute (emit_strided_zeros; strided_zeros_fit).
+  StridedRows c_strided;
+  bool c_zero_fill = false;
   // plan_matmul_tiling's modelled cycles of the busiest cube core for this tiling (its loads
   // with the L2's reuse, mmads, epilogue and pipeline; no task overheads): what callers compare
   // against other kernels' estimates.
