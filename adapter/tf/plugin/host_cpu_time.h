@@ -2,7 +2,9 @@
 // can be split (issue 14's first step: benchmarks/bench_tf.py, docs/graph_engine.md, "The
 // emulator's first step and speed"). Phases:
 //   "graph_pass"  the graph optimizer's passes over a tf.function's graph (graph_optimizer.cpp),
-//                 item: the pass ("fusion", "mixed_precision", "cluster", ...);
+//                 item: the pass ("fusion", "mixed_precision", "cluster", ...), the fusion
+//                 also by rewrite ("fusion: <rewrite>", "fusion: copies and type checks": the
+//                 copy each rewrite keeps to take it back and the type check after it);
 //   "compile"     the kernel compiler on a CompiledOpCache miss, item: the op type;
 //   "graph_plan"  an NpuGraph's plan on its first run with a signature, item: "plan".
 // Figures are CPU time of the thread that ran the phase (common/thread_cpu_time.h), exclusive:
