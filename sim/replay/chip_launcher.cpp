@@ -1,7 +1,5 @@
 #include "sim/replay/chip_launcher.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <fstream>
 #include <thread>
@@ -10,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/thread_cpu_time.h"
 #include "sim/chip/chip.h"
 #include "sim/chip/l2_placement.h"
 #include "sim/chip/l2_tags.h"
@@ -30,13 +29,6 @@ namespace {
 // the default 1 GiB, ~140 k effects: the checked launches of a training step are mostly far
 // smaller); a larger launch walks its program again. # estimate: host memory, no hardware figure.
 constexpr uint64_t kVerifiedEffectsShare = 32;
-
-// CPU time of the calling thread (the one the simulation runs on), in nanoseconds.
-uint64_t thread_cpu_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(t.tv_nsec);
-}
 
 int replay_thread_count(const SimOptions& o) {
   if (o.replay == SimOptions::Replay::off) return 1;

@@ -206,6 +206,29 @@ def test_compiled_ops_are_cached(npusim, tf, strict_placement):
     assert any(key.startswith("Mul(f32[16,16],f32[16,16])") for key in after["keys"])
 
 
+def test_host_cpu_seconds_split_a_first_call(npusim, tf, strict_placement):
+    # A tf.function's first call on a shape no other test uses runs the graph passes, plans its
+    # NpuGraph (a set of at least two NPU nodes) and compiles each kernel once (compiled-op cache
+    # misses); the second call none of them.
+    x = _random((24, 40), np.float32, 10)
+    f = tf.function(lambda t: tf.reduce_max(tf.matmul(t, t, transpose_b=True), axis=1) - t[:, 0])
+    npusim.host_cpu_seconds(reset=True)
+    misses = npusim.compiled_ops()["misses"]
+    with tf.device("/NPU:0"):
+        f(tf.constant(x)).numpy()
+    first = npusim.host_cpu_seconds(reset=True)
+    compiles = first.get("compile", {})
+    assert sum(v["calls"] for v in compiles.values()) == npusim.compiled_ops()["misses"] - misses
+    assert compiles and all(v["cpu_s"] >= 0 for v in compiles.values())
+    assert first["graph_pass"]["cluster"]["calls"] >= 1
+    assert first["graph_plan"]["plan"]["calls"] == 1
+    assert sum(v["cpu_s"] for v in first["graph_pass"].values()) > 0
+    with tf.device("/NPU:0"):
+        f(tf.constant(x)).numpy()
+    second = npusim.host_cpu_seconds()
+    assert "compile" not in second and "graph_plan" not in second and "graph_pass" not in second
+
+
 def test_op_without_npu_kernel_fails_without_soft_placement(tf, strict_placement):
     # Zeta (the Hurwitz zeta function) has no NPU kernel.
     x = np.linspace(1.5, 3, 8, dtype=np.float32)

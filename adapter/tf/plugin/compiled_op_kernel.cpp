@@ -5,6 +5,7 @@
 
 #include "adapter/profiler/op_metrics.h"
 #include "adapter/tf/plugin/derived_tensor_cache.h"
+#include "adapter/tf/plugin/host_cpu_time.h"
 #include "adapter/tf/plugin/plugin_device.h"
 #include "adapter/tf/plugin/stable_inputs.h"
 
@@ -38,6 +39,7 @@ rt::Status CompiledOpCache::get_or_compile(const compiler::OpDesc& op, const Chi
     ++m_stats.misses;
   }
   // Compile outside the lock.
+  HostCpuScope timed("compile", op.type);
   auto compiled = std::make_shared<CompiledOp>();
   rt::Status st = rt::guard("compiling " + op.str(), [&]() -> rt::Status {
     try {

@@ -32,6 +32,7 @@
 #include "adapter/compiler/ops/fused_elementwise.h"
 #include "adapter/tf/plugin/graph_fusion.h"
 #include "adapter/tf/plugin/graph_view.h"
+#include "adapter/tf/plugin/host_cpu_time.h"
 #include "adapter/tf/plugin/mixed_precision.h"
 #include "adapter/tf/plugin/plugin_device.h"
 #include "adapter/tf/plugin/tensor_names.h"
@@ -4764,11 +4765,19 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
                    const std::function<int(std::set<std::string>*)>& rewrite) {
     if (!on) return;
     tfc::GraphDef before;
-    if (checked) before = graph;
+    if (checked) {
+      HostCpuScope timed("graph_pass", "fusion: copies and type checks");
+      before = graph;
+    }
     std::set<std::string> removed;
-    int made = rewrite(&removed);
-    erase_nodes(graph, removed);
+    int made;
+    {
+      HostCpuScope timed("graph_pass", std::string("fusion: ") + what);
+      made = rewrite(&removed);
+      erase_nodes(graph, removed);
+    }
     if (checked && made > 0) {
+      HostCpuScope timed("graph_pass", "fusion: copies and type checks");
       const std::string error = type_error(graph);
       if (!error.empty()) {
         std::fprintf(stderr, "npusim: graph fusion: the %s rewrite left out: %s\n", what,

@@ -47,6 +47,7 @@
 
 #include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/graph_fusion.h"
+#include "adapter/tf/plugin/host_cpu_time.h"
 #include "adapter/tf/plugin/launch_order.h"
 #include "adapter/tf/plugin/mixed_precision.h"
 #include "adapter/tf/plugin/npu_graph.h"
@@ -307,6 +308,9 @@ int mark_stable_inputs(tfc::GraphDef& graph) {
 void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
               TF_Buffer* optimized_graph_buf, TF_Status* status) {
   TF_SetStatus(status, TF_OK, "");
+  // The passes' CPU time (host_cpu_time.h); this scope keeps what no pass's own scope holds
+  // (parsing, the fallbacks' records, dumps, serializing).
+  HostCpuScope whole("graph_pass", "parse_and_serialize");
   static std::atomic<int> passes{0};
   const int pass = passes++;
   tfc::GraphDef graph;
@@ -323,6 +327,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     try {
       // The chain of the optimizer's previous call on this graph comes off before the fusions
       // and the clustering, and goes on again after them (launch_order.h).
+      HostCpuScope timed("graph_pass", "launch_order");
       const int unchained = unchain_npu_launches(graph);
       if (std::getenv("NPUSIM_FUSION_LOG") && unchained < 0)
         std::fprintf(stderr, "npusim: launch order in %s: the chain of an earlier call kept\n",
@@ -333,6 +338,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     }
   }
   if (parsed && fusion_enabled()) {
+    HostCpuScope timed("graph_pass", "fusion");
     tfc::GraphDef fused = graph;
     try {
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
@@ -370,6 +376,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     }
   }
   if (parsed && mixed_precision_requested()) {
+    HostCpuScope timed("graph_pass", "mixed_precision");
     try {
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
       const MixedPrecisionCounts counts =
@@ -388,6 +395,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     }
   }
   if (parsed) {
+    HostCpuScope timed("graph_pass", "training_fusions");
     try {
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
       // The ReLUs' gradients folded into the batch norms' (rewrite 0b), in the types the
@@ -440,6 +448,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     }
   }
   if (parsed && graph_mode_enabled()) {
+    HostCpuScope timed("graph_pass", "cluster");
     try {
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
       const ClusterCounts counts = cluster_npu_graph(graph, cc_item->NodesToPreserve());
@@ -453,6 +462,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     }
   }
   if (parsed) {
+    HostCpuScope timed("graph_pass", "stable_inputs");
     try {
       changed |= mark_stable_inputs(graph) > 0;
     } catch (const std::exception&) {
@@ -460,6 +470,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     }
   }
   if (parsed && launch_order_enabled()) {
+    HostCpuScope timed("graph_pass", "launch_order");
     try {
       const int edges = order_npu_launches(graph);
       if (std::getenv("NPUSIM_FUSION_LOG") && edges > 0)

@@ -15,6 +15,7 @@
 #include "adapter/profiler/runtime_report.h"
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/cpu_fallbacks.h"
+#include "adapter/tf/plugin/host_cpu_time.h"
 #include "adapter/tf/plugin/launch_window.h"
 #include "adapter/tf/plugin/npu_graph.h"
 #include "adapter/tf/plugin/op_coverage.h"
@@ -177,6 +178,16 @@ NPUSIM_TF_EXPORT char* npusim_tf_compiled_ops_json() {
                       {"failed_compiles", s.failed_compiles},
                       {"entries", s.entries},
                       {"keys", CompiledOpCache::instance().keys()}};
+  return to_c_string(j.dump());
+}
+
+// CPU seconds of the plugin's host-side phases (host_cpu_time.h): {phase: {item: {"calls",
+// "cpu_s"}}}, since the process started or the last call with reset != 0, which clears them.
+NPUSIM_TF_EXPORT char* npusim_tf_host_cpu_json(int reset) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [phase, items] : npusim::tf::host_cpu_times(reset != 0))
+    for (const auto& [item, f] : items)
+      j[phase][item] = {{"calls", f.calls}, {"cpu_s", static_cast<double>(f.cpu_ns) * 1e-9}};
   return to_c_string(j.dump());
 }
 

@@ -279,6 +279,16 @@ def compiled_ops():
     return _hooks.compiled_ops()
 
 
+def host_cpu_seconds(reset=False):
+    """CPU seconds of the plugin's host-side phases since the process started or the last call
+    with reset=True (which clears them): {phase: {item: {"calls", "cpu_s"}}} with the phases
+    "graph_pass" (the graph optimizer's passes over tf.function graphs, by pass), "compile" (the
+    kernel compiler on a compiled-op cache miss, by op type) and "graph_plan" (NpuGraph plans on
+    a first run with new input shapes, their compiles not included). Each figure is the CPU time
+    of the thread that ran it, the phases exclusive of one another, so they add up."""
+    return _hooks.host_cpu_seconds(reset)
+
+
 def cpu_fallback_ops():
     """{op type: nodes} of the ops TensorFlow ran on the CPU because the NPU has no kernel for
     them (soft placement), as found in every placed tf.function graph (model.fit's steps

@@ -104,9 +104,10 @@ class Hooks:
                      "npusim_tf_compiled_ops_json", "npusim_tf_chip_config_yaml",
                      "npusim_tf_counters_json", "npusim_tf_check_env_settings",
                      "npusim_tf_cpu_fallback_ops_json", "npusim_tf_op_coverage_json",
-                     "npusim_tf_system_json"):
+                     "npusim_tf_system_json", "npusim_tf_host_cpu_json"):
             getattr(self._lib, name).restype = ctypes.c_void_p
         self._lib.npusim_tf_launch_records_json.argtypes = [ctypes.c_int, ctypes.c_int]
+        self._lib.npusim_tf_host_cpu_json.argtypes = [ctypes.c_int]
         self._lib.npusim_tf_free.argtypes = [ctypes.c_void_p]
         self._lib.npusim_tf_free.restype = None
         self._lib.npusim_tf_clear_launch_records.restype = None
@@ -141,6 +142,9 @@ class Hooks:
 
     def compiled_ops(self):
         return self._json(self._lib.npusim_tf_compiled_ops_json())
+
+    def host_cpu_seconds(self, reset):
+        return self._json(self._lib.npusim_tf_host_cpu_json(1 if reset else 0))
 
     def check_env_settings(self):
         """None if the NPUSIM_* settings in the environment load, else the error message."""
