@@ -1,6 +1,7 @@
 // The cube convolution's tiling (ops/conv.h, CubeConvTiling): every tiling that fits the cube
 // core, each with a modelled cost for the busiest core, and the choice among them.
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -525,6 +526,24 @@ CubeConvTiling choose(const std::vector<CubeConvTiling>& plans) {
   return best;
 }
 
+// NPUSIM_CONV_PLAN_RANK=k in the environment (a measuring switch, read at every compile):
+// plan_cube_conv takes the tiling with the k-th lowest estimate instead of its choice, so that
+// the kernels of the candidates can be measured against their estimates
+// (benchmarks/conv_plan_ranks.py). Unset or empty: 0 (the choice); anything but a positive
+// count is a CompileError naming op.
+int64_t forced_plan_rank(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_CONV_PLAN_RANK");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long long k = std::strtoll(v, &end, 10);
+  if (*end != '\0' || k < 1)
+    throw CompileError(
+        fmt::format("{}: NPUSIM_CONV_PLAN_RANK='{}' is not a positive rank (1: the tiling with "
+                    "the lowest estimate)",
+                    op, v));
+  return k;
+}
+
 // What plan_cube_conv's loops share: the spec, the chip, its cube core and rates.
 struct ConvPlanner {
   const CubeConvSpec& s;
@@ -743,7 +762,19 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
   const std::vector<int64_t> tns = tile_widths(s, op);
   ConvPlanner planner{s, cfg, core, conv_rates(cfg, core, s), stack, via_ub, {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
-  const CubeConvTiling best = choose(planner.plans);
+  const int64_t rank = forced_plan_rank(op);
+  CubeConvTiling best = choose(planner.plans);
+  if (rank > 0) {
+    std::vector<CubeConvTiling> by_cost = planner.plans;
+    std::stable_sort(by_cost.begin(), by_cost.end(),
+                     [](const CubeConvTiling& a, const CubeConvTiling& b) {
+                       return a.est_cycles < b.est_cycles;
+                     });
+    if (rank > static_cast<int64_t>(by_cost.size()))
+      throw CompileError(fmt::format("{}: NPUSIM_CONV_PLAN_RANK={} but only {} tilings fit", op,
+                                     rank, by_cost.size()));
+    best = by_cost[static_cast<size_t>(rank - 1)];
+  }
   if (best.tm == 0)
     throw CompileError(fmt::format(
         "{}: no convolution tile fits the cube core of chip {} (L1 {} B, L0A {} B, L0B {} B, "
