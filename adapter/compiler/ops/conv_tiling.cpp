@@ -204,11 +204,11 @@ struct Candidate {
 // Cost of one tile (cycles, see docs/compiler.md): the slowest of cube (+ FIXPIPE with one L0C
 // buffer), MTE2 (slab + streamed weights, or resident weights arriving chunk by chunk during the
 // first tile of a (group, n tile): `first`), MTE1, FIXPIPE. Per step (one chunk of one tile):
-// the slowest of cube, MTE2 (the chunk's slab and weights, plus the GM latency: a step's data
-// must land within the previous step, the buffers being double), MTE1 and the scalar unit (~60
-// instructions per mmad step and ~200 per step, one cycle each, ~14 per plane and image of a
-// stacked slab and ~15 per k-block of weights loaded); FIXPIPE once per tile, hidden behind the
-// next tile's steps with two L0C buffers (a staged way out with two: staged_block).
+// the period of the kernel's pipeline (conv_step_period) over cube, MTE2 (the chunk's slab and
+// weights, plus the GM latency), MTE1 and the scalar unit (~60 instructions per mmad step and
+// ~200 per step, one cycle each, ~14 per plane and image of a stacked slab and ~15 per k-block
+// of weights loaded); FIXPIPE once per tile, hidden behind the next tile's steps with two L0C
+// buffers (a staged way out with two: staged_block).
 // A tile's way out (cycles), by stage: FIXPIPE (with a store through the UB, as one rate, where
 // the way out is not staged: ConvRates::way_stages), the epilogue's vector passes, MTE3's store
 // and its landing.
