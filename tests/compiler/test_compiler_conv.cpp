@@ -283,6 +283,44 @@ TEST_CASE("Conv2D resident weights arriving in chunks keep pace with streamed on
   if (split) CHECK(cycles[1] * 100 <= cycles[0] * 101);
 }
 
+TEST_CASE("conv_step_period: the planner's step pipeline from the chip's queue depth and flags") {
+  // Steps as the kernel issues them (ops/conv.h, ConvStepProgram); each figure derived from the
+  // program and the config, not measured.
+  const ChipConfig& cfg = test_sim().config();
+  const double latency = cfg.path_latency(isa::Buf::GM, isa::Buf::L1) + cfg.hbm_latency_cycles;
+  compiler::ops::ConvStepProgram p;
+  p.slab_insns = 8;
+  p.slab_flow = 400;
+  p.latency = latency;
+  p.mmad_steps = 4;
+  p.mte1 = 600;
+  p.cube = 4 * (latency + 1000);  // longer than a load: the cube sets the pace
+  p.scalar_step = 200;
+  p.scalar_mmad_step = 60;
+  // Cube-bound: MTE1 runs up to two mmad steps ahead (two L0 buffers) and the next slab has
+  // landed long before, so the mmads run back to back.
+  CHECK(compiler::ops::conv_step_period(cfg, p) == Approx(p.cube));
+  // MTE2-bound: the L1-full set_flag holds MTE2 until the slab has landed, so a step costs
+  // its transfers and the memory's latency; without the hold only the flag waits for it.
+  compiler::ops::ConvStepProgram load_bound = p;
+  load_bound.slab_flow = 2 * p.cube;
+  REQUIRE(cfg.set_flag_holds_pipe);
+  CHECK(compiler::ops::conv_step_period(cfg, load_bound) ==
+        Approx(load_bound.slab_flow + latency));
+  const ChipConfig no_hold = load_chip_config(test_chip_name(), {"sync.set_flag_holds_pipe=false"});
+  CHECK(compiler::ops::conv_step_period(no_hold, load_bound) == Approx(load_bound.slab_flow));
+  // A load of more nd2nz than MTE2's queue holds: the scalar unit stalls in load(t + 1), which
+  // waits for MTE1 to finish step t - 1, before it issues compute(t), so MTE1's step starts
+  // late and the cube waits, though every stage alone is faster than the cube's.
+  compiler::ops::ConvStepProgram queued = p;
+  queued.mte1 = 0.9 * p.cube;
+  queued.slab_flow = 0.5 * p.cube;
+  const double fits = compiler::ops::conv_step_period(cfg, queued);
+  CHECK(fits == Approx(p.cube));
+  queued.slab_insns = cfg.issue_queue_depth + 16;
+  CHECK(compiler::ops::conv_step_period(cfg, queued) > fits + 0.05 * p.cube);
+}
+
 TEST_CASE("Conv2DBackpropInput: strides (zero insertion), dilation, paddings") {
   ConvCase a{2, 7, 6, 5, 3, 3, 7};
   check_conv2d_backprop_input(DataType::F16, a, 30);

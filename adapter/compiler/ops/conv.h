@@ -253,6 +253,38 @@ struct CubeConvTiling {
 // CompileError (naming op) unless s has such groups.
 CubeConvSpec merge_diagonal_groups(const CubeConvSpec& s, int64_t per, const std::string& op);
 
+// One step of the convolution's pipeline (a k chunk of a tile) as the kernel issues it
+// (ConvEmitter, CubePipeline), for conv_step_period: MTE2's slab (slab_insns nd2nz moving
+// slab_flow cycles of data in all) and, where the step loads weights, weight_insns nd2nz
+// (weight_flow cycles), in the load stage (weights_in_load) or in the compute stage (resident
+// weights on chips whose tiles leave through the UB), their data landing `latency` cycles after
+// the last byte; then mmad_steps steps of MTE1's moves (mte1 cycles in all) and the cube's mmads
+// (cube cycles in all). Scalar cycles: per step (half before each stage), per slab plane, per
+// k-block of weights and per mmad step (two thirds before MTE1's moves, a third before the mmad).
+struct ConvStepProgram {
+  int64_t slab_insns = 0, weight_insns = 0, mmad_steps = 1;
+  double slab_flow = 0, weight_flow = 0, latency = 0, mte1 = 0, cube = 0;
+  bool weights_in_load = true;
+  double scalar_step = 0, scalar_plane = 0, scalar_weight_block = 0, scalar_mmad_step = 0;
+};
+
+// The period (cycles from one step's last mmad to the next's) of a long run of identical steps
+// p on chip cfg, by the kernel's pipeline in program order (KernelBuilder::pipelined_steps:
+// iteration t issues load(t), then compute(t - 1)), each pipe taking its queue in order:
+//   MTE2  load(t): wait L1 free (t & 1; set by MTE1 at the end of step t - 2), the slab's
+//         nd2nz, the weights', set L1 full, which holds MTE2 until its transfers have landed
+//         (sync.set_flag_holds_pipe; else only the flag waits for the landing);
+//   MTE1  compute(t - 1): wait L1 full (and the weights loaded in the compute stage), then per
+//         mmad step (parity q: the count of mmad steps' low bit) wait L0 free q (set by the
+//         cube two mmad steps back), load3d and load2d, set L0 full q; at the end set L1 free;
+//   M     per mmad step: wait L0 full q, mmad, set L0 free q;
+// the scalar unit issuing each instruction after its scalar cycles and stalling while the pipe's
+// queue holds issue_queue_depth instructions (so a load of more nd2nz than that holds back the
+// compute stage issued after it). Every flag a wait matches is set by an instruction issued
+// before it, so one pass in program order times them all; the period is the mean of the last
+// four of eight steps.
+double conv_step_period(const ChipConfig& cfg, const ConvStepProgram& p);
+
 // Plans whose estimates (CubeConvTiling::est_cycles) are within this fraction of the lowest
 // count as equal: the planner's model cannot tell them apart (docs/compiler.md).
 constexpr double kPlanTieBand = 0.005;

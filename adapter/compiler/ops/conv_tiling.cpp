@@ -1,6 +1,7 @@
 // The cube convolution's tiling (ops/conv.h, CubeConvTiling): every tiling that fits the cube
 // core, each with a modelled cost for the busiest core, and the choice among them.
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -25,7 +26,10 @@ constexpr int64_t kRepeatBytes = 256;  // one vector repeat (a masked one reads 
 
 // The chip's rates (bytes per cycle) and latencies (cycles) the cost model reads.
 struct ConvRates {
-  double gm_rate, l2_rate, l0a_rate, l0b_rate, fix_rate, l1_lat, cube_lat, gm_lat, step_overhead;
+  double gm_rate, l2_rate, l0a_rate, l0b_rate, fix_rate, l1_lat, cube_lat, gm_lat;
+  // Resident weights' later chunks load in their step's load stage (chips with FIXPIPE to GM:
+  // ConvEmitter::chunks_ahead), else in the compute stage, behind the next step's slab.
+  bool weights_ahead = false;
   // Vector cycles per output element of the batch norm in the epilogue (bn_affine): its
   // passes over the f32 tile (multiply, add, the rounding or packing copy into the output
   // tile) and the activation's and the residual's over the output tile, 0 without. A pass
@@ -64,9 +68,7 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
   r.cube_lat = cfg.cube_latency_cycles;
   // A GM read's latency: the path's start latency and an L2 miss (cold data).
   r.gm_lat = cfg.path_latency(Buf::GM, Buf::L1) + cfg.hbm_latency_cycles;
-  // What a step adds beyond its slowest pipe: the hand-overs between pipes, each paying its
-  // start latency once (GM -> L1, L1 -> L0A and L0B, the cube's pipeline).
-  r.step_overhead = cfg.path_latency(Buf::GM, Buf::L1) + 2 * r.l1_lat + r.cube_lat;
+  r.weights_ahead = cfg.has_path(Buf::L0C, Buf::GM);
   return r;
 }
 
@@ -206,11 +208,11 @@ struct Candidate {
 // Cost of one tile (cycles, see docs/compiler.md): the slowest of cube (+ FIXPIPE with one L0C
 // buffer), MTE2 (slab + streamed weights, or resident weights arriving chunk by chunk during the
 // first tile of a (group, n tile): `first`), MTE1, FIXPIPE. Per step (one chunk of one tile):
-// the slowest of cube, MTE2 (the chunk's slab and weights, plus the GM latency: a step's data
-// must land within the previous step, the buffers being double), MTE1 and the scalar unit (~60
-// instructions per mmad step and ~200 per step, one cycle each, ~14 per plane and image of a
-// stacked slab and ~15 per k-block of weights loaded); FIXPIPE once per tile, hidden behind the
-// next tile's steps with two L0C buffers (a staged way out with two: staged_block).
+// the period of the kernel's pipeline (conv_step_period) over cube, MTE2 (the chunk's slab and
+// weights, plus the GM latency), MTE1 and the scalar unit (~60 instructions per mmad step and
+// ~200 per step, one cycle each, ~14 per plane and image of a stacked slab and ~15 per k-block
+// of weights loaded); FIXPIPE once per tile, hidden behind the next tile's steps with two L0C
+// buffers (a staged way out with two: staged_block).
 // A tile's way out (cycles), by stage: FIXPIPE (with a store through the UB, as one rate, where
 // the way out is not staged: ConvRates::way_stages), the epilogue's vector passes, MTE3's store
 // and its landing.
@@ -246,37 +248,137 @@ double tile_store(const ConvRates& r, const Candidate& c, const SlabGeom& g, int
 
 // One step's stages (cycles): MTE2's load (slab and weights, with the GM latency), MTE1's
 // moves into L0A / L0B, the cube's mmads and the scalar unit's issue; `period`, what a step
-// costs in the double-buffered pipeline: the slowest of them, the hand-overs and the wait
-// for MTE2's issue queue.
+// costs in the double-buffered pipeline (conv_step_period).
 struct StepStages {
   double load = 0, mte1 = 0, cube = 0, scalar = 0, period = 0;
 };
+
+}  // namespace
+
+double conv_step_period(const ChipConfig& cfg, const ConvStepProgram& p) {
+  enum { kMte2, kMte1, kCube, kPipes };
+  constexpr int kSteps = 8, kMeasured = 4;
+  const int64_t depth = std::max(1, cfg.issue_queue_depth);
+  // Per pipe: when its last instruction ends, and the instructions issued to it so far as
+  // groups (an mmad step's wait, moves and set: one group), each with its count of
+  // instructions up to and including it and its start; the scalar unit issues instruction i
+  // once instruction i - depth has started (left the queue).
+  struct Group {
+    int64_t through = 0;
+    double start = 0;
+  };
+  double pipe_free[kPipes] = {0, 0, 0};
+  std::vector<Group> groups[kPipes];
+  size_t oldest_queued[kPipes] = {0, 0, 0};
+  double scalar = 0, landed = 0;
+  // Flags by parity, when set: every buffer starts free.
+  double l1_free[2] = {0, 0}, l1_full[2] = {0, 0}, l0_free[2] = {0, 0}, l0_full[2] = {0, 0};
+  double weights_full = 0;
+  // A group of `insns` instructions on `pipe`, issued after `cycles` of scalar work (and one a
+  // pipe instruction), started when its pipe and the flag it waits for (ready) allow, taking
+  // `duration`; returns its start.
+  auto issue = [&](int pipe, double cycles, double ready, double duration, int64_t insns = 1) {
+    std::vector<Group>& g = groups[pipe];
+    const int64_t through = (g.empty() ? 0 : g.back().through) + insns;
+    size_t& k = oldest_queued[pipe];  // the group holding instruction through - depth
+    while (k < g.size() && g[k].through < through - depth) ++k;
+    const double room = k < g.size() && through - depth > 0 ? g[k].start : 0.0;
+    scalar = std::max(scalar + cycles, room) + static_cast<double>(insns);
+    const double start = std::max({scalar, pipe_free[pipe], ready});
+    g.push_back({through, start});
+    pipe_free[pipe] = start + duration;
+    return start;
+  };
+  auto transfer = [&](double cycles, double flow) {
+    issue(kMte2, cycles, 0, flow);
+    landed = std::max(landed, pipe_free[kMte2] + p.latency);
+  };
+  // MTE2's set_flag: the flag's time.
+  auto set_landed = [&]() {
+    const double start = issue(kMte2, 0, 0, 0);
+    const double at = std::max(start, landed);
+    if (cfg.set_flag_holds_pipe) pipe_free[kMte2] = at;
+    return at;
+  };
+  auto weights = [&](double& flag) {
+    for (int64_t i = 0; i < p.weight_insns; ++i)
+      transfer(p.scalar_weight_block, p.weight_flow / static_cast<double>(p.weight_insns));
+    flag = set_landed();
+  };
+  const int64_t mmad_steps = std::max<int64_t>(p.mmad_steps, 1);
+  const double mte1_step = p.mte1 / static_cast<double>(mmad_steps),
+               cube_step = p.cube / static_cast<double>(mmad_steps);
+  std::vector<double> mmads_done;
+  int64_t l0_steps = 0;
+  for (int t = 0; t <= kSteps; ++t) {
+    if (t < kSteps) {  // load(t)
+      const int q = t & 1;
+      issue(kMte2, p.scalar_step / 2, l1_free[q], 0);
+      for (int64_t i = 0; i < p.slab_insns; ++i)
+        transfer(p.scalar_plane,
+                 p.slab_flow / static_cast<double>(std::max<int64_t>(p.slab_insns, 1)));
+      double unused = 0;
+      if (p.weight_insns > 0 && p.weights_in_load) weights(unused);
+      l1_full[q] = set_landed();
+    }
+    if (t > 0) {  // compute(t - 1)
+      const int q = (t - 1) & 1;
+      if (p.weight_insns > 0 && !p.weights_in_load) weights(weights_full);
+      issue(kMte1, p.scalar_step / 2, std::max(l1_full[q], p.weights_in_load ? 0 : weights_full),
+            0);
+      for (int64_t j = 0; j < mmad_steps; ++j, ++l0_steps) {
+        const int lq = static_cast<int>(l0_steps & 1);
+        issue(kMte1, p.scalar_mmad_step * 2 / 3, l0_free[lq], mte1_step, 4);
+        l0_full[lq] = pipe_free[kMte1];
+        issue(kCube, p.scalar_mmad_step / 3, l0_full[lq], cube_step, 3);
+        l0_free[lq] = pipe_free[kCube];
+      }
+      l1_free[q] = issue(kMte1, 0, 0, 0);
+      mmads_done.push_back(pipe_free[kCube]);
+    }
+  }
+  return (mmads_done[kSteps - 1] - mmads_done[kSteps - 1 - kMeasured]) / kMeasured;
+}
+
+namespace {
 
 StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidate& c,
                        const SlabGeom& g, int64_t n_act, bool first) {
   const CubeConvTiling& t = c.t;
   const int64_t steps_mmad = c.mmad_steps(), st = t.stack, kc1 = t.kc1;
   const double n16 = static_cast<double>(ceil_div(c.b_block ? c.b_block : n_act, cfg.cube_n));
+  const bool loads_weights = !t.resident || first;
   StepStages s;
   s.cube = static_cast<double>(steps_mmad) * r.cube_lat +
            static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
                static_cast<double>(c.kchunk / cfg.cube_k);
-  s.load = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate + r.gm_lat;
-  if (!t.resident || first)
-    s.load += static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l2_rate;
+  const double slab_flow = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate;
+  const double weight_flow =
+      loads_weights ? static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l2_rate : 0.0;
+  s.load = slab_flow + weight_flow + r.gm_lat;
   s.mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
            static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l0b_rate +
            2.0 * static_cast<double>(steps_mmad) * r.l1_lat;
-  s.scalar = 200.0 + 60.0 * static_cast<double>(steps_mmad) +
-             (st > 1 ? 14.0 * static_cast<double>(kc1 * st) : 0.0) +
-             (!t.resident ? 15.0 * static_cast<double>(kc1 * c.taps) : 0.0);
-  // MTE2 instructions of the step: an nd2nz per plane (per plane and image when stacked, and
-  // the zeroing), one per k-block of weights loaded. Past the issue queue's depth the scalar
-  // unit waits for MTE2 to drain them, holding back the step's other instructions.
-  const double mte2_insns =
-      static_cast<double>(kc1 * st + (st > 1 ? 1 : 0) + (!t.resident ? kc1 * c.taps : 0));
-  const double queue_wait = std::max(0.0, mte2_insns - cfg.issue_queue_depth) * s.load / mte2_insns;
-  s.period = std::max({s.cube, s.load, s.mte1, s.scalar}) + r.step_overhead + queue_wait;
+  // Scalar cycles: ~200 a step, ~60 an mmad step, ~14 per plane and image of a stacked slab,
+  // ~15 per k-block of weights loaded.
+  ConvStepProgram prog;
+  prog.slab_insns = kc1 * st + (st > 1 ? 1 : 0);  // an nd2nz per plane (and image), the zeroing
+  prog.slab_flow = slab_flow;
+  prog.weight_insns = loads_weights ? kc1 * c.taps : 0;  // an nd2nz per k-block
+  prog.weight_flow = weight_flow;
+  prog.latency = r.gm_lat;
+  prog.weights_in_load = !t.resident || r.weights_ahead;
+  prog.mmad_steps = std::max<int64_t>(steps_mmad, 1);
+  prog.mte1 = s.mte1;
+  prog.cube = s.cube;
+  prog.scalar_step = 200.0;
+  prog.scalar_plane = st > 1 ? 14.0 : 0.0;
+  prog.scalar_weight_block = 15.0;
+  prog.scalar_mmad_step = 60.0;
+  s.scalar = prog.scalar_step + prog.scalar_mmad_step * static_cast<double>(steps_mmad) +
+             prog.scalar_plane * static_cast<double>(kc1 * st) +
+             prog.scalar_weight_block * static_cast<double>(prog.weight_insns);
+  s.period = conv_step_period(cfg, prog);
   return s;
 }
 
@@ -610,6 +712,24 @@ CubeConvTiling choose(const std::vector<CubeConvTiling>& plans) {
   return best;
 }
 
+// NPUSIM_CONV_PLAN_RANK=k in the environment (a measuring switch, read at every compile):
+// plan_cube_conv takes the tiling with the k-th lowest estimate instead of its choice, so that
+// the kernels of the candidates can be measured against their estimates
+// (benchmarks/conv_plan_ranks.py). Unset or empty: 0 (the choice); anything but a positive
+// count is a CompileError naming op.
+int64_t forced_plan_rank(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_CONV_PLAN_RANK");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long long k = std::strtoll(v, &end, 10);
+  if (*end != '\0' || k < 1)
+    throw CompileError(
+        fmt::format("{}: NPUSIM_CONV_PLAN_RANK='{}' is not a positive rank (1: the tiling with "
+                    "the lowest estimate)",
+                    op, v));
+  return k;
+}
+
 // What plan_cube_conv's loops share: the spec, the chip, its cube core and rates.
 struct ConvPlanner {
   const CubeConvSpec& s;
@@ -833,7 +953,19 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
   const std::vector<int64_t> tns = tile_widths(s, op);
   ConvPlanner planner{s, cfg, core, conv_rates(cfg, core, s), stack, via_ub, {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
-  const CubeConvTiling best = choose(planner.plans);
+  const int64_t rank = forced_plan_rank(op);
+  CubeConvTiling best = choose(planner.plans);
+  if (rank > 0) {
+    std::vector<CubeConvTiling> by_cost = planner.plans;
+    std::stable_sort(by_cost.begin(), by_cost.end(),
+                     [](const CubeConvTiling& a, const CubeConvTiling& b) {
+                       return a.est_cycles < b.est_cycles;
+                     });
+    if (rank > static_cast<int64_t>(by_cost.size()))
+      throw CompileError(fmt::format("{}: NPUSIM_CONV_PLAN_RANK={} but only {} tilings fit", op,
+                                     rank, by_cost.size()));
+    best = by_cost[static_cast<size_t>(rank - 1)];
+  }
   if (best.tm == 0)
     throw CompileError(fmt::format(
         "{}: no convolution tile fits the cube core of chip {} (L1 {} B, L0A {} B, L0B {} B, "
