@@ -15,7 +15,8 @@ the emulated NPU (910b by default), and prints per workload:
 - where the first step's CPU seconds go on the NPU (issue 14's "first step" target): the Python
   thread's (tracing, TensorFlow's graph building and grappler) and the other threads', the
   plugin's graph passes by pass, kernel compiles by op type and NpuGraph plans
-  (npusim.host_cpu_seconds), and the rest (the launches and TensorFlow's executor);
+  (npusim.host_cpu_seconds), and the rest outside those phases (the Python thread's tracing,
+  the launches and TensorFlow's executor);
 - peak memory: the process's maximum resident set (resource.getrusage ru_maxrss) after each
   phase, the runtime's device memory (npusim.device_info()["memory"]) and TensorFlow's
   allocator peak on the NPU.
@@ -93,15 +94,17 @@ def first_step_split(cpu_s, main_thread_s, phases):
     """The first step's process CPU seconds by where they went: the calling (Python) thread's
     (tracing the step, TensorFlow's graph building and grappler, the plugin's graph passes), the
     plugin's host phases (npusim.host_cpu_seconds: graph passes by pass, kernel compiles by op
-    type, NpuGraph plans), and the rest (`running`: the simulation and TensorFlow's executor)."""
+    type, NpuGraph plans), and the rest outside those phases (`rest_cpu_s`: the Python thread's
+    tracing, the launches and TensorFlow's executor)."""
     totals = {ph: sum(v["cpu_s"] for v in items.values()) for ph, items in phases.items()}
     known = sum(totals.values())
     split = {"cpu_s": cpu_s, "main_thread_cpu_s": main_thread_s,
              "graph_pass_cpu_s": totals.get("graph_pass", 0.0),
              "compile_cpu_s": totals.get("compile", 0.0),
              "graph_plan_cpu_s": totals.get("graph_plan", 0.0),
-             # What neither the plugin's passes, compiles and plans nor tracing took: the
-             # launches (simulated or replayed) and TensorFlow's executor.
+             # Threads other than the caller's (compiles and plans run there too), and what
+             # the plugin's passes, compiles and plans did not take (tracing on the Python
+             # thread, the launches, simulated or replayed, and TensorFlow's executor).
              "other_threads_cpu_s": cpu_s - main_thread_s, "rest_cpu_s": cpu_s - known}
     for ph, items in phases.items():
         split[ph + "_by_item"] = {k: v["cpu_s"] for k, v in
@@ -226,7 +229,8 @@ def main():
               f" the Python thread {sp['main_thread_cpu_s']:.2f}, other threads "
               f"{sp['other_threads_cpu_s']:.2f}; graph passes {sp['graph_pass_cpu_s']:.2f} "
               f"({top('graph_pass')}), compiles {sp['compile_cpu_s']:.2f} ({top('compile')}), "
-              f"NpuGraph plans {sp['graph_plan_cpu_s']:.2f}, the rest {sp['rest_cpu_s']:.2f}")
+              f"NpuGraph plans {sp['graph_plan_cpu_s']:.2f}, the rest (tracing, launches, "
+              f"executor) {sp['rest_cpu_s']:.2f}")
         if "emulator_wall_s_by_op_type" in npu:
             top = list(npu["emulator_wall_s_by_op_type"].items())[:6]
             print(f"{name}: emulator wall in kernel launches {npu['emulator_wall_s_per_step']:.3f}"

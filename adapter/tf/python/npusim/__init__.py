@@ -44,6 +44,7 @@ __all__ = [
     "export_chakra",
     "system_info",
     "format_op_summary",
+    "host_cpu_seconds",
     "launch_records",
     "load_offline_model",
     "mark_phase",
