@@ -9,10 +9,10 @@ adapter/compiler/ops/conv2d.cpp plan_fused_filter_grad: part counts and tilings 
 launch's cycles (task overheads included, which no estimate counts). Prints per layer the chosen
 plan's, the fastest candidate's, and the Spearman rank correlation of estimate and cycles over
 the candidates; then the launch-weighted totals."""
-import argparse, json, os, re, subprocess, sys
+import json, os, re, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conv_plan_ranks import LAYERS, spearman  # noqa: E402
+from conv_plan_ranks import LAYERS, rank_args, ranked  # noqa: E402
 
 LAUNCH = re.compile(r"^\s+launch \d+: (FilterGrad_\S+) \(.*modelled ~(\d+) cycles")
 
@@ -47,24 +47,13 @@ def run(npusim, chip, x, w, stride, rank):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("npusim", nargs="?", default="build/npusim")
-    ap.add_argument("--chip", default="910b")
-    ap.add_argument("--ranks", type=int, default=12)
-    ap.add_argument("--json")
-    args = ap.parse_args()
+    args = rank_args()
     rows, tot_chosen, tot_best, tot_est = [], 0, 0, 0
     print(f"chip {args.chip}: layer (launches) | chosen: estimate, cycles | fastest of "
           f"{args.ranks}: rank, estimate, cycles | Spearman(estimate, cycles)")
     for label, x, w, stride, launches in LAYERS:
-        cands = []
-        for k in range(1, args.ranks + 1):
-            r = run(args.npusim, args.chip, x, w, stride, k)
-            if r is None:
-                break
-            cands.append(r)
-        best_k = min(range(len(cands)), key=lambda i: cands[i][1])
-        rho = spearman([c[0] for c in cands], [c[1] for c in cands])
+        cands, best_k, rho = ranked(lambda k: run(args.npusim, args.chip, x, w, stride, k),
+                                    args.ranks)
         print(f"{label} ({launches}) | {cands[0][0]}, {cands[0][1]} | {best_k + 1}, "
               f"{cands[best_k][0]}, {cands[best_k][1]} ({cands[best_k][2]}) | {rho:+.2f}",
               flush=True)

@@ -586,10 +586,9 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
 FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg,
                                   const std::string& op) {
   const std::vector<FilterGradTiling> tilings = filter_grad_tilings(s, cfg, op);
-  return *std::min_element(tilings.begin(), tilings.end(),
-                           [](const FilterGradTiling& a, const FilterGradTiling& b) {
-                             return a.cycles < b.cycles;
-                           });
+  return *std::min_element(
+      tilings.begin(), tilings.end(),
+      [](const FilterGradTiling& a, const FilterGradTiling& b) { return a.cycles < b.cycles; });
 }
 
 Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, const ChipConfig& cfg,

@@ -905,9 +905,9 @@ int64_t forced_plan_rank(const char* variable, const std::string& op) {
   char* end = nullptr;
   const long long k = std::strtoll(v, &end, 10);
   if (*end != '\0' || k < 1)
-    throw CompileError(fmt::format(
-        "{}: {}='{}' is not a positive rank (1: the plan with the lowest estimate)", op, variable,
-        v));
+    throw CompileError(
+        fmt::format("{}: {}='{}' is not a positive rank (1: the plan with the lowest estimate)", op,
+                    variable, v));
   return k;
 }
 
