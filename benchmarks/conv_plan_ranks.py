@@ -81,27 +81,40 @@ def spearman(a, b):
     return cov / (va * vb) if va and vb else float("nan")
 
 
-def main():
+def rank_args():
+    """The command line of a plan-rank measurement: npusim, --chip, --ranks, --json."""
     ap = argparse.ArgumentParser()
     ap.add_argument("npusim", nargs="?", default="build/npusim")
     ap.add_argument("--chip", default="910b")
     ap.add_argument("--ranks", type=int, default=12)
     ap.add_argument("--json")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def ranked(run_rank, ranks):
+    """The candidates run_rank(k) gives for k = 1 .. ranks (until it gives None; each a tuple
+    that starts with estimate, cycles), the index of the fastest, and the Spearman correlation
+    of their estimates and cycles."""
+    cands = []
+    for k in range(1, ranks + 1):
+        r = run_rank(k)
+        if r is None:
+            break
+        cands.append(r)
+    best = min(range(len(cands)), key=lambda i: cands[i][1])
+    return cands, best, spearman([c[0] for c in cands], [c[1] for c in cands])
+
+
+def main():
+    args = rank_args()
     rows, tot_chosen, tot_best, tot_est = [], 0, 0, 0
     print(f"chip {args.chip}: layer (launches) | chosen: estimate, cycles | fastest of "
           f"{args.ranks}: rank, estimate, cycles | Spearman(estimate, cycles) | mean |est/cyc - 1|")
     for label, x, w, stride, launches in LAYERS:
         os.environ.pop("NPUSIM_CONV_PLAN_RANK", None)
         chosen = run(args.npusim, args.chip, x, w, stride, "")
-        cands = []
-        for k in range(1, args.ranks + 1):
-            r = run(args.npusim, args.chip, x, w, stride, k)
-            if r is None:
-                break
-            cands.append(r)
-        best_k = min(range(len(cands)), key=lambda i: cands[i][1])
-        rho = spearman([c[0] for c in cands], [c[1] for c in cands])
+        cands, best_k, rho = ranked(lambda k: run(args.npusim, args.chip, x, w, stride, k),
+                                    args.ranks)
         err = sum(abs(e / c - 1) for e, c in cands) / len(cands)
         print(f"{label} ({launches}) | {chosen[0]}, {chosen[1]} | {best_k + 1}, {cands[best_k][0]}, "
               f"{cands[best_k][1]} | {rho:+.2f} | {err:.3f}", flush=True)

@@ -414,6 +414,15 @@ struct ScopedEnv {
 struct PointwiseKernel : ScopedEnv {
   explicit PointwiseKernel(const char* v) : ScopedEnv("NPUSIM_FILTER_GRAD_POINTWISE", v) {}
 };
+// The f16 Conv2DBackpropFilter op of case p (shapes only: to compile, not to run).
+OpDesc backprop_filter_op(const ConvCase& p) {
+  OpDesc op = make_op("Conv2DBackpropFilter",
+                      {TensorDesc{DataType::F16, {p.n, p.h, p.w, p.c}},
+                       TensorDesc{DataType::S32, {4}}, TensorDesc{DataType::F16, y_shape(p)}},
+                      p.attrs());
+  op.outputs = {TensorDesc{DataType::F16, filter_shape(p)}};
+  return op;
+}
 // The "modelled ~N cycles" a launch summary of the filter gradient states (-1 if none).
 double modelled_cycles(const std::vector<std::string>& launches) {
   for (const std::string& l : launches) {
@@ -454,14 +463,8 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
   }
   {
     PointwiseKernel bad("img2col");
-    HostTensor x = random_tensor(DataType::F16, {p.n, p.h, p.w, p.c}, -2, 2, 50);
-    HostTensor sizes{TensorDesc{DataType::S32, {4}},
-                     {double(p.kh), double(p.kw), double(p.c), double(p.cout)}};
-    HostTensor dy = random_tensor(DataType::F16, y_shape(p), -1, 1, 51);
-    auto op = make_op("Conv2DBackpropFilter", {x.desc, sizes.desc, dy.desc}, p.attrs());
-    op.outputs = {TensorDesc{DataType::F16, filter_shape(p)}};
     if (!cube_out_via_ub())
-      CHECK_THROWS_WITH(compiler::compile(op, cfg),
+      CHECK_THROWS_WITH(compiler::compile(backprop_filter_op(p), cfg),
                         Catch::Contains("NPUSIM_FILTER_GRAD_POINTWISE='img2col'"));
   }
   {
@@ -472,13 +475,8 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
     CHECK(has_launch(chosen, "MatMul"));
     if (cfg.split && !cube_out_via_ub()) {
       PointwiseKernel force("fused");
-      HostTensor sizes{TensorDesc{DataType::S32, {4}}, {1, 1, 16, 16}};
-      auto op = make_op("Conv2DBackpropFilter",
-                        {TensorDesc{DataType::F16, {1, 1, 65552, 16}}, sizes.desc,
-                         TensorDesc{DataType::F16, y_shape(wide)}},
-                        wide.attrs());
-      op.outputs = {TensorDesc{DataType::F16, filter_shape(wide)}};
-      CHECK_THROWS_WITH(compiler::compile(op, cfg), Catch::Contains("set_fmatrix"));
+      CHECK_THROWS_WITH(compiler::compile(backprop_filter_op(wide), cfg),
+                        Catch::Contains("set_fmatrix"));
     }
   }
   // Tile sides of any multiple of 16, partial tiles (the tiny chip: two tiles for its two cube
@@ -561,6 +559,35 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
   const std::vector<std::string> names = check_conv2d_backprop_filter(DataType::F16, w, 54);
   CHECK(has_launch(names, "FilterGrad"));
   CHECK(has_launch(names, "Sum_f32"));
+}
+
+TEST_CASE("Conv2DBackpropFilter: NPUSIM_FILTER_GRAD_PLAN_RANK builds the k-th ranked plan") {
+  // The fused kernel's candidates ranked by their estimates: rank 1 is the planner's choice,
+  // the next ranks other plans (another summary), each giving dW; a bad rank names the switch.
+  const ConvCase pc{2, 6, 7, 24, 3, 3, 40};
+  const std::vector<std::string> chosen = check_conv2d_backprop_filter(DataType::F16, pc, 60);
+  REQUIRE(has_launch(chosen, "FilterGrad"));
+  {
+    ScopedEnv rank("NPUSIM_FILTER_GRAD_PLAN_RANK", "1");
+    CHECK(check_conv2d_backprop_filter(DataType::F16, pc, 60) == chosen);
+  }
+  for (const char* k : {"2", "3"}) {
+    ScopedEnv rank("NPUSIM_FILTER_GRAD_PLAN_RANK", k);
+    const std::vector<std::string> other = check_conv2d_backprop_filter(DataType::F16, pc, 60);
+    CHECK(has_launch(other, "FilterGrad"));
+    CHECK(other != chosen);
+  }
+  const OpDesc op = backprop_filter_op(pc);
+  {
+    ScopedEnv rank("NPUSIM_FILTER_GRAD_PLAN_RANK", "0");
+    CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
+                      Catch::Contains("NPUSIM_FILTER_GRAD_PLAN_RANK='0' is not a positive rank"));
+  }
+  {
+    ScopedEnv rank("NPUSIM_FILTER_GRAD_PLAN_RANK", "100000000");
+    CHECK_THROWS_WITH(compiler::compile(op, test_sim().config()),
+                      Catch::Contains("NPUSIM_FILTER_GRAD_PLAN_RANK=100000000 but only"));
+  }
 }
 
 TEST_CASE("plan_filter_grad: a tile's store priced at the bytes FIXPIPE writes") {

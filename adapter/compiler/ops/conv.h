@@ -285,6 +285,12 @@ struct ConvStepProgram {
 // four of eight steps.
 double conv_step_period(const ChipConfig& cfg, const ConvStepProgram& p);
 
+// A planner's measuring switch `variable`=k in the environment (read at every compile): build
+// the plan with the k-th lowest estimate instead of the planner's choice, so that the kernels of
+// the candidates can be measured against their estimates. Unset or empty: 0 (the choice);
+// anything but a positive count is a CompileError naming op.
+int64_t forced_plan_rank(const char* variable, const std::string& op);
+
 // Plans whose estimates (CubeConvTiling::est_cycles) are within this fraction of the lowest
 // count as equal: the planner's model cannot tell them apart (docs/compiler.md).
 constexpr double kPlanTieBand = 0.005;
@@ -382,7 +388,12 @@ struct FilterGradTiling {
   int block_dim = 0, l0c_buffers = 0;
   double cycles = 0;
 };
-// The cheapest tiling; CompileError naming op if none fits the cube core.
+// Every tiling that fits the cube core, each with its modelled cycles, in the planner's order;
+// CompileError naming op if none fits.
+std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const ChipConfig& cfg,
+                                                  const std::string& op);
+// The cheapest tiling (the first of the lowest modelled cycles); CompileError naming op if none
+// fits the cube core.
 FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg,
                                   const std::string& op);
 Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, const ChipConfig& cfg,

@@ -1227,25 +1227,40 @@ FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const Cube
   p.rows = s.kh * s.kw * s.c;
   p.mn = p.rows * s.pitch;
   p.add_parts = filter_grad_parts_in_kernel(ctx, ct, dt, p.mn);
-  int64_t best_parts = 0;
   const bool one_part_writes_dw = fused_writes_dw(ctx, ct, dt, s.cout);
+  // The candidates: every part count's tilings, each with the parts' sum added; the choice is
+  // the first of the lowest estimate (NPUSIM_FILTER_GRAD_PLAN_RANK=k: the k-th lowest, a
+  // measuring switch, forced_plan_rank; benchmarks/filter_grad_plan_ranks.py).
+  struct Candidate {
+    int64_t parts;
+    FilterGradTiling tiling;
+    double cycles;
+  };
+  std::vector<Candidate> candidates;
   for (int64_t parts = 1; parts <= cube_core(ctx.cfg, op).count; ++parts) {
     s.parts = parts;
     s.out_type = parts == 1 && one_part_writes_dw ? device_dtype(dt) : Dtype::F32;
-    FilterGradTiling t;
+    std::vector<FilterGradTiling> tilings;
     try {
-      t = plan_filter_grad(s, ctx.cfg, op);
+      tilings = filter_grad_tilings(s, ctx.cfg, op);
     } catch (const CompileError&) {
       if (parts == 1) throw;  // nothing fits
       continue;               // no chunk size that `parts` divides
     }
-    const double cycles =
-        t.cycles + (parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, p.mn, p.add_parts) : 0);
-    if (best_parts && cycles >= p.cycles) continue;
-    p.tiling = t;
-    best_parts = parts;
-    p.cycles = cycles;
+    const double sum =
+        parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, p.mn, p.add_parts) : 0;
+    for (const FilterGradTiling& t : tilings) candidates.push_back({parts, t, t.cycles + sum});
   }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.cycles < b.cycles; });
+  const int64_t rank = forced_plan_rank("NPUSIM_FILTER_GRAD_PLAN_RANK", op);
+  if (rank > static_cast<int64_t>(candidates.size()))
+    throw CompileError(fmt::format("{}: NPUSIM_FILTER_GRAD_PLAN_RANK={} but only {} plans fit",
+                                   op, rank, candidates.size()));
+  const Candidate& chosen = candidates[static_cast<size_t>(std::max<int64_t>(rank, 1) - 1)];
+  p.tiling = chosen.tiling;
+  p.cycles = chosen.cycles;
+  const int64_t best_parts = chosen.parts;
   s.parts = best_parts;
   s.out_type = Dtype::F32;  // append_fused_filter_grad sets dW's type where one part writes it
   return p;
@@ -1354,13 +1369,14 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
       (split.parts > 1 ? partial_sum_estimate(ctx.cfg, op.str(), split.parts, cin * f[3]) : 0);
   const PointwiseKernel forced = pointwise_filter_grad_kernel(op);
   if (forced != PointwiseKernel::kMatmul && filter_grad_parts_in_kernel(ctx, ct, dt, cin * f[3])) {
-    // Unless forced, a fused kernel that does not plan (its one-part plan does not fit) leaves
-    // the MatMul.
+    // Unless forced or ranked (NPUSIM_FILTER_GRAD_PLAN_RANK, whose bad values are errors), a
+    // fused kernel that does not plan (its one-part plan does not fit) leaves the MatMul.
+    const bool ranked = forced_plan_rank("NPUSIM_FILTER_GRAD_PLAN_RANK", op.str()) > 0;
     std::optional<FusedFilterGradPlan> fused;
     try {
       fused = plan_fused_filter_grad(ctx, ct, dt, x, f, cw);
     } catch (const CompileError&) {
-      if (forced == PointwiseKernel::kFused) throw;
+      if (forced == PointwiseKernel::kFused || ranked) throw;
     }
     if (fused && (forced == PointwiseKernel::kFused || fused->cycles < matmul_cycles)) {
       append_fused_filter_grad(k, ctx, ct, xr, dyr, *fused);

@@ -446,8 +446,8 @@ class FilterGradEmitter {
 
 }  // namespace
 
-FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg,
-                                  const std::string& op) {
+std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const ChipConfig& cfg,
+                                                  const std::string& op) {
   const CoreKindConfig& core = cube_core(cfg, op);
   const bool via_ub = cube_store_via_ub(cfg, core, op);
   check_geometry(op, s.h, s.w, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pb, s.pl, s.pr);
@@ -488,7 +488,7 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
   const double operand_bytes =
       static_cast<double>(s.images * s.h * s.w * round_up(s.c, kBlk) * isz) +
       static_cast<double>(s.images * positions * s.cout * isz);
-  FilterGradTiling best;
+  std::vector<FilterGradTiling> tilings;
   for (int64_t tp : balanced_sides(positions, kMaxChunk)) {
     const std::vector<SlabGeom> mts = m_tiles(positions, tp, s.ow(), s.h, s.kh, s.sh, s.dh, s.pt);
     int64_t rows = 0;
@@ -573,13 +573,22 @@ FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg
         const double bytes = (operands_stay ? operand_bytes : loaded) +
                              static_cast<double>(t.tiles * t.tk * t.tn * osz);
         t.cycles = std::max(t.cycles, bytes / cfg.hbm_bytes_per_cycle());
-        if (!best.tk || t.cycles < best.cycles) best = t;
+        tilings.push_back(t);
       }
     }
   }
-  if (best.tk) return best;
-  throw CompileError(
-      fmt::format("{}: no filter-gradient tile fits the cube core of chip {}", op, cfg.name));
+  if (tilings.empty())
+    throw CompileError(
+        fmt::format("{}: no filter-gradient tile fits the cube core of chip {}", op, cfg.name));
+  return tilings;
+}
+
+FilterGradTiling plan_filter_grad(const FilterGradSpec& s, const ChipConfig& cfg,
+                                  const std::string& op) {
+  const std::vector<FilterGradTiling> tilings = filter_grad_tilings(s, cfg, op);
+  return *std::min_element(
+      tilings.begin(), tilings.end(),
+      [](const FilterGradTiling& a, const FilterGradTiling& b) { return a.cycles < b.cycles; });
 }
 
 Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, const ChipConfig& cfg,

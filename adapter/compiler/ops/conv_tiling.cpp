@@ -746,24 +746,6 @@ CubeConvTiling choose(const std::vector<CubeConvTiling>& plans) {
   return best;
 }
 
-// NPUSIM_CONV_PLAN_RANK=k in the environment (a measuring switch, read at every compile):
-// plan_cube_conv takes the tiling with the k-th lowest estimate instead of its choice, so that
-// the kernels of the candidates can be measured against their estimates
-// (benchmarks/conv_plan_ranks.py). Unset or empty: 0 (the choice); anything but a positive
-// count is a CompileError naming op.
-int64_t forced_plan_rank(const std::string& op) {
-  const char* v = std::getenv("NPUSIM_CONV_PLAN_RANK");
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  const long long k = std::strtoll(v, &end, 10);
-  if (*end != '\0' || k < 1)
-    throw CompileError(
-        fmt::format("{}: NPUSIM_CONV_PLAN_RANK='{}' is not a positive rank (1: the tiling with "
-                    "the lowest estimate)",
-                    op, v));
-  return k;
-}
-
 // What plan_cube_conv's loops share: the spec, the chip, its cube core and rates.
 struct ConvPlanner {
   const CubeConvSpec& s;
@@ -951,6 +933,18 @@ bool conv_y_packable(const CubeConvSpec& s) {
          (kBlk * s.cy * osz) % kBlkBytes == 0 && (s.oh() * s.ow() * s.cy * osz) % kBlkBytes == 0;
 }
 
+int64_t forced_plan_rank(const char* variable, const std::string& op) {
+  const char* v = std::getenv(variable);
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long long k = std::strtoll(v, &end, 10);
+  if (*end != '\0' || k < 1)
+    throw CompileError(
+        fmt::format("{}: {}='{}' is not a positive rank (1: the plan with the lowest estimate)", op,
+                    variable, v));
+  return k;
+}
+
 CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, const std::string& op,
                               int64_t stack) {
   const CoreKindConfig& core = cube_core(cfg, op);
@@ -987,7 +981,8 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
   const std::vector<int64_t> tns = tile_widths(s, op);
   ConvPlanner planner{s, cfg, core, conv_rates(cfg, core, s), stack, via_ub, {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
-  const int64_t rank = forced_plan_rank(op);
+  // NPUSIM_CONV_PLAN_RANK (forced_plan_rank): benchmarks/conv_plan_ranks.py.
+  const int64_t rank = forced_plan_rank("NPUSIM_CONV_PLAN_RANK", op);
   CubeConvTiling best = choose(planner.plans);
   if (rank > 0) {
     std::vector<CubeConvTiling> by_cost = planner.plans;
