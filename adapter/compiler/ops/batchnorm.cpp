@@ -860,7 +860,7 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
 // BNTrainingReduceGrad(dy, x, diff_scale, diff_offset, scale, batch_mean, batch_variance[,
 // offset]) -> dx (relu: dy masked first) [, bias_grad: with bias_grads = 1, T [C], the per-channel
 // sum of dx: the f32 dx of each tile added lane by lane into a tile-long accumulator, folded per
-// block and the blocks' partials added in block order (ops/channel.h add_stream_channel_sums),
+// block and the blocks' partials folded pairwise (ops/channel.h add_stream_channel_sums),
 // rounded once to T; where C is not whole 32-byte blocks of f32 and T, BiasAddGrad's kernel on dx].
 //
 // One stream kernel. dx = c1 * ((g - mdy) - (x - m) * c2) (the file comment; g = dy, or with

@@ -60,6 +60,29 @@ void f32_scalar(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, double v, c
 void f32_copy(KernelBuilder& b, uint64_t d, uint64_t a, const Reg& count) {
   vec_copy_bits(b, 4, d, a, count);
 }
+void fold_rows_pairwise(KernelBuilder& b, uint64_t dst, uint64_t base, int64_t rows,
+                        int64_t pitch, int64_t lanes) {
+  if (rows < 1 || lanes < 1 || lanes > pitch)
+    b.fail(fmt::format("a pairwise fold of {} rows of {} lanes at a pitch of {} f32", rows,
+                       lanes, pitch));
+  if (rows == 1) {
+    if (dst != base) {
+      Reg n = b.reg_imm("channels", lanes);
+      f32_copy(b, dst, base, n);
+    }
+    return;
+  }
+  const uint64_t pitch_bytes = static_cast<uint64_t>(pitch) * 4;
+  while (rows > 1) {
+    const int64_t half = rows / 2;
+    // Rows [rows - half, rows) onto rows [0, half): one vadd over the rows and the gaps
+    // between them (a gap's lanes are added too and never read).
+    Reg n = b.reg_imm("elements", (half - 1) * pitch + lanes);
+    f32_binary(b, Opcode::op_vadd, rows == 2 ? dst : base, base,
+               base + static_cast<uint64_t>(rows - half) * pitch_bytes, n);
+    rows -= half;
+  }
+}
 void f32_fill(KernelBuilder& b, uint64_t d, double v, const Reg& count) {
   Reg s = b.reg_imm("fill (f32 bits)", vector_scalar_bits(Dtype::F32, v));
   vec_dup_bits(b, 4, d, s, count);
@@ -506,14 +529,11 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
             b.emit(Opcode::op_copy_gm2ub, {d, src, 1, blocks, 0, 0}, "input vector");
           }
         };
-        // Set i's partials added in block order (the same sums either way).
+        // Set i's partials folded pairwise (fold_rows_pairwise: the same sums wherever this
+        // epilogue runs); the partials buffer is overwritten.
         const auto add_set = [&](size_t i) {
-          const uint64_t at = partial[p.sets_at_once ? i : 0];
-          Reg n = b.reg_imm("channels", cn);
-          f32_copy(b, ops.sums[i], at, n);
-          for (int k = 1; k < s.partial_blocks[i]; ++k)
-            f32_binary(b, Opcode::op_vadd, ops.sums[i], ops.sums[i],
-                       at + static_cast<uint64_t>(k) * row, n);
+          fold_rows_pairwise(b, ops.sums[i], partial[p.sets_at_once ? i : 0],
+                             s.partial_blocks[i], ct, cn);
         };
         if (p.sets_at_once) {
           for (size_t i = 0; i < s.partial_blocks.size(); ++i) load_set(i);
@@ -1120,15 +1140,7 @@ size_t add_stream_channel_sums(StreamSpec& spec, int64_t c, const ChannelEpilogu
     const uint64_t sums = t.temp.at(acc);
     {
       KernelBuilder::Origin o(b, "channel sums: the tile's rows folded");
-      // rows of c lanes: the top half (rounded down) added into the bottom rows until one
-      // is left
-      for (int64_t rows = t.tile_elems / c; rows > 1;) {
-        const int64_t half = rows / 2;
-        Reg n = b.reg_imm("elements", half * c);
-        f32_binary(b, Opcode::op_vadd, sums, sums,
-                   sums + static_cast<uint64_t>((rows - half) * c) * 4, n);
-        rows -= half;
-      }
+      fold_rows_pairwise(b, sums, sums, t.tile_elems / c, c, c);
     }
     const int folded = b.flag(Pipe::V, Pipe::MTE3, "channel sums folded");
     b.set_flag(Pipe::V, Pipe::MTE3, folded);

@@ -26,7 +26,8 @@
 //
 // Accumulation order (what the tolerances of callers rest on): within a block, a tile of T
 // pixels at a time is added lane-wise into T running sums, the T sums are folded pairwise at
-// the end (log2 T levels), and the epilogue adds the blocks' partials one after another. All in
+// the end (log2 T levels), and the epilogue folds the blocks' partials pairwise in the same way
+// (fold_rows_pairwise: block k + ceil(B / 2) onto block k, ..., ceil(log2 B) levels). All in
 // f32; f16/bf16 inputs are widened exactly.
 #pragma once
 
@@ -121,7 +122,7 @@ Launch build_channel_epilogue(const ChannelEpilogueSpec& s, const ChipConfig& cf
 // vector cores; CANN's reduce kernels add their cores' partials themselves): once every block
 // has stored its partials (a barrier of the launch's blocks: cc_set mode 0 from MTE3, which
 // waits for the stores to land, cross-core flag 0), the epilogue's channel tiles go to the
-// blocks (tile k on block k mod its tiles), each adding the blocks' partials in block order
+// blocks (tile k on block k mod its tiles), each folding the blocks' partials pairwise
 // with build_channel_epilogue's code: the same values, bit for bit, and one launch and its
 // task overheads fewer. The sums' tiles are build_channel_sum's (the epilogue takes the UB
 // again after the barrier). e's partial sets are the sums' ("partials", then "partials2" with
@@ -156,7 +157,7 @@ void append_channel_sum_epilogue(CompiledKernel& k, const std::string& op,
 // With epilogue set, the kernel also adds the partials itself: once every vector core of the
 // launch has stored its partials (a barrier of the launch's vector cores, cross-core flag
 // barrier_flag), the epilogue's channel tiles are spread over the vector cores (tile k on
-// vector core k mod its blocks), each summing the blocks' partials in block order, as
+// vector core k mod its blocks), each folding the blocks' partials pairwise, as
 // build_channel_epilogue does (the same sums, bit for bit). Its partial sets are the section's
 // arguments named in epilogue_sets ("partials", "partials2"; partial_blocks is set from the
 // section's blocks), it has no input vectors, and it declares its outputs "output0", ...
@@ -177,7 +178,7 @@ int emit_channel_sum_section(KernelBuilder& b, const ChannelSumSpec& s,
 // chips: `groups` blocks, each a cube core and its aiv_per_aic vector cores): every vector core
 // issues `wait` (the cube cores' hand-over of the partials), then e's channel tiles are spread
 // over the launch's vector cores (tile k on vector core k mod its blocks), each summing the
-// partial sets in block order as build_channel_epilogue does (the same sums, bit for bit). The
+// partial sets pairwise as build_channel_epilogue does (the same sums, bit for bit). The
 // partial sets are the kernel arguments named in partial_args (declared before, [batch][blocks]
 // [partial_cp] f32); e has no input vectors; the section declares e's outputs "output0", ...
 void emit_epilogue_section(KernelBuilder& b, const ChannelEpilogueSpec& e,
@@ -188,7 +189,7 @@ void emit_epilogue_section(KernelBuilder& b, const ChannelEpilogueSpec& e,
 // arguments named in partial_args, [e.batch][blocks][e.partial_cp] f32, stored by MTE3) in the
 // section begun in b: a barrier of the launch's blocks (cross-core flag barrier_flag: cc_set
 // from MTE3, which waits for the stores to land), then e's channel tiles spread over the blocks
-// (tile k on block k mod its tiles), each adding the blocks' partials in block order as
+// (tile k on block k mod its tiles), each folding the blocks' partials pairwise as
 // build_channel_epilogue does (the same sums, bit for bit), its buffers laid out over the whole
 // UB (every pipe is done with the kernel's own by the barrier). e's partial_blocks are set here;
 // its vectors and outputs are arguments "vector<i>", "output<i>" the caller declared. Split
@@ -224,6 +225,13 @@ void f32_unary(KernelBuilder& b, isa::Opcode op, uint64_t d, uint64_t a, const R
 void f32_scalar(KernelBuilder& b, isa::Opcode op, uint64_t d, uint64_t a, double v,
                 const Reg& count);
 void f32_copy(KernelBuilder& b, uint64_t d, uint64_t a, const Reg& count);
+// Sums `rows` rows of f32 (row r at base + r * pitch * 4 bytes, its first `lanes` lanes) into
+// dst's `lanes` lanes as a fixed pairwise tree: while more than one row is left, the top half
+// (rounded down) of the rows is added lane-wise onto the bottom rows, one vadd a level
+// (ceil(log2 rows) levels; the last writes dst). The rows are overwritten (unless rows is 1:
+// then a copy where dst is not base). Used by every channel epilogue and the stream sums' tile.
+void fold_rows_pairwise(KernelBuilder& b, uint64_t dst, uint64_t base, int64_t rows,
+                        int64_t pitch, int64_t lanes);
 void f32_fill(KernelBuilder& b, uint64_t d, double v, const Reg& count);
 
 }  // namespace npusim::compiler::ops

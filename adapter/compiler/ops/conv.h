@@ -141,7 +141,7 @@ struct CubeConvSpec {
   // read y back (from the L2 it was just written to) and sum its channels: per vector core f32
   // partials of sum y^2 and sum y (ops/channel.h's sums as a section, workspace arguments
   // "partials" and "partials2" after y and bias), then after a barrier of the vector cores
-  // add the partials in block order (BNTrainingReduce's epilogue in the kernel) into the
+  // fold the partials pairwise (BNTrainingReduce's epilogue in the kernel) into the
   // arguments "output0" (sum, f32 [cy]) and "output1" (square_sum). y dense (pitch() == cy),
   // its pixels whole 32-byte blocks.
   bool bn_stats = false;
