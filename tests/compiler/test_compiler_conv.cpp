@@ -812,6 +812,37 @@ TEST_CASE("Block-diagonal groups: several depthwise 16-channel groups per kernel
         check_diagonal_groups(ConvCase{2, 5, 16, 64, 3, 3, 0}, 1, 2, 1, resident, 106, 1);
     CHECK_THAT(plan, Catch::Contains("(2 chunk(s)"));
   }
+  // 80 channels in groups of 2 blocks: the last group holds one block, so chunks of one block
+  // would leave its second chunk empty. Such a chunking is refused by name, and every tiling
+  // the planner ranks for the depthwise compile (NPUSIM_CONV_PLAN_RANK) has only non-empty
+  // chunks: the compile of each rank succeeds, a kernel of one chunk runs against the direct
+  // product.
+  {
+    const ConvCase c80{1, 5, 6, 80, 3, 3, 0};
+    CHECK_THROWS_WITH(check_diagonal_groups(c80, 1, 2, 1, true, 108),
+                      Catch::Contains("the last group's chunk 2 holds no channels"));
+    ScopedEnv two("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", "2");
+    for (int rank = 1;; ++rank) {
+      ScopedEnv forced("NPUSIM_CONV_PLAN_RANK", std::to_string(rank).c_str());
+      compiler::CompiledKernel k;
+      try {
+        k = compiler::compile(
+            make_op("DepthwiseConv2dNative",
+                    {TensorDesc{DataType::F16, {c80.n, c80.h, c80.w, c80.c}},
+                     TensorDesc{DataType::F16, {c80.kh, c80.kw, c80.c, 1}}},
+                    c80.attrs()),
+            test_sim().config());
+      } catch (const compiler::CompileError& e) {
+        INFO(e.what());
+        CHECK(std::string(e.what()).find("tilings fit") != std::string::npos);
+        CHECK(rank > 1);
+        break;
+      }
+      INFO("rank " << rank << ": " << conv_summary(k));
+      CHECK_THAT(conv_summary(k), Catch::Contains("(1 chunk(s)"));
+    }
+    check_diagonal_groups(c80, 1, 2, 2, true, 108);
+  }
   // Only groups of one 16-channel block merge.
   compiler::ops::CubeConvSpec wide;
   wide.cg_in = 32;

@@ -730,6 +730,15 @@ int64_t forced_plan_rank(const std::string& op) {
   return k;
 }
 
+// Whether every k chunk of kc1 channel blocks holds channels of every group: false where the
+// channels end inside the last group (merged depthwise groups, merge_diagonal_groups, over a
+// count that the merged width does not divide) before its last chunk, which the kernel would
+// load and multiply as a chunk of no channels (an nd2nz of 0 columns, a fault).
+bool last_group_fills_chunks(const CubeConvSpec& s, int64_t kc1) {
+  const int64_t last_c1 = ceil_div(s.cs - (s.groups - 1) * s.cg_in, kBlk);
+  return ceil_div(last_c1, kc1) == ceil_div(s.c1_in(), kc1);
+}
+
 // What plan_cube_conv's loops share: the spec, the chip, its cube core and rates.
 struct ConvPlanner {
   const CubeConvSpec& s;
@@ -819,6 +828,7 @@ struct ConvPlanner {
   }
 
   void add_chunking(Candidate c, int64_t tn16, int64_t kc1, bool resident) {
+    if (!last_group_fills_chunks(s, kc1)) return;
     const int64_t ru12 = field_max(isa::FieldKind::RU12), ru16 = field_max(isa::FieldKind::RU16);
     CubeConvTiling& t = c.t;
     // Position-major: a block's consecutive tiles change weight key, so each step streams its
@@ -981,6 +991,12 @@ CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_
                                  bool resident, const ChipConfig& cfg, const std::string& op) {
   const CoreKindConfig& core = cube_core(cfg, op);
   const int64_t taps = s.kh * s.kw, tn16 = round_up(std::min(t.tn, s.cg_out), kBlk);
+  if (!last_group_fills_chunks(s, kc1))
+    throw CompileError(fmt::format(
+        "{}: chunks of {} channel block(s) over groups of {}: the last group's chunk {} "
+        "holds no channels ({} of {} input channels in the last group)",
+        op, kc1, s.c1_in(), ceil_div(ceil_div(s.cs - (s.groups - 1) * s.cg_in, kBlk), kc1) + 1,
+        s.cs - (s.groups - 1) * s.cg_in, s.cs));
   t.kc1 = kc1;
   t.chunks = ceil_div(s.c1_in(), kc1);
   t.resident = resident;
