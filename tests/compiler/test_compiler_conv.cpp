@@ -1071,6 +1071,41 @@ TEST_CASE("Conv2D stacking: the planner stacks small images (ResNet-50 res5 on 9
   CHECK(t.period == 8);
 }
 
+TEST_CASE("Conv2D stacking: the planner's scalar work per plane and image, from the kernel") {
+  // The kernel's loop over a stacked slab's planes, counted in its listing (ResNet-50's 1x1
+  // 2048 -> 512 layer at 7x7, batch 8, stacks of 2 and 3 images on the 910b): per plane, the
+  // instructions besides the images' nd2nz, divided by the images, are the planner's
+  // stacked_slab_scalar_per_image.
+  compiler::ops::CubeConvSpec s = square_conv_spec(8, 7, 2048, 512, 1);
+  const ChipConfig cfg = load_chip_config("910b");
+  for (int64_t stack : {2, 3}) {
+    const auto t = compiler::ops::plan_cube_conv(s, cfg, "res5", stack);
+    REQUIRE(t.stack == stack);
+    const std::string listing = compiler::ops::build_cube_conv(s, t, cfg, "res5").kernel.listing;
+    std::istringstream in(listing);
+    std::string line;
+    int64_t body = 0, images = 0;
+    bool in_plane = false, seen = false;
+    while (std::getline(in, line)) {
+      const bool label = !line.empty() && line.back() == ':';
+      if (label && line.rfind("loop_", 0) == 0 && line.find("end") == std::string::npos &&
+          !seen && listing.find("the image's rows of one plane") != std::string::npos) {
+        in_plane = true;  // the first loop: the slab's planes
+        seen = true;
+        continue;
+      }
+      if (label && line.rfind("loop_end_", 0) == 0) in_plane = false;
+      if (!in_plane || label) continue;
+      ++body;
+      if (line.find("the image's rows of one plane") != std::string::npos) ++images;
+    }
+    INFO(listing);
+    REQUIRE(images == stack);
+    CHECK(static_cast<double>(body - images) / static_cast<double>(images) ==
+          Approx(compiler::ops::stacked_slab_scalar_per_image(stack)));
+  }
+}
+
 namespace {
 // The output tile height of the cube convolution launch among `launches` ("tiles 448x16 ...").
 int64_t conv_tile_height(const std::vector<std::string>& launches) {

@@ -210,12 +210,11 @@ struct Candidate {
 // first tile of a (group, n tile): `first`), MTE1, FIXPIPE. Per step (one chunk of one tile):
 // the period of the kernel's pipeline (conv_step_period) over cube, MTE2 (the chunk's slab and
 // weights, plus the GM latency), MTE1 and the scalar unit (~60 instructions per mmad step and
-// ~200 per step, one cycle each, ~14 per plane and image of a stacked slab and ~15 per k-block
-// of weights loaded); FIXPIPE once per tile, hidden behind the next tile's steps with two L0C
-// buffers (a staged way out with two: staged_block).
-// A tile's way out (cycles), by stage: FIXPIPE (with a store through the UB, as one rate, where
-// the way out is not staged: ConvRates::way_stages), the epilogue's vector passes, MTE3's store
-// and its landing.
+// ~200 per step, one cycle each, ~18 to 20 per plane and image of a stacked slab and ~15 per
+// k-block of weights loaded); FIXPIPE once per tile, hidden behind the next tile's steps with two
+// L0C buffers (a staged way out with two: staged_block). A tile's way out (cycles), by stage:
+// FIXPIPE (with a store through the UB, as one rate, where the way out is not staged:
+// ConvRates::way_stages), the epilogue's vector passes, MTE3's store and its landing.
 struct WayOut {
   double fix = 0, vec = 0, store = 0, latency = 0;
   double chain() const { return fix + vec + store + latency; }  // one tile alone, in sequence
@@ -254,6 +253,10 @@ struct StepStages {
 };
 
 }  // namespace
+
+double stacked_slab_scalar_per_image(int64_t stack) {
+  return static_cast<double>(17 + 18 * (stack - 1) + 6) / static_cast<double>(stack);
+}
 
 double conv_step_period(const ChipConfig& cfg, const ConvStepProgram& p) {
   enum { kMte2, kMte1, kCube, kPipes };
@@ -359,8 +362,8 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   s.mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
            static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l0b_rate +
            2.0 * static_cast<double>(steps_mmad) * r.l1_lat;
-  // Scalar cycles: ~200 a step, ~60 an mmad step, ~14 per plane and image of a stacked slab,
-  // ~15 per k-block of weights loaded.
+  // Scalar cycles: ~200 a step, ~60 an mmad step, ~18 to 20 per plane and image of a stacked
+  // slab (stacked_slab_scalar_per_image), ~15 per k-block of weights loaded.
   ConvStepProgram prog;
   prog.slab_insns = kc1 * st + (st > 1 ? 1 : 0);  // an nd2nz per plane (and image), the zeroing
   prog.slab_flow = slab_flow;
@@ -372,7 +375,7 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   prog.mte1 = s.mte1;
   prog.cube = s.cube;
   prog.scalar_step = 200.0;
-  prog.scalar_plane = st > 1 ? 14.0 : 0.0;
+  prog.scalar_plane = st > 1 ? stacked_slab_scalar_per_image(st) : 0.0;
   prog.scalar_weight_block = 15.0;
   prog.scalar_mmad_step = 60.0;
   s.scalar = prog.scalar_step + prog.scalar_mmad_step * static_cast<double>(steps_mmad) +
