@@ -191,7 +191,8 @@ struct Candidate {
   CubeConvTiling t;
   std::vector<SlabGeom> mts;
   int64_t kchunk = 0, wv = 0, taps = 0, osz = 0;
-  int64_t b_block = 0;  // block-diagonal B: a diagonal block's columns (else 0)
+  bool stack_gap = false;  // a stack's images are more than hv rows apart (gap rows)
+  int64_t b_block = 0;     // block-diagonal B: a diagonal block's columns (else 0)
   // Every tile's store writes lines no other tile writes (y_whole_rows, hbm_time): each store
   // misses the L2. Else a block's first store misses (the cores start on lines nobody wrote)
   // and the later ones land in lines the other tiles of their rows have allocated.
@@ -254,8 +255,9 @@ struct StepStages {
 
 }  // namespace
 
-double stacked_slab_scalar_per_image(int64_t stack) {
-  return static_cast<double>(17 + 18 * (stack - 1) + 6) / static_cast<double>(stack);
+double stacked_slab_scalar_per_image(int64_t stack, bool gap_rows) {
+  return static_cast<double>(17 + (gap_rows ? 19 : 18) * (stack - 1) + 6) /
+         static_cast<double>(stack);
 }
 
 double conv_step_period(const ChipConfig& cfg, const ConvStepProgram& p) {
@@ -375,7 +377,7 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   prog.mte1 = s.mte1;
   prog.cube = s.cube;
   prog.scalar_step = 200.0;
-  prog.scalar_plane = st > 1 ? stacked_slab_scalar_per_image(st) : 0.0;
+  prog.scalar_plane = st > 1 ? stacked_slab_scalar_per_image(st, c.stack_gap) : 0.0;
   prog.scalar_weight_block = 15.0;
   prog.scalar_mmad_step = 60.0;
   s.scalar = prog.scalar_step + prog.scalar_mmad_step * static_cast<double>(steps_mmad) +
@@ -776,6 +778,7 @@ struct ConvPlanner {
       c.t.tm = tm;
       c.t.m_tiles = static_cast<int64_t>(c.mts.size());
       c.wv = s.wv();
+      c.stack_gap = st > 1 && sg.period != s.hv();
       c.taps = s.kh * s.kw;
       c.osz = isa::dtype_size(s.out_type);
       c.b_block = s.b_diagonal ? s.b_cols(0) : 0;
