@@ -261,8 +261,8 @@ TEST_CASE("Conv2D resident weights arriving in chunks keep pace with streamed on
   });
   // Split chips only: a coupled chip's kernel (tiles out through the UB) loads every chunk in
   // its compute stage (conv_emitter.cpp, chunks_ahead).
-  const bool split = !compiler::ops::cube_store_via_ub(
-      cfg, compiler::ops::cube_core(cfg, "test"), "test");
+  const bool split =
+      !compiler::ops::cube_store_via_ub(cfg, compiler::ops::cube_core(cfg, "test"), "test");
   uint64_t cycles[2] = {0, 0};
   for (bool resident : {false, true}) {
     auto t = compiler::ops::rechunk_cube_conv(s, base, 4, resident, cfg, "t");
@@ -305,8 +305,7 @@ TEST_CASE("conv_step_period: the planner's step pipeline from the chip's queue d
   compiler::ops::ConvStepProgram load_bound = p;
   load_bound.slab_flow = 2 * p.cube;
   REQUIRE(cfg.set_flag_holds_pipe);
-  CHECK(compiler::ops::conv_step_period(cfg, load_bound) ==
-        Approx(load_bound.slab_flow + latency));
+  CHECK(compiler::ops::conv_step_period(cfg, load_bound) == Approx(load_bound.slab_flow + latency));
   const ChipConfig no_hold = load_chip_config(test_chip_name(), {"sync.set_flag_holds_pipe=false"});
   CHECK(compiler::ops::conv_step_period(no_hold, load_bound) == Approx(load_bound.slab_flow));
   // A load of more nd2nz than MTE2's queue holds: the scalar unit stalls in load(t + 1), which
@@ -441,7 +440,8 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
   // NPUSIM_FILTER_GRAD_POINTWISE names; both give dW.
   const ChipConfig& cfg = test_sim().config();
   ConvCase p{2, 5, 7, 20, 1, 1, 24};
-  for (const ConvCase& pc : {p, ConvCase{2, 6, 7, 64, 1, 1, 256}, ConvCase{1, 7, 7, 512, 1, 1, 64}}) {
+  for (const ConvCase& pc :
+       {p, ConvCase{2, 6, 7, 64, 1, 1, 256}, ConvCase{1, 7, 7, 512, 1, 1, 64}}) {
     std::vector<std::string> mm, fused, chosen;
     {
       PointwiseKernel force("matmul");
@@ -459,7 +459,8 @@ TEST_CASE("Conv2DBackpropFilter: 1x1 as MatMul, width fold, long k split over th
     if (has_launch(mm, "Sum_")) continue;
     REQUIRE(modelled_cycles(mm) > 0);
     REQUIRE(modelled_cycles(fused) > 0);
-    CHECK(has_launch(chosen, modelled_cycles(fused) < modelled_cycles(mm) ? "FilterGrad" : "MatMul"));
+    CHECK(
+        has_launch(chosen, modelled_cycles(fused) < modelled_cycles(mm) ? "FilterGrad" : "MatMul"));
   }
   {
     PointwiseKernel bad("img2col");
@@ -617,8 +618,8 @@ TEST_CASE("plan_filter_grad: a tile's store priced at the bytes FIXPIPE writes")
     INFO("HBM " << cfg->hbm_gbps << " GB/s: f32 " << f32.cycles << ", f16 " << f16.cycles);
     CHECK(f16.cycles <= f32.cycles);
     if (cfg != &wide_hbm) continue;
-    const double saved = static_cast<double>(f32.per * f32.tk * f32.tn * 2) /
-                         compiler::ops::cube_store_rate(*cfg);
+    const double saved =
+        static_cast<double>(f32.per * f32.tk * f32.tn * 2) / compiler::ops::cube_store_rate(*cfg);
     CHECK(f16.cycles < f32.cycles);
     CHECK(f16.cycles <= f32.cycles - saved + 1e-6);
   }
@@ -839,6 +840,36 @@ TEST_CASE("Block-diagonal groups: several depthwise 16-channel groups per kernel
         check_diagonal_groups(ConvCase{2, 5, 16, 64, 3, 3, 0}, 1, 2, 1, resident, 106, 1);
     CHECK_THAT(plan, Catch::Contains("(2 chunk(s)"));
   }
+  // 80 channels in groups of 2 blocks: the last group holds one block, so chunks of one block
+  // would leave its second chunk empty. Such a chunking is refused by name, and every tiling
+  // the planner ranks for the depthwise compile (NPUSIM_CONV_PLAN_RANK) has only non-empty
+  // chunks: the compile of each rank succeeds, a kernel of one chunk runs against the direct
+  // product.
+  {
+    const ConvCase c80{1, 5, 6, 80, 3, 3, 0};
+    CHECK_THROWS_WITH(check_diagonal_groups(c80, 1, 2, 1, true, 108),
+                      Catch::Contains("the last group's chunk 2 holds no channels"));
+    ScopedEnv two("NPUSIM_DEPTHWISE_GROUPS_PER_STEP", "2");
+    for (int rank = 1;; ++rank) {
+      ScopedEnv forced("NPUSIM_CONV_PLAN_RANK", std::to_string(rank).c_str());
+      compiler::CompiledKernel k;
+      try {
+        k = compiler::compile(make_op("DepthwiseConv2dNative",
+                                      {TensorDesc{DataType::F16, {c80.n, c80.h, c80.w, c80.c}},
+                                       TensorDesc{DataType::F16, {c80.kh, c80.kw, c80.c, 1}}},
+                                      c80.attrs()),
+                              test_sim().config());
+      } catch (const compiler::CompileError& e) {
+        INFO(e.what());
+        CHECK(std::string(e.what()).find("tilings fit") != std::string::npos);
+        CHECK(rank > 1);
+        break;
+      }
+      INFO("rank " << rank << ": " << conv_summary(k));
+      CHECK_THAT(conv_summary(k), Catch::Contains("(1 chunk(s)"));
+    }
+    check_diagonal_groups(c80, 1, 2, 2, true, 108);
+  }
   // Only groups of one 16-channel block merge.
   compiler::ops::CubeConvSpec wide;
   wide.cg_in = 32;
@@ -911,8 +942,7 @@ TEST_CASE("depthwise groups per step: unforced, the planner's lowest estimate") 
     std::string seen;
     for (int per = 1; per <= 16; ++per) {
       Groups forced(std::to_string(per).c_str());
-      forced_plans.push_back(
-          conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), p310)));
+      forced_plans.push_back(conv_estimate_and_groups(compiler::compile(depthwise_op(c, 1), p310)));
       seen += std::to_string(per) + " per step: ~" + std::to_string(forced_plans.back().first) +
               " cycles, " + std::to_string(forced_plans.back().second) + " groups\n";
     }
@@ -1065,6 +1095,41 @@ TEST_CASE("Conv2D stacking: the planner stacks small images (ResNet-50 res5 on 9
   INFO(t.str());
   CHECK(t.stack > 1);
   CHECK(t.period == 8);
+}
+
+TEST_CASE("Conv2D stacking: the planner's scalar work per plane and image, from the kernel") {
+  // The kernel's loop over a stacked slab's planes, counted in its listing (ResNet-50's 1x1
+  // 2048 -> 512 layer at 7x7, batch 8: images 7 rows apart; its 3x3 512 -> 512: a gap row
+  // between them; stacks of 2 to 4 on the 910b): per plane, the instructions besides the
+  // images' nd2nz, divided by the images, are the planner's stacked_slab_scalar_per_image.
+  const ChipConfig cfg = load_chip_config("910b");
+  for (const auto& [s, stack] : {std::pair{square_conv_spec(8, 7, 2048, 512, 1), int64_t{2}},
+                                 std::pair{square_conv_spec(8, 7, 2048, 512, 1), int64_t{3}},
+                                 std::pair{square_conv_spec(8, 7, 512, 512, 3), int64_t{4}}}) {
+    const auto t = compiler::ops::plan_cube_conv(s, cfg, "res5", stack);
+    REQUIRE(t.stack == stack);
+    const std::string listing = compiler::ops::build_cube_conv(s, t, cfg, "res5").kernel.listing;
+    std::istringstream in(listing);
+    std::string line;
+    int64_t body = 0, images = 0;
+    bool in_plane = false, seen = false;
+    while (std::getline(in, line)) {
+      const bool label = !line.empty() && line.back() == ':';
+      if (label && line.rfind("loop_", 0) == 0 && line.find("end") == std::string::npos && !seen) {
+        in_plane = true;  // the first loop: the slab's planes
+        seen = true;
+        continue;
+      }
+      if (label && line.rfind("loop_end_", 0) == 0) in_plane = false;
+      if (!in_plane || label) continue;
+      ++body;
+      if (line.find("the image's rows of one plane") != std::string::npos) ++images;
+    }
+    INFO(listing);
+    REQUIRE(images == stack);
+    CHECK(static_cast<double>(body - images) / static_cast<double>(images) ==
+          Approx(compiler::ops::stacked_slab_scalar_per_image(stack, t.period != s.hv())));
+  }
 }
 
 namespace {

@@ -291,6 +291,14 @@ double conv_step_period(const ChipConfig& cfg, const ConvStepProgram& p);
 // anything but a positive count is a CompileError naming op.
 int64_t forced_plan_rank(const char* variable, const std::string& op);
 
+// The scalar instructions the kernel issues per plane and image of a stacked slab of `stack`
+// images (> 1) besides the image's nd2nz (ConvStepProgram::scalar_plane): ConvEmitter's loop
+// over a plane's images spends 17 on the first image's rows (bounds, addresses, count) and 18
+// on each later one (its skip test too; 19 where gap rows lie between the stack's images, the
+// row offset), and 6 per plane after them (the next plane's addresses, the count, the branch),
+// shared by the plane's images.
+double stacked_slab_scalar_per_image(int64_t stack, bool gap_rows);
+
 // Plans whose estimates (CubeConvTiling::est_cycles) are within this fraction of the lowest
 // count as equal: the planner's model cannot tell them apart (docs/compiler.md).
 constexpr double kPlanTieBand = 0.005;

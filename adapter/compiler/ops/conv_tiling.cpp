@@ -193,7 +193,8 @@ struct Candidate {
   CubeConvTiling t;
   std::vector<SlabGeom> mts;
   int64_t kchunk = 0, wv = 0, taps = 0, osz = 0;
-  int64_t b_block = 0;  // block-diagonal B: a diagonal block's columns (else 0)
+  bool stack_gap = false;  // a stack's images are more than hv rows apart (gap rows)
+  int64_t b_block = 0;     // block-diagonal B: a diagonal block's columns (else 0)
   // Every tile's store writes lines no other tile writes (y_whole_rows, hbm_time): each store
   // misses the L2. Else a block's first store misses (the cores start on lines nobody wrote)
   // and the later ones land in lines the other tiles of their rows have allocated.
@@ -212,12 +213,11 @@ struct Candidate {
 // first tile of a (group, n tile): `first`), MTE1, FIXPIPE. Per step (one chunk of one tile):
 // the period of the kernel's pipeline (conv_step_period) over cube, MTE2 (the chunk's slab and
 // weights, plus the GM latency), MTE1 and the scalar unit (~60 instructions per mmad step and
-// ~200 per step, one cycle each, ~14 per plane and image of a stacked slab and ~15 per k-block
-// of weights loaded); FIXPIPE once per tile, hidden behind the next tile's steps with two L0C
-// buffers (a staged way out with two: staged_block).
-// A tile's way out (cycles), by stage: FIXPIPE (with a store through the UB, as one rate, where
-// the way out is not staged: ConvRates::way_stages), the epilogue's vector passes, MTE3's store
-// and its landing.
+// ~200 per step, one cycle each, ~18 to 20 per plane and image of a stacked slab and ~15 per
+// k-block of weights loaded); FIXPIPE once per tile, hidden behind the next tile's steps with two
+// L0C buffers (a staged way out with two: staged_block). A tile's way out (cycles), by stage:
+// FIXPIPE (with a store through the UB, as one rate, where the way out is not staged:
+// ConvRates::way_stages), the epilogue's vector passes, MTE3's store and its landing.
 struct WayOut {
   double fix = 0, vec = 0, store = 0, latency = 0;
   double chain() const { return fix + vec + store + latency; }  // one tile alone, in sequence
@@ -256,6 +256,11 @@ struct StepStages {
 };
 
 }  // namespace
+
+double stacked_slab_scalar_per_image(int64_t stack, bool gap_rows) {
+  return static_cast<double>(17 + (gap_rows ? 19 : 18) * (stack - 1) + 6) /
+         static_cast<double>(stack);
+}
 
 double conv_step_period(const ChipConfig& cfg, const ConvStepProgram& p) {
   enum { kMte2, kMte1, kCube, kPipes };
@@ -393,8 +398,8 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   s.mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
            static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l0b_rate +
            2.0 * static_cast<double>(steps_mmad) * r.l1_lat;
-  // Scalar cycles: ~200 a step, ~60 an mmad step, ~14 per plane and image of a stacked slab,
-  // ~15 per k-block of weights loaded.
+  // Scalar cycles: ~200 a step, ~60 an mmad step, ~18 to 20 per plane and image of a stacked
+  // slab (stacked_slab_scalar_per_image), ~15 per k-block of weights loaded.
   ConvStepProgram prog;
   prog.slab_insns = kc1 * st + (st > 1 ? 1 : 0);  // an nd2nz per plane (and image), the zeroing
   prog.slab_flow = slab_flow;
@@ -406,7 +411,7 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   prog.mte1 = s.mte1;
   prog.cube = s.cube;
   prog.scalar_step = 200.0;
-  prog.scalar_plane = st > 1 ? 14.0 : 0.0;
+  prog.scalar_plane = st > 1 ? stacked_slab_scalar_per_image(st, c.stack_gap) : 0.0;
   prog.scalar_weight_block = 15.0;
   prog.scalar_mmad_step = 60.0;
   s.scalar = prog.scalar_step + prog.scalar_mmad_step * static_cast<double>(steps_mmad) +
@@ -746,6 +751,15 @@ CubeConvTiling choose(const std::vector<CubeConvTiling>& plans) {
   return best;
 }
 
+// Whether every k chunk of kc1 channel blocks holds channels of every group: false where the
+// channels end inside the last group (merged depthwise groups, merge_diagonal_groups, over a
+// count that the merged width does not divide) before its last chunk, which the kernel would
+// load and multiply as a chunk of no channels (an nd2nz of 0 columns, a fault).
+bool last_group_fills_chunks(const CubeConvSpec& s, int64_t kc1) {
+  const int64_t last_c1 = ceil_div(s.cs - (s.groups - 1) * s.cg_in, kBlk);
+  return ceil_div(last_c1, kc1) == ceil_div(s.c1_in(), kc1);
+}
+
 // What plan_cube_conv's loops share: the spec, the chip, its cube core and rates.
 struct ConvPlanner {
   const CubeConvSpec& s;
@@ -780,6 +794,7 @@ struct ConvPlanner {
       c.t.tm = tm;
       c.t.m_tiles = static_cast<int64_t>(c.mts.size());
       c.wv = s.wv();
+      c.stack_gap = st > 1 && sg.period != s.hv();
       c.taps = s.kh * s.kw;
       c.osz = isa::dtype_size(s.out_type);
       c.b_block = s.b_diagonal ? s.b_cols(0) : 0;
@@ -835,6 +850,7 @@ struct ConvPlanner {
   }
 
   void add_chunking(Candidate c, int64_t tn16, int64_t kc1, bool resident) {
+    if (!last_group_fills_chunks(s, kc1)) return;
     const int64_t ru12 = field_max(isa::FieldKind::RU12), ru16 = field_max(isa::FieldKind::RU16);
     CubeConvTiling& t = c.t;
     // Position-major: a block's consecutive tiles change weight key, so each step streams its
@@ -1010,6 +1026,12 @@ CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_
                                  bool resident, const ChipConfig& cfg, const std::string& op) {
   const CoreKindConfig& core = cube_core(cfg, op);
   const int64_t taps = s.kh * s.kw, tn16 = round_up(std::min(t.tn, s.cg_out), kBlk);
+  if (!last_group_fills_chunks(s, kc1))
+    throw CompileError(fmt::format(
+        "{}: chunks of {} channel block(s) over groups of {}: the last group's chunk {} "
+        "holds no channels ({} of {} input channels in the last group)",
+        op, kc1, s.c1_in(), ceil_div(ceil_div(s.cs - (s.groups - 1) * s.cg_in, kBlk), kc1) + 1,
+        s.cs - (s.groups - 1) * s.cg_in, s.cs));
   t.kc1 = kc1;
   t.chunks = ceil_div(s.c1_in(), kc1);
   t.resident = resident;
