@@ -1133,18 +1133,21 @@ std::string StreamEmitter::summary() const {
 // hides), so the uniform split (m_per elements a block) leaves the blocks whose range crosses
 // many small segments the longest. Estimated cost of a block, in cycles: per segment it meets
 // the HBM latency (memory.hbm.latency_cycles) plus its elements' flat bytes (flat inputs and
-// outputs) at a block's share of the stream rate, min(its GM -> UB port, sustained HBM over the
-// vector cores). The ranges are cut (whole periods) to the smallest largest cost (a binary
-// search over the greedy cut); taken only where that saves the costliest block at least one
-// setup over the uniform split, else the program is the uniform one.
+// outputs) at its GM -> UB port's rate. The launch takes at least its flat bytes at HBM's
+// sustained rate (plus one latency): the blocks share HBM, and a block done early leaves its
+// share to the others. The ranges are cut (whole periods) to the smallest largest block cost (a
+// binary search over the greedy cut); taken only where that saves the launch's estimate (the
+// larger of the two) at least one setup over the uniform split, else the program is the
+// uniform one.
 void StreamEmitter::plan_segment_ranges() {
   m_bounds.clear();
   const ChipConfig& cfg = m_b.config();
   const size_t n_seg = m_segments.size();
   const double setup = std::max(0, cfg.hbm_latency_cycles);
-  const double rate = std::min(cfg.path_rate(isa::Buf::GM, isa::Buf::UB),
-                               cfg.hbm_sustained_bytes_per_cycle() / m_core.count);
-  if (n_seg < 2 || setup <= 0 || rate <= 0 || m_core.count < 2) return;
+  const double rate = cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
+  const double hbm = cfg.hbm_sustained_bytes_per_cycle();
+  if (n_seg < 2 || setup <= 0 || rate <= 0 || hbm <= 0 || m_core.count < 2) return;
+  double hbm_floor = setup;  // the launch's flat bytes at HBM's sustained rate
   std::vector<double> cycles_per_element(n_seg), seg_end(n_seg);
   for (size_t g = 0; g < n_seg; ++g) {
     int bytes = 0;
@@ -1154,6 +1157,7 @@ void StreamEmitter::plan_segment_ranges() {
     for (isa::Dtype t : m_out_types) bytes += isa::dtype_size(t);
     cycles_per_element[g] = bytes / rate;
     seg_end[g] = static_cast<double>(g + 1 < n_seg ? m_seg_start[g + 1] : m_n);
+    hbm_floor += (seg_end[g] - static_cast<double>(m_seg_start[g])) * bytes / hbm;
   }
   // The cost of the range [a, b).
   auto cost = [&](int64_t a, int64_t b) {
@@ -1200,7 +1204,9 @@ void StreamEmitter::plan_segment_ranges() {
   double balanced = 0;
   for (size_t b = 0; b + 1 < bounds.size(); ++b)
     balanced = std::max(balanced, cost(bounds[b], bounds[b + 1]));
-  if (static_cast<int64_t>(bounds.size()) - 1 > m_core.count || uniform - balanced < setup) return;
+  if (static_cast<int64_t>(bounds.size()) - 1 > m_core.count ||
+      std::max(uniform, hbm_floor) - std::max(balanced, hbm_floor) < setup)
+    return;
   m_bounds = std::move(bounds);
   m_block_dim = static_cast<int>(m_bounds.size()) - 1;
 }
