@@ -5,6 +5,7 @@
 // of the source value to the target type.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
@@ -95,4 +96,53 @@ TEST_CASE("MultiTensorCast: bad attributes and inputs are named") {
   CHECK_THROWS_WITH(compile({f32, f32}, "f32", 3), Catch::Contains("N = 3"));
   CHECK_THROWS_WITH(compile({f32, s32}, "f32", 2), Catch::Contains("input 1 is s32"));
   CHECK_THROWS_WITH(compile({s32, s32}, "s32", 2), Catch::Contains("only between float types"));
+}
+
+TEST_CASE("MultiTensorCast: small members ahead of larger ones are spread over the blocks") {
+  // Each segment a block meets costs it a setup (its addresses, its first tile's round trip to
+  // HBM): with the blocks' ranges split by elements alone, the first block would meet all 16
+  // small members and pay 16 setups while the others stream. Balanced by their costs, the 16
+  // small members (each an HBM latency and its 128 elements' 6 bytes at a block's share of
+  // the stream rate) are shared by the vector cores, one more on the longest block at most
+  // (the cut's granularity): so much longer than the two larger members alone, at most.
+  const ChipConfig& cfg = test_sim().config();
+  using V = std::vector<int64_t>;
+  const int64_t larger = large_elements(cfg) * 3 / 4;  // still the small kind: one launch
+  std::vector<V> shapes(16, V{128});
+  shapes.push_back(V{larger});
+  shapes.push_back(V{larger + 96});
+  std::vector<HostTensor> xs;
+  std::vector<TensorDesc> descs;
+  uint32_t seed = 300;
+  for (const V& shape : shapes) {
+    xs.push_back(random_tensor(DataType::F32, shape, -100, 100, seed++));
+    descs.push_back(xs.back().desc);
+  }
+  auto cast_of = [&](size_t first) {
+    const std::vector<TensorDesc> d(descs.begin() + static_cast<std::ptrdiff_t>(first),
+                                    descs.end());
+    return compiler::compile(make_op("MultiTensorCast", d,
+                                     {{"SrcT", type_name(DataType::F32)},
+                                      {"DstT", type_name(DataType::F16)},
+                                      {"Truncate", false},
+                                      {"N", static_cast<int64_t>(d.size())}}),
+                             cfg);
+  };
+  const CompiledKernel all = cast_of(0), larger_two = cast_of(16);
+  REQUIRE(all.launches.size() == 1);
+  REQUIRE(larger_two.launches.size() == 1);
+  const RunResult ran = run_compiled(test_sim(), all, xs);
+  for (size_t i = 0; i < shapes.size(); ++i)
+    for (size_t e = 0; e < xs[i].values.size(); ++e)
+      REQUIRE(ran.outputs[i].values[e] == round_to(DataType::F16, xs[i].values[e]));
+  const RunResult alone =
+      run_compiled(test_sim(), larger_two, std::vector<HostTensor>(xs.begin() + 16, xs.end()));
+  INFO(all.launches[0].summary);
+  const CoreKindConfig* v = cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
+  const int cores = v ? v->count : 1;
+  const double rate = std::min(cfg.path_rate(isa::Buf::GM, isa::Buf::UB),
+                               cfg.hbm_sustained_bytes_per_cycle() / cores);
+  const double small_member = cfg.hbm_latency_cycles + 128 * 6 / rate;
+  CHECK(static_cast<double>(ran.cycles) <=
+        static_cast<double>(alone.cycles) + (16.0 / cores + 1) * small_member);
 }

@@ -245,6 +245,9 @@ class StreamEmitter {
  private:
   void plan_inputs();
   void plan_segment_inputs();
+  void plan_segment_ranges();
+  void emit_block_bounds(const Reg& id, const Reg& first, const Reg& last, int lo, int hi,
+                         const Label& done);
   void emit_segments(Launch& launch);
   StreamBuffers declare_buffers() const;
   int64_t fit_tile() const;
@@ -307,8 +310,11 @@ class StreamEmitter {
   // Elements of the resident tiles and temporaries: m_tile, or a piece of it (work_piece()).
   int64_t m_piece = 0;
   bool m_pieces = false;  // StreamSpec::work_piece taken (plan_tiles)
-  int64_t m_per = 0;      // elements per block
+  int64_t m_per = 0;      // elements per block (balanced ranges: the longest range)
   int m_block_dim = 0;
+  // Multi-tensor mode, ranges balanced over the segments (plan_segment_ranges): block b's range
+  // of the concatenated segments is [m_bounds[b], m_bounds[b + 1]). Empty: m_per each.
+  std::vector<int64_t> m_bounds;
 
   std::vector<Twin> m_out_buf;
   uint64_t m_scratch = 0;
@@ -571,8 +577,14 @@ void StreamEmitter::plan_tile_once() {
     }
     longest->access = Access::kGather;  // its period does not fit a tile: gather it per tile
   }
-  m_per = round_up(ceil_div(m_n, m_core.count), m_period);
-  m_block_dim = static_cast<int>(ceil_div(m_n, m_per));
+  if (m_bounds.empty()) {
+    m_per = round_up(ceil_div(m_n, m_core.count), m_period);
+    m_block_dim = static_cast<int>(ceil_div(m_n, m_per));
+  } else {  // balanced ranges (plan_segment_ranges): the tile may reach the longest
+    m_per = 0;
+    for (size_t b = 0; b + 1 < m_bounds.size(); ++b)
+      m_per = std::max(m_per, m_bounds[b + 1] - m_bounds[b]);
+  }
   m_tile = std::min(m_tile, m_per);
   // Placed buffers (bank windows): the padding depends on where each buffer lands, so the
   // tile's own layout is checked, a period less until it fits.
@@ -1110,9 +1122,111 @@ std::string StreamEmitter::summary() const {
     outs += fmt::format(" + {}", isa::dtype_name(m_out_types[j]));
   const std::string pieces =
       m_piece < m_tile ? fmt::format(" in pieces of {}", m_piece) : std::string();
-  return fmt::format("{}: {} elements of {}{}, {} blocks of {}, tile {} elements{}{}{}",
+  return fmt::format("{}: {} elements of {}{}, {} blocks of {}{}, tile {} elements{}{}{}",
                      m_spec->kernel_name, m_n, isa::dtype_name(m_out_types[0]), outs, m_block_dim,
-                     m_per, m_tile, pieces, accesses.empty() ? "" : "; ", accesses);
+                     m_bounds.empty() ? "" : "at most ", m_per, m_tile, pieces,
+                     accesses.empty() ? "" : "; ", accesses);
+}
+
+// Multi-tensor mode: each segment a block meets costs that block a setup (its addresses, its
+// resident work, its first tile's round trip to HBM, which no earlier tile of that segment
+// hides), so the uniform split (m_per elements a block) leaves the blocks whose range crosses
+// many small segments the longest. Estimated cost of a block, in cycles: per segment it meets
+// the HBM latency (memory.hbm.latency_cycles) plus its elements' flat bytes (flat inputs and
+// outputs) at its GM -> UB port's rate. The launch takes at least its flat bytes at HBM's
+// sustained rate (plus one latency): the blocks share HBM, and a block done early leaves its
+// share to the others. The ranges are cut (whole periods) to the smallest largest block cost (a
+// binary search over the greedy cut); taken only where that saves the launch's estimate (the
+// larger of the two) at least one setup over the uniform split, else the program is the
+// uniform one.
+void StreamEmitter::plan_segment_ranges() {
+  m_bounds.clear();
+  const ChipConfig& cfg = m_b.config();
+  const size_t n_seg = m_segments.size();
+  const double setup = std::max(0, cfg.hbm_latency_cycles);
+  const double rate = cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
+  const double hbm = cfg.hbm_sustained_bytes_per_cycle();
+  if (n_seg < 2 || setup <= 0 || rate <= 0 || hbm <= 0 || m_core.count < 2) return;
+  double hbm_floor = setup;  // the launch's flat bytes at HBM's sustained rate
+  std::vector<double> cycles_per_element(n_seg), seg_end(n_seg);
+  for (size_t g = 0; g < n_seg; ++g) {
+    int bytes = 0;
+    for (size_t k = 0; k < m_seg_access[g].size(); ++k)
+      if (m_seg_access[g][k] == Access::kFlat)
+        bytes += isa::dtype_size(m_segments[g]->inputs[k].type);
+    for (isa::Dtype t : m_out_types) bytes += isa::dtype_size(t);
+    cycles_per_element[g] = bytes / rate;
+    seg_end[g] = static_cast<double>(g + 1 < n_seg ? m_seg_start[g + 1] : m_n);
+    hbm_floor += (seg_end[g] - static_cast<double>(m_seg_start[g])) * bytes / hbm;
+  }
+  // The cost of the range [a, b).
+  auto cost = [&](int64_t a, int64_t b) {
+    double c = 0;
+    for (size_t g = 0; g < n_seg; ++g) {
+      const int64_t lo = std::max(a, m_seg_start[g]);
+      const int64_t hi = std::min<int64_t>(b, static_cast<int64_t>(seg_end[g]));
+      if (lo < hi) c += setup + static_cast<double>(hi - lo) * cycles_per_element[g];
+    }
+    return c;
+  };
+  // The greedy cut at most `limit` cycles a block (at least one period a block).
+  auto cut = [&](double limit) {
+    std::vector<int64_t> bounds{0};
+    int64_t pos = 0;
+    size_t g = 0;
+    while (pos < m_n) {
+      double left = limit;
+      for (bool first = true;; first = false) {
+        while (static_cast<double>(pos) >= seg_end[g]) ++g;
+        const int64_t end = static_cast<int64_t>(seg_end[g]);
+        left -= setup;
+        int64_t take = static_cast<int64_t>(std::max(0.0, left) / cycles_per_element[g]);
+        take = take / m_period * m_period;
+        if (take <= 0 && !first) break;
+        take = std::clamp<int64_t>(take, m_period, end - pos);
+        pos += take;
+        left -= static_cast<double>(take) * cycles_per_element[g];
+        if (pos < end || pos >= m_n) break;
+      }
+      bounds.push_back(std::min(pos, m_n));
+    }
+    return bounds;
+  };
+  double uniform = 0;  // m_per: the uniform split's (plan_tiles before any bounds)
+  for (int64_t a = 0; a < m_n; a += m_per)
+    uniform = std::max(uniform, cost(a, std::min(a + m_per, m_n)));
+  double lo = 0, hi = uniform;
+  for (int i = 0; i < 40; ++i) {
+    const double mid = (lo + hi) / 2;
+    (static_cast<int64_t>(cut(mid).size()) - 1 <= m_core.count ? hi : lo) = mid;
+  }
+  std::vector<int64_t> bounds = cut(hi);
+  double balanced = 0;
+  for (size_t b = 0; b + 1 < bounds.size(); ++b)
+    balanced = std::max(balanced, cost(bounds[b], bounds[b + 1]));
+  if (static_cast<int64_t>(bounds.size()) - 1 > m_core.count ||
+      std::max(uniform, hbm_floor) - std::max(balanced, hbm_floor) < setup)
+    return;
+  m_bounds = std::move(bounds);
+  m_block_dim = static_cast<int>(m_bounds.size()) - 1;
+}
+
+// first, last = m_bounds[id], m_bounds[id + 1] for the block id in [lo, hi): a
+// binary search over the block ids (log2(blocks) branches).
+void StreamEmitter::emit_block_bounds(const Reg& id, const Reg& first, const Reg& last, int lo,
+                                      int hi, const Label& done) {
+  if (hi - lo == 1) {
+    m_b.movi(first, m_bounds[lo]);
+    m_b.movi(last, m_bounds[lo + 1]);
+    m_b.jmp(done);
+    return;
+  }
+  const int mid = lo + (hi - lo) / 2;
+  Label upper = m_b.label(fmt::format("blocks {} to {}", mid, hi - 1));
+  m_b.branch(ge(id, mid), upper);
+  emit_block_bounds(id, first, last, lo, mid, done);
+  m_b.bind(upper);
+  emit_block_bounds(id, first, last, mid, hi, done);
 }
 
 // Multi-tensor mode: this block's range of the concatenated segments, then per segment (code
@@ -1138,7 +1252,17 @@ void StreamEmitter::emit_segments(Launch& launch) {
   for (size_t j = 0; j < n_out; ++j) m_out_addr.push_back(m_b.reg(fmt::format("out{} address", j)));
   Reg first = m_b.reg("start of this block's range (all segments)");
   Reg last = m_b.reg("end of this block's range (all segments)");
-  emit_block_range(m_b, first, last, m_per, m_n);
+  if (m_bounds.empty()) {
+    emit_block_range(m_b, first, last, m_per, m_n);
+  } else {
+    KernelBuilder::Origin o(
+        m_b, fmt::format("block ranges balanced over the segments: {} blocks", m_block_dim));
+    Reg id = m_b.reg("block id");
+    m_b.emit(Opcode::op_get_block_id, {id});
+    Label done = m_b.label("block range known");
+    emit_block_bounds(id, first, last, 0, m_block_dim, done);
+    m_b.bind(done);
+  }
   m_pos = m_b.reg("tile start");
   m_end = m_b.reg("end of this block's range in the segment");
   m_cnt = m_b.reg("tile elements");
@@ -1201,6 +1325,8 @@ Launch StreamEmitter::build() {
   if (!m_segments.empty()) {
     plan_segment_inputs();
     plan_tiles();
+    plan_segment_ranges();
+    if (!m_bounds.empty()) plan_tiles();  // the tile for the longest balanced range
     plan_l2();
     m_b.begin_section(m_kind);
     allocate();

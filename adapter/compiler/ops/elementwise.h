@@ -203,13 +203,15 @@ bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg);
 // flat, i.e. of its output's shape, or single elements; every segment has a flat input) and
 // the same input types, outputs and temporaries as segment 0 (the compute may differ, e.g. in
 // which steps are uniform). The segments' elements, each segment padded to whole 32-byte output
-// blocks, form one range split over the vector cores as build_stream_kernel splits one output;
-// each block streams the part of its range in each segment with that segment's addresses,
-// every element computed by the segment's own compute, so the values are those of
-// build_stream_kernel(segment) bit for bit. A segment with resident work (single-element inputs,
-// uniform steps) issues its first tile's loads before that work, so that the work overlaps the
-// load's round trip. Arguments, segment by segment: its inputs (ArgRef kInput g * n_inputs + k),
-// then its outputs (kOutput g * n_outputs + j).
+// blocks, form one range split over the vector cores as build_stream_kernel splits one output,
+// or, where that leaves a block crossing many small segments the longest, cut to balance the
+// blocks' estimated costs (each segment a block meets: the HBM latency of its first tile, then
+// its flat bytes at a block's share of the stream rate); each block streams the part of its range
+// in each segment with that segment's addresses, every element computed by the segment's own
+// compute, so the values are those of build_stream_kernel(segment) bit for bit. A segment with
+// resident work (single-element inputs, uniform steps) issues its first tile's loads before that
+// work, so that the work overlaps the load's round trip. Arguments, segment by segment: its inputs
+// (ArgRef kInput g * n_inputs + k), then its outputs (kOutput g * n_outputs + j).
 Launch build_multi_stream_kernel(const std::string& op, const std::vector<StreamSpec>& segments,
                                  const ChipConfig& cfg);
 
