@@ -793,14 +793,15 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
 }
 
 // Which kernel a strided 1x1 input gradient takes (NPUSIM_CONV_STRIDED_INPUT_GRAD, read at
-// every compile): unset, the lowest estimate (append_strided_input_grad); "0", the
+// every compile): unset or empty, the lowest estimate (append_strided_input_grad); "0", the
 // zero-insertion convolution; "1", the lower of the two strided kernels wherever they apply;
-// "matmul" / "conv" the one named (for measuring and tests). Anything else is a CompileError
-// naming op.
+// "matmul" / "conv" the one named (for measuring and tests). Where no strided kernel applies
+// (chips whose tiles leave through the UB, widened products) every value gives the
+// zero-insertion convolution. Anything else is a CompileError naming op.
 enum class StridedInputGrad { kByEstimate, kOff, kStrided, kMatmul, kConv };
 StridedInputGrad strided_input_grad_mode(const OpDesc& op) {
   const char* v = std::getenv("NPUSIM_CONV_STRIDED_INPUT_GRAD");
-  if (!v) return StridedInputGrad::kByEstimate;
+  if (!v || !*v) return StridedInputGrad::kByEstimate;
   const std::string_view value(v);
   if (value == "0") return StridedInputGrad::kOff;
   if (value == "1") return StridedInputGrad::kStrided;
