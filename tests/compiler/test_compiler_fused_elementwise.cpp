@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -752,12 +753,14 @@ TEST_CASE("FusedVariableUpdate: Keras 3's Adam, its step size once, tiles the UB
 // over the cores across variables), the large ones' of another; every new value must be
 // bit-identical to the member's own FusedVariableUpdate (which the test above checks against the
 // unfused ops and the formula), in fewer cycles than those launches together.
-TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit-identical") {
+namespace {
+
+// Keras' Adam over variables of `shapes` as one multi-tensor FusedVariableUpdate, f32, f16 and
+// f32 with f16 gradients: every member's outputs bit for bit its own kernel's, in fewer cycles;
+// check_launches(k) looks at the compiled launches first.
+void check_multi_tensor_adam(const std::vector<std::vector<int64_t>>& shapes,
+                             const std::function<void(const CompiledKernel&)>& check_launches) {
   const ChipConfig& cfg = test_sim().config();
-  const isa::CoreKind vk = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
-  const int64_t large = 1024 * cfg.core_kind(vk)->count + 5;  // over 1024 per vector core
-  const std::vector<std::vector<int64_t>> shapes = {{37},  {5, 3},  {1}, {128},        {2, 65},
-                                                    {300}, {large}, {8}, {3, 3, 4, 2}, {3, large}};
   const std::pair<DataType, DataType> types[] = {{DataType::F32, DataType::F32},
                                                  {DataType::F16, DataType::F16},
                                                  {DataType::F32, DataType::F16}};
@@ -792,21 +795,7 @@ TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit
                                {"updates", AttrValue(updates)}});
     const CompiledKernel k = compiler::compile(op, cfg);
     REQUIRE(k.outputs.size() == 3 * g_count);
-    REQUIRE(k.launches.size() == 2);  // the small variables' segments, then the large ones'
-    CHECK(k.launches[0].summary.find("8 segments") != std::string::npos);
-    CHECK(k.launches[1].summary.find("2 segments") != std::string::npos);
-    // A segment's first tile is loaded before its single-element inputs are built (scalar ld,
-    // vdup) and its uniform steps run, which overlap the load's round trip: in each launch the
-    // first GM -> UB copy comes before the first scalar load.
-    for (const compiler::Launch& l : k.launches) {
-      std::vector<isa::Opcode> ops;
-      for (const isa::Section& sec : l.kernel.program.sections)
-        for (const isa::Instruction& i : sec.code) ops.push_back(i.op);
-      const auto copy = std::find(ops.begin(), ops.end(), isa::Opcode::op_copy_gm2ub);
-      const auto ld = std::find(ops.begin(), ops.end(), isa::Opcode::op_ld);
-      REQUIRE(ld != ops.end());
-      CHECK(copy < ld);
-    }
+    check_launches(k);
     const RunResult multi = run_compiled(test_sim(), k, in);
     uint64_t own_cycles = 0;
     for (size_t g = 0; g < g_count; ++g) {
@@ -826,6 +815,59 @@ TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit
                   << " cycles");
     CHECK(multi.cycles < own_cycles);
   }
+}
+
+}  // namespace
+
+TEST_CASE("FusedVariableUpdate: multi-tensor Adam over many small variables, bit-identical") {
+  const ChipConfig& cfg = test_sim().config();
+  const isa::CoreKind vk = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
+  const int64_t large = 1024 * cfg.core_kind(vk)->count + 5;  // over 1024 per vector core
+  check_multi_tensor_adam(
+      {{37}, {5, 3}, {1}, {128}, {2, 65}, {300}, {large}, {8}, {3, 3, 4, 2}, {3, large}},
+      [](const CompiledKernel& k) {
+        REQUIRE(k.launches.size() == 2);  // the small variables' segments, then the large ones'
+        CHECK(k.launches[0].summary.find("8 segments") != std::string::npos);
+        CHECK(k.launches[1].summary.find("2 segments") != std::string::npos);
+        // A segment's first tile is loaded before its single-element inputs are built (scalar
+        // ld, vdup) and its uniform steps run, which overlap the load's round trip: in each
+        // launch the first GM -> UB copy comes before the first scalar load.
+        for (const compiler::Launch& l : k.launches) {
+          std::vector<isa::Opcode> ops;
+          for (const isa::Section& sec : l.kernel.program.sections)
+            for (const isa::Instruction& i : sec.code) ops.push_back(i.op);
+          const auto copy = std::find(ops.begin(), ops.end(), isa::Opcode::op_copy_gm2ub);
+          const auto ld = std::find(ops.begin(), ops.end(), isa::Opcode::op_ld);
+          REQUIRE(ld != ops.end());
+          CHECK(copy < ld);
+        }
+      });
+}
+
+TEST_CASE("multi-tensor FusedVariableUpdate: a one-element variable after a block's pong tile") {
+  // Members of 1,000 elements per vector core (so a block's range holds more than one tile) and
+  // one-element members between them: for a one-element variable the scalar inputs (lr, the
+  // betas, epsilon) are of its shape, streamed through their ping tiles, which the segment
+  // before held as resident splats. Its last tile's compute, maybe a pong tile, still reads
+  // them when the next segment's first loads arrive: the loads wait for V to drain (before, the
+  // last pong tile of a large member computed with the one-element member's values).
+  const ChipConfig& cfg = test_sim().config();
+  const isa::CoreKind vk = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
+  const int64_t n = 1000 * cfg.core_kind(vk)->count;
+  check_multi_tensor_adam({{n}, {n}, {n}, {1}, {n}, {1}, {n}, {1}}, [](const CompiledKernel& k) {
+    REQUIRE(k.launches.size() == 1);
+    const std::string& summary = k.launches[0].summary;
+    INFO(summary);
+    CHECK(summary.find("8 segments") != std::string::npos);
+    // more than one tile in a block's range: "blocks of [at most] R, tile T elements", T < R
+    auto range = summary.find("blocks of ");
+    const auto tile = summary.find("tile ");
+    REQUIRE(range != std::string::npos);
+    REQUIRE(tile != std::string::npos);
+    range += 10;
+    if (summary.compare(range, 8, "at most ") == 0) range += 8;
+    CHECK(std::stoll(summary.substr(tile + 5)) < std::stoll(summary.substr(range)));
+  });
 }
 
 // A multi-tensor launch streams at most the L2's bytes (unless one member alone is more), so the

@@ -323,6 +323,11 @@ class StreamEmitter {
   int m_scratch_free = -1;    // flag v -> mte2: scratch may be overwritten
   int m_scratch_ready = -1;   // flag mte2 -> v: scratch loaded
   int m_resident_ready = -1;  // flag mte2 -> v: resident inputs loaded straight into their tiles
+  // Multi-tensor mode: whether segment g streams (flat) an input that segment g - 1 held as a
+  // resident tile in the ping tile of that input's buffer. Every tile's compute of g - 1 reads
+  // it, the last maybe a pong tile computed after the ping tile's free flag was set, so g's
+  // first loads into that ping tile wait for V to drain (pipe_barrier V).
+  bool resident_then_flat(size_t g) const;
   std::vector<Reg> m_in_addr, m_out_addr, m_rout_addr;
   Reg m_pos, m_end, m_cnt;  // tile start, end of this block's range, elements in this tile
   // StreamSpec::stagger_first_tiles: the elements the next tile may hold at most (this block's
@@ -1275,6 +1280,9 @@ void StreamEmitter::emit_segments(Launch& launch) {
   for (size_t g = 0; g < m_segments.size(); ++g) {
     m_spec = m_segments[g];
     for (size_t k = 0; k < n_in; ++k) m_in[k].access = m_seg_access[g][k];
+    if (resident_then_flat(g))
+      m_b.emit(Opcode::op_pipe_barrier, {Pipe::V},
+               "the previous segment's tiles read a resident tile this segment loads over");
     int64_t n = 1;
     for (int64_t d : m_spec->out_shape) n *= d;
     const int64_t start = m_seg_start[g];
@@ -1319,6 +1327,14 @@ void StreamEmitter::emit_segments(Launch& launch) {
     m_b.bind(next);
   }
   emit_drain();
+}
+
+bool StreamEmitter::resident_then_flat(size_t g) const {
+  if (g == 0 || g >= m_seg_access.size()) return false;
+  for (size_t k = 0; k < m_seg_access[g].size(); ++k)
+    if (m_seg_access[g - 1][k] == Access::kResident && m_seg_access[g][k] == Access::kFlat)
+      return true;
+  return false;
 }
 
 Launch StreamEmitter::build() {
