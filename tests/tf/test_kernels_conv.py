@@ -275,8 +275,12 @@ def test_fused_batch_norm_training_and_gradient(npusim, tf, strict_placement, x_
     x = _uniform(x_shape, 12, -2.0, 2.0)
     scale = _uniform((c,), 13, 0.5, 1.5)
     offset = _uniform((c,), 14)
+    # Both sides are float32 summing in their own orders: at 4 pixels a channel dx cancels
+    # O(1) terms, and each side's dx is up to ~7e-5 from a float64 evaluation of the same
+    # formula (measured 2026-12-05 at (4, 1, 1, 17): NPU 6.6e-5, CPU 5.3e-5, of opposite
+    # signs), so the two may differ by their sum: atol 2e-4.
     _compare(npusim, tf, _fused_bn(tf, True), [x, scale, offset],
-             ["BatchNorm_", "BatchNormGrad_"], rtol=1e-4, atol=1e-4)
+             ["BatchNorm_", "BatchNormGrad_"], rtol=1e-4, atol=2e-4)
 
 
 def test_fused_batch_norm_inference_and_moving_average(npusim, tf, strict_placement):
