@@ -7,8 +7,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
