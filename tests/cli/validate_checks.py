@@ -41,6 +41,11 @@ CASES = yaml.safe_dump({"cases": [
          {"op": "MatMul", "inputs": MATMUL, "work": {"flops": FLOPS}}),
     case("add_us", "held_out", {"value": 3.0, "unit": "us"},
          {"overrides": {"clock_mhz": 500}, "op": "AddV2", "inputs": ["f16:64x1024", "f16:64x1024"]}),
+    # A composite row: the published time sums kernels the case does not run (here said of the
+    # same add at a published time far from add_us's, so that counting it would move the means).
+    case("add_composite", "held_out", {"value": 0.5, "unit": "us"},
+         {"overrides": {"clock_mhz": 500}, "op": "AddV2", "inputs": ["f16:64x1024", "f16:64x1024"],
+          "published_includes": "TransData x2, MemSet"}),
     case("mean_flushed", "calibration", {"value": 20.0, "unit": "us"},
          {"overrides": KEPT_L2, "op": "Mean", "inputs": ["f32:1024x1024"],
           "attrs": {"axes": [0, 1]}, "before": [FILL]}),
@@ -185,6 +190,30 @@ def main():
         mae_line = next((l for l in p.stdout.splitlines() if "kernel time" in l and "held-out" in l), "")
         check("held-out kernel MAE printed", f"{100 * abs(err_add):.1f} %" in mae_line, repr(mae_line))
         check("blocked reason printed", "blocked: no such model in models/" in p.stdout)
+        # The composite row: printed with its error and its kernels, in the JSON with its key,
+        # outside the kernel means (the held-out kernel line above is add_us's alone) and in a
+        # summary line of its own.
+        r = rows["add_composite"]
+        err_comp = t_add / 0.5 - 1.0
+        check("composite row: error as any kernel row, key in the JSON",
+              abs(r["error"] - err_comp) < 1e-9 and r["published_includes"] == "TransData x2, MemSet",
+              f"{r}")
+        line = next((l for l in p.stdout.splitlines() if l.startswith("add_composite ")), "")
+        check("composite row printed with its error and the kernels its figure includes",
+              f"{100 * err_comp:+.1f} %" in line and "published sum includes: TransData x2, MemSet" in line,
+              repr(line))
+        summary = json.load(open(out_json))["summary"]
+        check("composite row kept out of the kernel means, in a mean of its own",
+              summary["kernel/held_out"]["n"] == 1 and summary["kernel/all"]["n"] == 5 and
+              abs(summary["kernel/held_out"]["mae"] - abs(err_add)) < 1e-9 and
+              summary["composite/all"]["n"] == 1 and abs(summary["composite/all"]["mae"] - abs(err_comp)) < 1e-9,
+              f"{summary}")
+        comp_line = next((l for l in p.stdout.splitlines() if l.startswith("kernel, composite")), "")
+        check("composite summary line printed", f"n=1, MAE {100 * abs(err_comp):.1f} %" in comp_line,
+              repr(comp_line))
+        targets = [l for l in p.stdout.splitlines() if "kernel time MAE <= 10 %" in l]
+        check("composite row not in the kernel target", len(targets) == 1 and "over 5 cases" in targets[0],
+              repr(targets))
 
         out2 = os.path.join(tmp, "out2.json")
         p = run("validate", "--cases", cases, "--only", "mm_tflops", "--set", "clock_mhz=900",
@@ -219,6 +248,20 @@ def main():
         p = run("validate", "--cases", bad)
         check("bad env: exit 1 naming the case and the key",
               p.returncode == 1 and "add_allocated" in p.stderr and ".env" in p.stderr, p.stderr)
+        for bad_value, why in (('""', "empty"), ("[TransData]", "a list")):
+            with open(bad, "w") as f:
+                f.write(CASES.replace("published_includes: TransData x2, MemSet",
+                                      f"published_includes: {bad_value}", 1))
+            p = run("validate", "--cases", bad)
+            check(f"bad published_includes ({why}): exit 1 naming file, case and key",
+                  p.returncode == 1 and "bad.yaml" in p.stderr and "add_composite" in p.stderr and
+                  ".published_includes" in p.stderr, p.stderr)
+        with open(bad, "w") as f:
+            f.write(CASES.replace("  metric: l2_hit_rate\n",
+                                  "  metric: l2_hit_rate\n  published_includes: MemSet\n", 1))
+        p = run("validate", "--cases", bad)
+        check("published_includes on a ratio case: exit 1 naming the case and the key",
+              p.returncode == 1 and "mm_l2" in p.stderr and ".published_includes" in p.stderr, p.stderr)
     print(f"{results.count(True)} passed, {results.count(False)} failed")
     return 0 if all(results) else 1
 

@@ -24,7 +24,10 @@ and one workload:
   model: a models/ registry name run by `python -m models.run`: mode, batch, input_size,
       steps (default 1), precision; needs_timing_only: true if the published size only runs
       with timing-only TensorFlow runs; interim {batch, input_size}: the size run until then
-Optional: blocked: "why" (the case is listed, not run: e.g. no such model in models/), notes.
+Optional: blocked: "why" (the case is listed, not run: e.g. no such model in models/), notes;
+  published_includes: "TransData x2, MemSet" (kernel cases): the published time sums kernels the
+      case does not run besides its own; the row is printed with its error and kept out of the
+      kernel targets' means, in a line of its own (tools/validate/table.py).
 Errors (CaseError) name the file, the case and the key.
 """
 import re
@@ -34,7 +37,7 @@ import yaml
 SETS = ("calibration", "held_out")
 UNITS = ("us", "ms", "TFLOPS", "GB/s", "samples/s", "ratio")
 COMMON_KEYS = ("id", "set", "chip", "overrides", "published", "source", "conditions", "blocked",
-               "notes")
+               "notes", "published_includes")
 KIND_KEYS = {
     "op": ("op", "inputs", "attrs", "precision", "work", "metric", "before", "env", "host_loop"),
     "model": ("model", "mode", "batch", "input_size", "steps", "precision", "needs_timing_only",
@@ -53,6 +56,12 @@ class Case(dict):
     @property
     def kind(self):
         return "op" if "op" in self else "model"
+
+    @property
+    def composite(self):
+        """The kernels the published figure sums besides the case's own (published_includes), or
+        None: the figure is the case's workload alone."""
+        return self.get("published_includes")
 
     @property
     def group(self):
@@ -84,6 +93,15 @@ def _check_published(path, where, c):
     if (kind == "model") != (p["unit"] == "samples/s"):
         _fail(path, where + ".published.unit",
               "model cases compare samples/s; op cases compare time, TFLOPS, GB/s or a ratio")
+    if "published_includes" in c:
+        inc = c["published_includes"]
+        if not isinstance(inc, str) or not inc.strip():
+            _fail(path, where + ".published_includes",
+                  f"must be a non-empty string naming the kernels the published figure sums "
+                  f"besides the case's (e.g. \"TransData x2, MemSet\"), not {inc!r}")
+        if kind != "op" or p["unit"] == "ratio":
+            _fail(path, where + ".published_includes",
+                  "only a kernel case (an op's time, TFLOPS or GB/s) sums kernels")
 
 
 def _check_op(path, where, c):

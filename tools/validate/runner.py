@@ -173,10 +173,13 @@ def execute(cmd, out, tmp, timeout_s, env=None):
 
 
 def run_case(case, npusim, timeout_s, extra_sets=()):
-    """The case's record: status ok | error | blocked | waiting, and on ok its simulated figure."""
+    """The case's record: status ok | error | blocked | waiting, and on ok its simulated figure;
+    published_includes: the case's key (kernels the published sum has besides the case's), or
+    None."""
     rec = {"id": case["id"], "set": case["set"], "group": case.group, "chip": case["chip"],
            "unit": case["published"]["unit"], "published": case["published"]["value"],
-           "simulated": None, "ran": "", "status": "error", "reason": "", "wall_s": 0.0}
+           "simulated": None, "ran": "", "status": "error", "reason": "", "wall_s": 0.0,
+           "published_includes": case.composite}
     if case.get("blocked"):
         rec.update(status="blocked", reason=case["blocked"])
         return rec
