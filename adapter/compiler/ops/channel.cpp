@@ -62,14 +62,19 @@ void f32_copy(KernelBuilder& b, uint64_t d, uint64_t a, const Reg& count) {
 }
 void fold_rows_pairwise(KernelBuilder& b, uint64_t dst, uint64_t base, int64_t rows,
                         int64_t pitch, int64_t lanes) {
+  fold_rows_pairwise(b, {FoldedRows{dst, base}}, rows, pitch, lanes);
+}
+void fold_rows_pairwise(KernelBuilder& b, const std::vector<FoldedRows>& sets, int64_t rows,
+                        int64_t pitch, int64_t lanes) {
   if (rows < 1 || lanes < 1 || lanes > pitch)
     b.fail(fmt::format("a pairwise fold of {} rows of {} lanes at a pitch of {} f32", rows,
                        lanes, pitch));
   if (rows == 1) {
-    if (dst != base) {
-      Reg n = b.reg_imm("channels", lanes);
-      f32_copy(b, dst, base, n);
-    }
+    for (const FoldedRows& s : sets)
+      if (s.dst != s.base) {
+        Reg n = b.reg_imm("channels", lanes);
+        f32_copy(b, s.dst, s.base, n);
+      }
     return;
   }
   const uint64_t pitch_bytes = static_cast<uint64_t>(pitch) * 4;
@@ -78,8 +83,9 @@ void fold_rows_pairwise(KernelBuilder& b, uint64_t dst, uint64_t base, int64_t r
     // Rows [rows - half, rows) onto rows [0, half): one vadd over the rows and the gaps
     // between them (a gap's lanes are added too and never read).
     Reg n = b.reg_imm("elements", (half - 1) * pitch + lanes);
-    f32_binary(b, Opcode::op_vadd, rows == 2 ? dst : base, base,
-               base + static_cast<uint64_t>(rows - half) * pitch_bytes, n);
+    for (const FoldedRows& s : sets)
+      f32_binary(b, Opcode::op_vadd, rows == 2 ? s.dst : s.base, s.base,
+                 s.base + static_cast<uint64_t>(rows - half) * pitch_bytes, n);
     rows -= half;
   }
 }
@@ -313,11 +319,8 @@ void ChannelSumEmitter::plan_tile() {
   m_rt = rt;
   m_ct = ct;
   m_tile = static_cast<uint64_t>(tp * ct);
-  if (s.stagger_first_tiles && !m_pingpong && m_blocks > 1 && m_per >= 2 * tp * rt) {
-    const ChipConfig& cfg = m_b.config();
-    const double ports = m_blocks * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
-    m_stagger = cfg.set_flag_holds_pipe && ports > cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
-  }
+  m_stagger = s.stagger_first_tiles && !m_pingpong && m_blocks > 1 && m_per >= 2 * tp * rt &&
+              load_round_trips_idle_hbm(m_b.config(), m_blocks);
 }
 
 // UB buffers, each starting in a bank window of its own among those an instruction combines

@@ -829,16 +829,12 @@ void StreamEmitter::store_resident_results() {
 
 // StreamSpec::stagger_first_tiles: this block's first tile limit, (id + 1) times tile /
 // block_dim in whole periods (at least one period), at most a tile. Only where it can pay: the
-// blocks' GM -> UB ports together outrun HBM's sustained rate (else HBM is not what the round
-// trips leave idle), a load's set_flag holds MTE2 until the landing (else there is no round
-// trip per tile), and a block's range holds at least two tiles (else its one tile would only be
-// cut in two, a round trip more).
+// blocks' round trips leave HBM idle (load_round_trips_idle_hbm) and a block's range holds at
+// least two tiles (else its one tile would only be cut in two, a round trip more).
 void StreamEmitter::init_stagger() {
   if (!m_spec->stagger_first_tiles || m_block_dim <= 1 || m_tile <= m_period || m_per < 2 * m_tile)
     return;
-  const ChipConfig& cfg = m_b.config();
-  const double ports = m_block_dim * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
-  if (!cfg.set_flag_holds_pipe || ports <= cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency) return;
+  if (!load_round_trips_idle_hbm(m_b.config(), m_block_dim)) return;
   KernelBuilder::Origin o(m_b, fmt::format("staggered first tile: {} phases", m_block_dim));
   m_tile_limit.emplace(m_b.reg("elements the next tile may hold"));
   const Reg& limit = *m_tile_limit;
@@ -1416,6 +1412,12 @@ bool StreamEmitter::keeps_resident() {
   for (const InputPlan& p : m_in)
     if (p.access == Access::kGather) return false;
   return true;
+}
+
+bool load_round_trips_idle_hbm(const ChipConfig& cfg, int64_t vector_cores) {
+  const double ports =
+      static_cast<double>(vector_cores) * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
+  return cfg.set_flag_holds_pipe && ports > cfg.hbm_sustained_bytes_per_cycle();
 }
 
 bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg) {

@@ -198,6 +198,14 @@ Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const 
 // splat or periodic, and no period is too long for a tile (demoted to a gather).
 bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg);
 
+// Whether `vector_cores` blocks loading their tiles in step leave HBM idle during the tiles'
+// round trips, so that staggering their first tiles pays (StreamSpec::stagger_first_tiles,
+// ChannelSumSpec::stagger_first_tiles): a load's set_flag holds MTE2 until the tile has landed
+// (sync.set_flag_holds_pipe: a round trip per tile), and the cores' GM -> UB ports together
+// (bytes per cycle) outrun HBM's sustained rate (memory.hbm: peak x efficiency, bytes per
+// cycle), so HBM, not the ports, is what the round trips leave waiting.
+bool load_round_trips_idle_hbm(const ChipConfig& cfg, int64_t vector_cores);
+
 // A multi-tensor stream (as CANN's foreach kernels and torch_npu's / apex's multi-tensor apply
 // walk a list of tensors in one launch): segment g is a stream of its own spec (its inputs
 // flat, i.e. of its output's shape, or single elements; every segment has a flat input) and
