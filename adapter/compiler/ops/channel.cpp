@@ -821,7 +821,8 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
   if (!m_pingpong) exit[1] = exit[0];
   const int64_t raw = m_tp * m_rt;
   if (m_stagger) {
-    // this block's share of a raw tile first: (blk + 1) * max(1, raw / blocks), at most raw.
+    // this block's share of a raw tile first: max(1, (blk + 1) * raw / blocks) pixels
+    // (emit_staggered_first_tile).
     // blk is the block among m_blocks that owns pixels [p0, p1) (in a mix kernel's section the
     // vector core's index, not the cube block's get_block_id), so the phases run 0 .. m_blocks
     // - 1 over the blocks. Each group starts its pixels anew (its sums are stored and cleared
@@ -831,9 +832,7 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
       m_raw_limit.emplace(b.reg("pixels the next raw tile may hold"));
       for (auto& e : m_raw_end) e.emplace(b.reg("end of the raw tile"));
     }
-    b.add(*m_raw_limit, blk, 1);
-    b.mul(*m_raw_limit, *m_raw_limit, std::max<int64_t>(1, raw / m_blocks));
-    b.min(*m_raw_limit, *m_raw_limit, raw, "this block's first raw tile");
+    emit_staggered_first_tile(b, *m_raw_limit, blk, m_blocks, raw, 1);
   }
   if (m_vectors) {  // the first raw tile's loads before the vectors' flag
     Label none = b.label("no_first_raw_tile");
