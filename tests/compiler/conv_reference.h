@@ -262,9 +262,13 @@ struct BackpropInputRun {
   std::vector<std::string> launches;
   std::vector<double> dx;
 };
+// compile_for: the chip config it is compiled for (test_sim()'s if null; one whose kernels the
+// test chip runs as they are, e.g. the test chip with a coarser alignment); run on test_sim().
 inline BackpropInputRun check_conv2d_backprop_input(
     DataType dt, const ConvCase& c, uint32_t seed,
-    PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16, bool data_only = false) {
+    PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16, bool data_only = false,
+    const ChipConfig* compile_for = nullptr) {
+  Simulator& on = test_sim();
   INFO("BackpropInput " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << "," << c.w
                         << "," << c.c << "] filter " << c.kh << "x" << c.kw << " -> " << c.cout
                         << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh << "x" << c.dw
@@ -276,11 +280,11 @@ inline BackpropInputRun check_conv2d_backprop_input(
   auto op = data_only ? make_op("Conv2DBackpropInput", {f.desc, dy.desc}, c.attrs())
                       : make_op("Conv2DBackpropInput", {sizes.desc, f.desc, dy.desc}, c.attrs());
   op.attrs["input_sizes"] = std::vector<int64_t>{c.n, c.h, c.w, c.c};
-  compiler::CompiledKernel k = compiler::compile(op, test_sim().config(), mode);
+  compiler::CompiledKernel k =
+      compiler::compile(op, compile_for ? *compile_for : on.config(), mode);
   summarize(k);
   REQUIRE(k.outputs[0] == (TensorDesc{dt, {c.n, c.h, c.w, c.c}}));
-  RunResult r = data_only ? run_compiled(test_sim(), k, {f, dy})
-                          : run_compiled(test_sim(), k, {sizes, f, dy});
+  RunResult r = data_only ? run_compiled(on, k, {f, dy}) : run_compiled(on, k, {sizes, f, dy});
   Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
   for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
     accumulate(ref, xi, dy.values[static_cast<size_t>(yi)] * f.values[static_cast<size_t>(fi)]);

@@ -11,6 +11,7 @@
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
+#include "adapter/compiler/ops/matmul.h"
 #include "isa/disassembler.h"
 #include "sim/config/chip_config.h"
 #include "tests/compiler/compiler_test_util.h"
@@ -764,6 +765,45 @@ TEST_CASE("Conv2DBackpropInput: a 1x1 window of stride > 1 stored at dx's stride
     ScopedEnv bad("NPUSIM_CONV_STRIDED_INPUT_GRAD", "yes");
     CHECK_THROWS_WITH(compiler::compile(op, load_chip_config("910b")),
                       Catch::Contains("NPUSIM_CONV_STRIDED_INPUT_GRAD='yes'"));
+  }
+}
+
+// store_strided_rows starts a fixpipe at any row of an L0C column block, the rows 16 f32 (64
+// bytes) apart: on a chip whose alignment.l0c does not divide 64 bytes no strided input
+// gradient applies, whatever NPUSIM_CONV_STRIDED_INPUT_GRAD says: the zero-insertion
+// convolution serves it, dx bit for bit the test chip's; and a strided store built anyway (the
+// MatMul with a strided C) is a CompileError naming the key and its value. (Compiled for the
+// test chip with alignment.l0c 128, verified against that config, run on the test chip: its
+// buffers, 128-byte aligned, are 64-byte aligned too.)
+TEST_CASE("Conv2DBackpropInput: a 1x1 window of stride 2 on an L0C alignment of 128 bytes") {
+  const ChipConfig cfg = load_chip_config(test_chip_name(), {"alignment.l0c=128"});
+  REQUIRE_FALSE(compiler::ops::strided_rows_fit_l0c(cfg));
+  REQUIRE(compiler::ops::strided_rows_fit_l0c(test_sim().config()) ==
+          (test_sim().config().align_bytes.at(isa::Buf::L0C) <= 64));
+  ConvCase t{4, 16, 16, 64, 1, 1, 64};  // the strided test's case of runs of 8 rows
+  t.sh = t.sw = 2;
+  t.padding = "VALID";
+  BackpropInputRun zero_inserted;
+  {
+    ScopedEnv off("NPUSIM_CONV_STRIDED_INPUT_GRAD", "0");
+    zero_inserted = check_conv2d_backprop_input(DataType::F16, t, 130);
+  }
+  for (const char* kernel : {"", "1", "matmul", "conv"}) {
+    INFO("NPUSIM_CONV_STRIDED_INPUT_GRAD='" << kernel << "'");
+    ScopedEnv on("NPUSIM_CONV_STRIDED_INPUT_GRAD", kernel);
+    const BackpropInputRun r = check_conv2d_backprop_input(
+        DataType::F16, t, 130, PrecisionMode::kAllowFp32ToFp16, false, &cfg);
+    CHECK_FALSE(mentions(r.launches, "strided"));
+    CHECK_FALSE(has_launch(r.launches, "MatMul"));
+    CHECK(r.dx == zero_inserted.dx);
+  }
+  if (cfg.split && cfg.has_path(isa::Buf::L0C, isa::Buf::GM)) {
+    compiler::ops::MatmulTiling m = compiler::ops::plan_matmul_tiling(
+        256, 64, 64, false, true, isa::Dtype::F16, isa::Dtype::F16, cfg, "test", 1, true);
+    m.c_strided = compiler::ops::StridedRows{8, 128, 2048, 8, 16384, 64, 65536};
+    CHECK_THROWS_WITH(compiler::ops::build_matmul_launch(m, cfg, "test"),
+                      Catch::Contains("alignment.l0c = 128 bytes") &&
+                          Catch::Contains("must divide 64"));
   }
 }
 

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/fused_elementwise.h"
 #include "tests/compiler/compiler_test_util.h"
 
@@ -462,9 +463,7 @@ TEST_CASE("the residual gradient sum: staggered blocks, ReluGrad's one scratch t
   for (size_t i = 0; i < in[2].values.size(); i += 7) in[2].values[i] = i % 2 ? -0.0 : 0.0;
   const Steps steps = {"AddV2 i0 i1", "ReluGrad s0 i2"};
   check_chain(in, steps);
-  const bool stagger =
-      cfg.set_flag_holds_pipe && cores * cfg.path_rate(isa::Buf::GM, isa::Buf::UB) >
-                                     cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
+  const bool stagger = compiler::ops::load_round_trips_idle_hbm(cfg, cores);
   const CompiledKernel k = compiler::compile(fused_op(in, steps), cfg);
   REQUIRE(k.launches.size() == 1);
   INFO(k.launches[0].summary);
@@ -742,9 +741,7 @@ TEST_CASE("FusedVariableUpdate: Keras 3's Adam, its step size once, tiles the UB
   // blocks' GM -> UB ports together outrun HBM's sustained rate (the 910b's 48 x 32 B/cycle;
   // not the tiny chip's 4): test_compiler_stream.cpp shows what that buys.
   const int cores = cfg.core_kind(vk)->count;
-  const bool stagger =
-      cfg.set_flag_holds_pipe && cores * cfg.path_rate(isa::Buf::GM, isa::Buf::UB) >
-                                     cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
+  const bool stagger = compiler::ops::load_round_trips_idle_hbm(cfg, cores);
   CHECK(block_id_reads(k.launches[0]) == (stagger ? 2u : 1u));  // its range, its first tile
 }
 

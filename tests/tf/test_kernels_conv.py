@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from conftest import TEST_CHIP, chip_config  # noqa: E402
+from conftest import TEST_CHIP, child_result, chip_config  # noqa: E402
 from test_kernels import BF16  # noqa: E402
 
 
@@ -152,10 +152,58 @@ def test_conv2d_filter_gradient_paths(npusim, tf, strict_placement, x_shape, w_s
              ["Conv2D_", product] + ([] if strided_1x1 else ["Conv2DBackpropInput_"]))
     launched = [r["kernel"] for r in npusim.launch_records()]
     assert not any(n.startswith("Img2col_") for n in launched), launched
-    if strided_1x1:
-        dx_kernels = ("Conv2DBackpropInput_",) + (
-            ("MatMul_",) if "l0c->gm" in chip_config()["paths"] else ())
-        assert any(n.startswith(dx_kernels) for n in launched), launched
+
+
+# The strided 1x1 input gradient's switch (NPUSIM_CONV_STRIDED_INPUT_GRAD, read at every compile;
+# a child process per value, as the plugin keeps compiled ops): which kernel computed dx, told by
+# the launches of the Conv2DBackpropInput op: on ("1"), where FIXPIPE writes GM from any L0C row
+# (an l0c->gm path, alignment.l0c at most 64 bytes), one of the strided kernels, which multiply
+# dy's positions only: the MatMul ("MatMul_") or dy's 1x1 convolution, either with fewer than half
+# the zero-insertion convolution's cube MACs (a quarter at stride 2, before padding to 16-row
+# tiles); off ("0"), the zero-insertion convolution, no MatMul. dx the same bit for bit.
+STRIDED_DX_CHILD = r'''
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+x = (np.random.default_rng(5).integers(-8, 9, size=X_SHAPE) / 4).astype(np.float32)
+w = (np.random.default_rng(6).integers(-8, 9, size=W_SHAPE) / 4).astype(np.float32)
+with tf.device("/NPU:0"):
+    xs = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xs)
+        y = tf.nn.conv2d(xs, tf.constant(w), strides=2, padding=PADDING)
+        loss = tf.reduce_sum(tf.square(y))
+    dx = tape.gradient(loss, xs).numpy()
+dx_launches = [r for r in npusim.launch_records(with_counters="flat")
+               if r["op_type"] == "Conv2DBackpropInput"]
+print("RESULT" + json.dumps({
+    "kernels": [r["kernel"] for r in dx_launches],
+    "macs": sum(v for r in dx_launches for k, v in r["counters"].items() if k.endswith(".m.macs")),
+    "dx": dx.ravel().tolist()}))
+'''
+
+
+@pytest.mark.parametrize("x_shape,w_shape,padding", [
+    ((4, 8, 6, 32), (1, 1, 32, 24), "SAME"),
+    ((3, 6, 8, 20), (1, 1, 20, 17), "VALID"),
+], ids=str)
+def test_strided_input_gradient_switch(x_shape, w_shape, padding):
+    code = (STRIDED_DX_CHILD.replace("X_SHAPE", str(x_shape)).replace("W_SHAPE", str(w_shape))
+            .replace("PADDING", repr(padding)))
+    on, off = (child_result(code, extra_env={"NPUSIM_CONV_STRIDED_INPUT_GRAD": v})
+               for v in ("1", "0"))
+    assert on["dx"] == off["dx"]
+    assert not any(k.startswith("MatMul_") for k in off["kernels"]), off["kernels"]
+    assert any(k.startswith("Conv2DBackpropInput_") for k in off["kernels"]), off["kernels"]
+    chip = chip_config()
+    strided = "l0c->gm" in chip["paths"] and int(chip["alignment"]["l0c"]) <= 64
+    if strided:
+        assert 2 * on["macs"] < off["macs"], (on["kernels"], on["macs"], off["macs"])
+        assert any(k.startswith(("MatMul_", "Conv2DBackpropInput_")) for k in on["kernels"])
+    else:
+        assert (on["kernels"], on["macs"]) == (off["kernels"], off["macs"])
 
 
 def test_conv2d_random_fp32_rounds_inputs_to_fp16(npusim, tf, strict_placement):

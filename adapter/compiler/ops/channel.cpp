@@ -62,14 +62,19 @@ void f32_copy(KernelBuilder& b, uint64_t d, uint64_t a, const Reg& count) {
 }
 void fold_rows_pairwise(KernelBuilder& b, uint64_t dst, uint64_t base, int64_t rows,
                         int64_t pitch, int64_t lanes) {
+  fold_rows_pairwise(b, {FoldedRows{dst, base}}, rows, pitch, lanes);
+}
+void fold_rows_pairwise(KernelBuilder& b, const std::vector<FoldedRows>& sets, int64_t rows,
+                        int64_t pitch, int64_t lanes) {
   if (rows < 1 || lanes < 1 || lanes > pitch)
     b.fail(fmt::format("a pairwise fold of {} rows of {} lanes at a pitch of {} f32", rows,
                        lanes, pitch));
   if (rows == 1) {
-    if (dst != base) {
-      Reg n = b.reg_imm("channels", lanes);
-      f32_copy(b, dst, base, n);
-    }
+    for (const FoldedRows& s : sets)
+      if (s.dst != s.base) {
+        Reg n = b.reg_imm("channels", lanes);
+        f32_copy(b, s.dst, s.base, n);
+      }
     return;
   }
   const uint64_t pitch_bytes = static_cast<uint64_t>(pitch) * 4;
@@ -78,8 +83,9 @@ void fold_rows_pairwise(KernelBuilder& b, uint64_t dst, uint64_t base, int64_t r
     // Rows [rows - half, rows) onto rows [0, half): one vadd over the rows and the gaps
     // between them (a gap's lanes are added too and never read).
     Reg n = b.reg_imm("elements", (half - 1) * pitch + lanes);
-    f32_binary(b, Opcode::op_vadd, rows == 2 ? dst : base, base,
-               base + static_cast<uint64_t>(rows - half) * pitch_bytes, n);
+    for (const FoldedRows& s : sets)
+      f32_binary(b, Opcode::op_vadd, rows == 2 ? s.dst : s.base, s.base,
+                 s.base + static_cast<uint64_t>(rows - half) * pitch_bytes, n);
     rows -= half;
   }
 }
@@ -141,7 +147,8 @@ class ChannelSumEmitter {
   void vectors_ready();
   void load_vector(const std::string& arg, uint64_t dst, const Reg& g);
   uint64_t relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
-  void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item, const Reg& g);
+  void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item,
+                        const Reg& g);
   void fold_into_first(const uint64_t (&acc)[2], int from);
   void load_raw_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
   void accumulate_raw_tile(int q, const Reg& t0, const Reg& p1, const Label (&exit)[2]);
@@ -313,11 +320,8 @@ void ChannelSumEmitter::plan_tile() {
   m_rt = rt;
   m_ct = ct;
   m_tile = static_cast<uint64_t>(tp * ct);
-  if (s.stagger_first_tiles && !m_pingpong && m_blocks > 1 && m_per >= 2 * tp * rt) {
-    const ChipConfig& cfg = m_b.config();
-    const double ports = m_blocks * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
-    m_stagger = cfg.set_flag_holds_pipe && ports > cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency;
-  }
+  m_stagger = s.stagger_first_tiles && !m_pingpong && m_blocks > 1 && m_per >= 2 * tp * rt &&
+              load_round_trips_idle_hbm(m_b.config(), m_blocks);
 }
 
 // UB buffers, each starting in a bank window of its own among those an instruction combines
@@ -737,7 +741,7 @@ void ChannelSumEmitter::emit_group(const Reg& p0, const Reg& p1, const Reg& blk,
     if (m_s.plain_sum) vec_dup_bits(b, 4, m_acc2[0], 0, n);
   }
   if (m_vectors) load_vectors(g);     // (their flag after the first raw tile's loads)
-  accumulate_tiles(p0, p1, item, g);  // the group's folded sums in acc[0] (and acc2[0])
+  accumulate_tiles(p0, p1, blk, item, g);  // the group's folded sums in acc[0] (and acc2[0])
   b.set_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
   b.wait_flag(Pipe::V, Pipe::MTE3, m_acc_ready);
   store_sums("partials", m_acc[0], blk, item, g);
@@ -804,8 +808,8 @@ uint64_t ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b32, const Reg& n, 
 // of the group reads acc[j % 2], so the loop leaves before an even tile with the sums in
 // acc[0], before an odd one (or after a partial one, in place) with them in acc[1], and each
 // exit folds from its own.
-void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& item,
-                                         const Reg& g) {
+void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& blk,
+                                         const Reg& item, const Reg& g) {
   KernelBuilder& b = m_b;
   Reg t0 = b.reg("tile start");
   b.mov(t0, p0);
@@ -817,16 +821,18 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
   if (!m_pingpong) exit[1] = exit[0];
   const int64_t raw = m_tp * m_rt;
   if (m_stagger) {
-    // this block's share of a raw tile first: (blk + 1) * max(1, raw / blocks), at most raw
+    // this block's share of a raw tile first: max(1, (blk + 1) * raw / blocks) pixels
+    // (emit_staggered_first_tile).
+    // blk is the block among m_blocks that owns pixels [p0, p1) (in a mix kernel's section the
+    // vector core's index, not the cube block's get_block_id), so the phases run 0 .. m_blocks
+    // - 1 over the blocks. Each group starts its pixels anew (its sums are stored and cleared
+    // in between, the blocks' equal work bringing them back in step), so each is staggered.
     KernelBuilder::Origin o(b, fmt::format("staggered first raw tile: {} phases", m_blocks));
     if (!m_raw_limit) {
       m_raw_limit.emplace(b.reg("pixels the next raw tile may hold"));
       for (auto& e : m_raw_end) e.emplace(b.reg("end of the raw tile"));
     }
-    b.emit(Opcode::op_get_block_id, {*m_raw_limit});
-    b.add(*m_raw_limit, *m_raw_limit, 1);
-    b.mul(*m_raw_limit, *m_raw_limit, std::max<int64_t>(1, raw / m_blocks));
-    b.min(*m_raw_limit, *m_raw_limit, raw, "this block's first raw tile");
+    emit_staggered_first_tile(b, *m_raw_limit, blk, m_blocks, raw, 1);
   }
   if (m_vectors) {  // the first raw tile's loads before the vectors' flag
     Label none = b.label("no_first_raw_tile");

@@ -229,8 +229,18 @@ void f32_copy(KernelBuilder& b, uint64_t d, uint64_t a, const Reg& count);
 // dst's `lanes` lanes as a fixed pairwise tree: while more than one row is left, the top half
 // (rounded down) of the rows is added lane-wise onto the bottom rows, one vadd a level
 // (ceil(log2 rows) levels; the last writes dst). The rows are overwritten (unless rows is 1:
-// then a copy where dst is not base). Used by every channel epilogue and the stream sums' tile.
+// then a copy where dst is not base). Used by every channel epilogue, the stream sums' tile and
+// the convolution's batch-norm statistics (conv_emitter.cpp, add_partials).
 void fold_rows_pairwise(KernelBuilder& b, uint64_t dst, uint64_t base, int64_t rows,
+                        int64_t pitch, int64_t lanes);
+// Several sets of rows of the same geometry folded as above (the same sums, set by set), level
+// by level: a level's vadd of every set, in the order given, before the next level's (the sets'
+// vadds independent of one another, one instruction count per level: the UB addresses of a
+// set's rows and of its result).
+struct FoldedRows {
+  uint64_t dst = 0, base = 0;
+};
+void fold_rows_pairwise(KernelBuilder& b, const std::vector<FoldedRows>& sets, int64_t rows,
                         int64_t pitch, int64_t lanes);
 void f32_fill(KernelBuilder& b, uint64_t d, double v, const Reg& count);
 

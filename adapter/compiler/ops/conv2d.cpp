@@ -823,7 +823,7 @@ StridedInputGrad strided_input_grad_mode(const OpDesc& op) {
 // the zeros between (emit_strided_zeros; the estimate then at least the launch's HBM bytes at
 // HBM's rate), else a fill launch first (its bytes at the vector cores' ub->gm rate or HBM's,
 // and one more launch's task overheads). Where FIXPIPE writes GM (split chips) and writes the
-// op's type (no widening); the kernel of the lowest estimate (plan_cube_conv's, plan_matmul_
+// op's type (no widening), from any L0C row (strided_rows_fit_l0c); the kernel of the lowest estimate (plan_cube_conv's, plan_matmul_
 // tiling's), or as NPUSIM_CONV_STRIDED_INPUT_GRAD says. Returns whether it appended it.
 bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                                const ConvWindow& cw, const std::vector<int64_t>& dy,
@@ -833,7 +833,7 @@ bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, con
   const StridedInputGrad mode = strided_input_grad_mode(op);
   if (cw.h.k != 1 || cw.w.k != 1 || (cw.h.s == 1 && cw.w.s == 1) || cw.h.before != 0 ||
       cw.w.before != 0 || ct.widen || mode == StridedInputGrad::kOff ||
-      cube_store_via_ub(cfg, cube_core(cfg, op.str()), op.str()))
+      cube_store_via_ub(cfg, cube_core(cfg, op.str()), op.str()) || !strided_rows_fit_l0c(cfg))
     return false;
   const TensorDesc& dx = k.outputs[0];
   const int64_t n = dx.shape[0], h = dx.shape[1], w = dx.shape[2], cin = dx.shape[3];

@@ -331,10 +331,10 @@ class ConvEmitter {
   // has stored its own (a barrier of the launch's vector cores: cc_set mode 0 from MTE3, which
   // waits for the stores to land), channel tile k (64 channels) goes to vector core k mod
   // cores, which loads the tile's row of every core's partials of both sets, folds each set's
-  // rows pairwise in place (the upper half added onto the lower, an odd middle row kept: a
-  // fixed order) and stores row 0 as output0 (sum, from "partials2") and output1 (square_sum,
-  // from "partials"). Its buffers lie over the section's earlier ones (every pipe is past them
-  // by the barrier).
+  // rows pairwise in place (fold_rows_pairwise: the upper half added onto the lower, an odd
+  // middle row kept, a fixed order; the channel epilogues' sums) and stores row 0 as output0 (sum,
+  // from "partials2") and output1 (square_sum, from "partials"). Its buffers lie over the section's
+  // earlier ones (every pipe is past them by the barrier).
   void add_partials(int cores) {
     KernelBuilder& b = m_b;
     const int64_t cy = m_s.cy, ct = kStatsEpilogueChannels, tiles = ceil_div(cy, ct);
@@ -377,13 +377,8 @@ class ConvEmitter {
       }
       b.set_flag(Pipe::MTE2, Pipe::V, ready);
       b.wait_flag(Pipe::MTE2, Pipe::V, ready);
-      for (int64_t left = cores; left > 1; left -= left / 2) {
-        const int64_t h = left / 2;
-        b.movi(t, h * ct);
-        for (uint64_t set : sets)
-          vec_binary(b, Opcode::op_vadd, Dtype::F32, set, set,
-                     set + static_cast<uint64_t>((left - h) * ct * 4), t);
-      }
+      fold_rows_pairwise(b, {FoldedRows{sets[0], sets[0]}, FoldedRows{sets[1], sets[1]}}, cores, ct,
+                         ct);
       b.set_flag(Pipe::V, Pipe::MTE3, done);
       b.wait_flag(Pipe::V, Pipe::MTE3, done);
       for (int i = 0; i < 2; ++i) {

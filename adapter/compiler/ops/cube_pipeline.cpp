@@ -824,10 +824,22 @@ bool strided_zeros_fit(const StridedRows& r, int64_t osz, const ChipConfig& cfg)
          gap / block <= 65535 && r.cols / block <= 65535 && r.run_rows - 1 <= 65535;
 }
 
+bool strided_rows_fit_l0c(const ChipConfig& cfg) {
+  const auto it = cfg.align_bytes.find(Buf::L0C);
+  const uint64_t align = it == cfg.align_bytes.end() || it->second == 0 ? 1 : it->second;
+  return (layout::kFractalRows * layout::kL0cElemBytes) % align == 0;
+}
+
 void store_strided_rows(KernelBuilder& b, const StridedRows& sr, Dtype out_type, bool relu,
                         const Reg& dst0, const Reg& l0c, const Reg& r0, const Reg& rows,
                         const Reg& cols) {
   using layout::kFractalRows;
+  if (!strided_rows_fit_l0c(b.config()))
+    b.fail(fmt::format(
+        "chip {}: alignment.l0c = {} bytes: a strided store starts a fixpipe at any row of an "
+        "L0C column block, rows {} bytes apart, so alignment.l0c must divide {}",
+        b.config().name, b.config().align_bytes.at(Buf::L0C), kFractalRows * kL0cElemBytes,
+        kFractalRows * kL0cElemBytes));
   KernelBuilder::Origin o(b, "store: L0C -> strided rows, run by run");
   const int64_t osz = isa::dtype_size(out_type);
   Reg r = b.reg("store: row"), end = b.reg("store: end row"), len = b.reg("store: run rows"),

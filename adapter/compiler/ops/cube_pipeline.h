@@ -376,11 +376,18 @@ inline constexpr int64_t kStridedZeroBufferBytes = 32 * 1024;
 // and cols, the pitches and the gaps whole 32-byte blocks, a run's gaps within the zero buffer.
 bool strided_zeros_fit(const StridedRows& r, int64_t osz, const ChipConfig& cfg);
 
+// Whether cfg's L0C alignment lets store_strided_rows start a fixpipe at any row of an L0C
+// column block (a run may begin at any row of a tile): the rows of a 16-column block lie 16 f32
+// (64 bytes) apart, so alignment.l0c must divide 64 bytes. Where it does not, no strided input
+// gradient applies (append_strided_input_grad).
+bool strided_rows_fit_l0c(const ChipConfig& cfg);
+
 // FIXPIPE (to GM) of a tile's rows [r0, r0 + rows) of r, at L0C address l0c (NZ, rows padded to
 // round16(rows)), `cols` columns, to dst (the argument's address plus the tile's first column,
 // bytes), run by run: one ND fixpipe per (run the tile holds, 16-column block). A block's rows
 // are contiguous in L0C from any row; a fixpipe of more blocks would read them round16(its
-// rows) apart. The caller frees the L0C buffer after it.
+// rows) apart. The caller frees the L0C buffer after it. A CompileError naming alignment.l0c
+// unless strided_rows_fit_l0c.
 void store_strided_rows(KernelBuilder& b, const StridedRows& r, isa::Dtype out_type, bool relu,
                         const Reg& dst, const Reg& l0c, const Reg& r0, const Reg& rows,
                         const Reg& cols);

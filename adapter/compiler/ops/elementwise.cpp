@@ -827,26 +827,20 @@ void StreamEmitter::store_resident_results() {
   });
 }
 
-// StreamSpec::stagger_first_tiles: this block's first tile limit, (id + 1) times tile /
-// block_dim in whole periods (at least one period), at most a tile. Only where it can pay: the
-// blocks' GM -> UB ports together outrun HBM's sustained rate (else HBM is not what the round
-// trips leave idle), a load's set_flag holds MTE2 until the landing (else there is no round
-// trip per tile), and a block's range holds at least two tiles (else its one tile would only be
-// cut in two, a round trip more).
+// StreamSpec::stagger_first_tiles: this block's first tile limit, (id + 1) / block_dim of a
+// tile in whole periods (emit_staggered_first_tile: at least one period, block_dim - 1 a whole
+// tile). Only where it can pay: the blocks' round trips leave HBM idle
+// (load_round_trips_idle_hbm) and a block's range holds at least two tiles (else its one tile
+// would only be cut in two, a round trip more).
 void StreamEmitter::init_stagger() {
   if (!m_spec->stagger_first_tiles || m_block_dim <= 1 || m_tile <= m_period || m_per < 2 * m_tile)
     return;
-  const ChipConfig& cfg = m_b.config();
-  const double ports = m_block_dim * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
-  if (!cfg.set_flag_holds_pipe || ports <= cfg.hbm_bytes_per_cycle() * cfg.hbm_efficiency) return;
+  if (!load_round_trips_idle_hbm(m_b.config(), m_block_dim)) return;
   KernelBuilder::Origin o(m_b, fmt::format("staggered first tile: {} phases", m_block_dim));
   m_tile_limit.emplace(m_b.reg("elements the next tile may hold"));
   const Reg& limit = *m_tile_limit;
-  const int64_t share = std::max<int64_t>(1, m_tile / m_period / m_block_dim) * m_period;
-  m_b.emit(Opcode::op_get_block_id, {limit});
-  m_b.add(limit, limit, 1);
-  m_b.mul(limit, limit, share);
-  m_b.min(limit, limit, m_tile, "this block's first tile");
+  m_b.emit(Opcode::op_get_block_id, {limit});  // (a launch of its own: blocks 0 .. block_dim-1)
+  emit_staggered_first_tile(m_b, limit, limit, m_block_dim, m_tile / m_period, m_period);
 }
 
 // One tile of the loop (q: 0 ping, 1 pong buffers).
@@ -1416,6 +1410,21 @@ bool StreamEmitter::keeps_resident() {
   for (const InputPlan& p : m_in)
     if (p.access == Access::kGather) return false;
   return true;
+}
+
+bool load_round_trips_idle_hbm(const ChipConfig& cfg, int64_t vector_cores) {
+  const double ports =
+      static_cast<double>(vector_cores) * cfg.path_rate(isa::Buf::GM, isa::Buf::UB);
+  return cfg.set_flag_holds_pipe && ports > cfg.hbm_sustained_bytes_per_cycle();
+}
+
+void emit_staggered_first_tile(KernelBuilder& b, const Reg& limit, const Reg& block, int64_t blocks,
+                               int64_t units, int64_t unit) {
+  b.add(limit, block, 1);
+  b.mul(limit, limit, units);
+  b.div(limit, limit, blocks);
+  b.max(limit, limit, 1);
+  b.mul(limit, limit, unit, "this block's first tile");
 }
 
 bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg) {

@@ -198,6 +198,23 @@ Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const 
 // splat or periodic, and no period is too long for a tile (demoted to a gather).
 bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg);
 
+// Whether `vector_cores` blocks loading their tiles in step leave HBM idle during the tiles'
+// round trips, so that staggering their first tiles pays (StreamSpec::stagger_first_tiles,
+// ChannelSumSpec::stagger_first_tiles): a load's set_flag holds MTE2 until the tile has landed
+// (sync.set_flag_holds_pipe: a round trip per tile), and the cores' GM -> UB ports together
+// (bytes per cycle) outrun HBM's sustained rate (memory.hbm: peak x efficiency, bytes per
+// cycle), so HBM, not the ports, is what the round trips leave waiting.
+bool load_round_trips_idle_hbm(const ChipConfig& cfg, int64_t vector_cores);
+
+// The staggered first tile (StreamSpec::stagger_first_tiles, ChannelSumSpec::
+// stagger_first_tiles) of block `block` (a register, 0 .. blocks - 1) of `blocks`, a tile
+// being `units` units of `unit` elements (or pixels): into `limit`, max(1, (block + 1) * units
+// / blocks) units, in elements: the blocks' first tiles spread evenly over a tile, the last
+// block's a whole tile (where there are fewer units than blocks, neighbouring blocks share a
+// phase rather than the later blocks all taking a whole tile).
+void emit_staggered_first_tile(KernelBuilder& b, const Reg& limit, const Reg& block, int64_t blocks,
+                               int64_t units, int64_t unit);
+
 // A multi-tensor stream (as CANN's foreach kernels and torch_npu's / apex's multi-tensor apply
 // walk a list of tensors in one launch): segment g is a stream of its own spec (its inputs
 // flat, i.e. of its output's shape, or single elements; every segment has a flat input) and
