@@ -22,8 +22,8 @@
 #include "adapter/compiler/ops/transpose.h"
 
 #include <algorithm>
-#include <functional>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <string_view>
 
@@ -66,8 +66,10 @@ ReducedPerm reduce(const std::vector<int64_t>& shape, const std::vector<int64_t>
   // Merge output-consecutive dims that are input-consecutive: groups of input dims.
   std::vector<std::vector<int64_t>> groups;  // in output order
   for (int64_t d : p) {
-    if (!groups.empty() && groups.back().back() + 1 == d) groups.back().push_back(d);
-    else groups.push_back({d});
+    if (!groups.empty() && groups.back().back() + 1 == d)
+      groups.back().push_back(d);
+    else
+      groups.push_back({d});
   }
   // Number the groups in input order.
   std::vector<size_t> order(groups.size());
@@ -97,8 +99,7 @@ constexpr int64_t kBlock = static_cast<int64_t>(layout::kBlockBytes);
 // tile(q, t, step, drain) emits one tile of parity q and branches to drain once t is past the
 // last tile. The caller emits the drain's waits after it.
 void emit_round_robin_tiles(
-    KernelBuilder& b,
-    const std::function<void(int, const Reg&, const Reg&, const Label&)>& tile) {
+    KernelBuilder& b, const std::function<void(int, const Reg&, const Reg&, const Label&)>& tile) {
   Reg t = b.reg("tile"), step = b.reg("block count");
   b.emit(Opcode::op_get_block_id, {t});
   b.emit(Opcode::op_get_block_num, {step});
@@ -490,8 +491,7 @@ struct RowDim {
 
 // Whether the group dims (output order) place consecutive groups `group` elements apart on the
 // side `stride` reads: then the rows of consecutive groups are one contiguous range there.
-bool groups_chain(const std::vector<RowDim>& dims, int64_t group,
-                  int64_t RowDim::*stride) {
+bool groups_chain(const std::vector<RowDim>& dims, int64_t group, int64_t RowDim::*stride) {
   int64_t next = group;
   for (size_t d = dims.size(); d-- > 0;) {
     if (dims[d].*stride != next) return false;
@@ -578,8 +578,8 @@ bool RowCopy::plan_tiles() {
   const int64_t rows = m_groups * m;
   // kRowCopyTilesPerCore tiles per core, but tiles of kRowCopyMinTileBytes at least, unless
   // that would leave cores idle (a small tensor: its copies' latencies overlap across cores).
-  const int64_t min_rows = std::min((kRowCopyMinTileBytes + row_bytes - 1) / row_bytes,
-                                    (rows + cores - 1) / cores);
+  const int64_t min_rows =
+      std::min((kRowCopyMinTileBytes + row_bytes - 1) / row_bytes, (rows + cores - 1) / cores);
   const int64_t target = std::max(
       (rows + cores * kRowCopyTilesPerCore - 1) / (cores * kRowCopyTilesPerCore), min_rows);
   const int64_t tile_rows = std::min(std::min(cap_rows, max_field), target);
@@ -622,8 +622,8 @@ Launch RowCopy::build() {
 }
 
 // addr = base + the byte offset of group g's first row (offset + its index . stride).
-void RowCopy::group_offset(const Reg& addr, const Reg& base, const Reg& g,
-                           int64_t RowDim::*stride, int64_t offset) {
+void RowCopy::group_offset(const Reg& addr, const Reg& base, const Reg& g, int64_t RowDim::*stride,
+                           int64_t offset) {
   KernelBuilder& b = m_b;
   Reg rest = b.reg("group index left"), idx = b.reg("index");
   b.mov(rest, g);
@@ -748,8 +748,7 @@ std::optional<Launch> build_row_copy(const std::string& op, DataType dt,
   std::optional<size_t> burst;
   if (gaps_fit(dims.back())) burst = dims.size() - 1;
   for (size_t d = 0; d < dims.size(); ++d)
-    if (dims[d].in_stride == r && gaps_fit(dims[d]) &&
-        (!burst || dims[d].size > dims[*burst].size))
+    if (dims[d].in_stride == r && gaps_fit(dims[d]) && (!burst || dims[d].size > dims[*burst].size))
       burst = d;
   if (!burst) return std::nullopt;
   const RowDim m = dims[*burst];
@@ -797,6 +796,7 @@ class RowGather {
   void emit_tile(int q, const Reg& t, const Reg& step, const Label& drain);
   void row_source(const Reg& src, const Reg& row);
   void load_row(const Reg& src, const Reg& off, uint64_t buf, const Reg& in);
+  void next_row(const Reg& row, const Reg& src, const Reg& i);
 
   KernelBuilder m_b;
   const DataType m_dt;
@@ -806,6 +806,7 @@ class RowGather {
   const isa::Dtype m_unit;       // the lanes' type (u16 / s32: bits moved unchanged)
   isa::CoreKind m_kind;
   int64_t m_r = 0, m_rows = 0;   // row length (elements), output rows
+  RowDim m_inner;                // the innermost row dim (size 1 for a single row)
   int64_t m_k = 0, m_tiles = 0;  // rows per tile, tiles
   int64_t m_tile_lanes = 0;      // K * R rounded up to whole repeats
   int m_block_dim = 0;
@@ -826,6 +827,8 @@ RowGather::RowGather(const std::string& op, DataType dt, const std::vector<int64
   m_r = v.dims.back();
   m_rows = 1;
   for (size_t d = 0; d + 1 < v.dims.size(); ++d) m_rows *= v.dims[d];
+  if (v.dims.size() >= 2)
+    m_inner = RowDim{v.dims[v.dims.size() - 2], v.strides[v.dims.size() - 2], 0};
 }
 
 bool RowGather::plan_tiles() {
@@ -850,8 +853,8 @@ bool RowGather::plan_tiles() {
   const int64_t cap_rows = cap_bytes / row_bytes / kq * kq;
   if (cap_rows < kq) return false;
   // Tiles per core and size as the row copy's (kRowCopyTilesPerCore, kRowCopyMinTileBytes).
-  const int64_t min_rows = std::min((kRowCopyMinTileBytes + row_bytes - 1) / row_bytes,
-                                    (m_rows + cores - 1) / cores);
+  const int64_t min_rows =
+      std::min((kRowCopyMinTileBytes + row_bytes - 1) / row_bytes, (m_rows + cores - 1) / cores);
   const int64_t target = std::max(
       (m_rows + cores * kRowCopyTilesPerCore - 1) / (cores * kRowCopyTilesPerCore), min_rows);
   m_k = std::min(cap_rows, (target + kq - 1) / kq * kq);
@@ -955,7 +958,7 @@ void RowGather::row_source(const Reg& src, const Reg& row) {
 }
 
 // MTE2: the row whose first element is input element src and tile element off, into buf at its
-// place in the tile: whole blocks from `phase` elements before it.
+// place in the tile: whole blocks from `phase` elements before it. Then off += R.
 void RowGather::load_row(const Reg& src, const Reg& off, uint64_t buf, const Reg& in) {
   KernelBuilder& b = m_b;
   Reg p = b.reg("phase"), ub = b.reg("row's first block"), gm = b.reg("row source"),
@@ -965,11 +968,23 @@ void RowGather::load_row(const Reg& src, const Reg& off, uint64_t buf, const Reg
   b.mul_add(ub, ub, m_esize, static_cast<int64_t>(buf));
   b.sub(gm, src, p);
   b.mul_add(gm, gm, m_esize, in);
-  b.add(n, p, m_r);
-  b.mul(n, n, m_esize);
-  b.add(n, n, kBlock - 1);
+  b.mul_add(n, p, m_esize, m_r * m_esize + kBlock - 1);
   b.shr(n, n, 5, "32-byte blocks");
   b.emit(Opcode::op_copy_gm2ub, {ub, gm, 1, n, 0, 0});
+  b.add(off, off, m_r);
+}
+
+// The next row: row + 1, its source one stride of the innermost row dim further (i: the index
+// in that dim), or recomputed when that dim wraps.
+void RowGather::next_row(const Reg& row, const Reg& src, const Reg& i) {
+  KernelBuilder& b = m_b;
+  b.add(row, row, 1);
+  b.add(src, src, m_inner.in_stride);
+  b.add(i, i, 1);
+  b.if_(ge(i, m_inner.size), [&] {
+    b.movi(i, 0);
+    row_source(src, row);
+  });
 }
 
 // Tile t (of parity q): its rows loaded into E / O, merged into E, E stored.
@@ -978,26 +993,29 @@ void RowGather::emit_tile(int q, const Reg& t, const Reg& step, const Label& dra
   KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
   b.branch(ge(t, m_tiles), drain);
   Reg in = b.load_arg("in0");
-  Reg first = b.reg("first row"), n = b.reg("rows"), k = b.reg("row in the tile"),
-      row = b.reg("row"), src = b.reg("row's first element"), off = b.reg("tile element");
+  Reg first = b.reg("first row"), end = b.reg("end row"), row = b.reg("row"),
+      src = b.reg("row's first element"), i = b.reg("index in the innermost row dim"),
+      off = b.reg("tile element");
   b.mul(first, t, m_k);
-  b.movi(n, m_rows);
-  b.sub(n, n, first);
-  b.min(n, n, m_k, "rows of the tile");
+  b.add(end, first, m_k);
+  b.min(end, end, m_rows, "end of the tile's rows");
+  b.mov(row, first);
+  row_source(src, row);
+  b.rem(i, row, m_inner.size);
+  b.movi(off, 0);
   b.wait_flag(m_stored, q);
-  b.for_range(k, 0, n, 2, [&] {
+  Label loop = b.label("row_pair"), loaded = b.label("rows_loaded");
+  b.bind(loop);
+  {
     // rows k (even: E) and k + 1 (odd: O), when there is one.
-    b.add(row, first, k);
-    b.mul(off, k, m_r);
-    row_source(src, row);
     load_row(src, off, m_even[q], in);
-    b.add(row, row, 1);
-    b.if_(lt(row, m_rows), [&] {
-      b.add(off, off, m_r);
-      row_source(src, row);
-      load_row(src, off, m_odd[q], in);
-    });
-  });
+    next_row(row, src, i);
+    b.branch(ge(row, end), loaded);
+    load_row(src, off, m_odd[q], in);
+    next_row(row, src, i);
+    b.branch(lt(row, end), loop);
+  }
+  b.bind(loaded);
   b.set_flag(m_loaded, q);
   b.wait_flag(m_loaded, q);
   Reg e = b.reg_imm("even rows", static_cast<int64_t>(m_even[q]));
@@ -1009,8 +1027,8 @@ void RowGather::emit_tile(int q, const Reg& t, const Reg& step, const Label& dra
   b.wait_flag(m_merged, q);
   Reg out = b.load_arg("out"), gm = b.reg("tile destination"), blocks = b.reg("tile blocks");
   b.mul_add(gm, first, m_r * m_esize, out);
-  b.mul(blocks, n, m_r * m_esize);
-  b.add(blocks, blocks, kBlock - 1);
+  b.sub(blocks, end, first);
+  b.mul_add(blocks, blocks, m_r * m_esize, kBlock - 1);
   b.shr(blocks, blocks, 5);
   b.emit(Opcode::op_copy_ub2gm, {gm, e, 1, blocks, 0, 0});
   b.set_flag(m_stored, q);
@@ -1023,8 +1041,8 @@ void RowGather::emit_tile(int q, const Reg& t, const Reg& step, const Label& dra
 // does not apply: 2- and 4-byte elements, the last dim contiguous and at least one block, two
 // tiles' rows fitting the UB, and not switched off.
 std::optional<Launch> build_row_gather(const std::string& op, DataType dt,
-                                       const std::vector<int64_t>& in_shape,
-                                       const StridedView& v, const ChipConfig& cfg) {
+                                       const std::vector<int64_t>& in_shape, const StridedView& v,
+                                       const ChipConfig& cfg) {
   const int64_t esize = data_type_bytes(dt);
   if ((esize != 2 && esize != 4) || v.dims.empty() || v.strides.back() != 1) return std::nullopt;
   if (v.dims.back() < kBlock / esize || !row_gather_enabled(op)) return std::nullopt;
@@ -1085,8 +1103,8 @@ void append_transpose(LaunchPlan& plan, const std::string& op, const ChipConfig&
     }
     return v;
   };
-  const std::string what = fmt::format("transpose {} perm {}", shape_str(r.in_shape),
-                                       shape_str(r.perm));
+  const std::string what =
+      fmt::format("transpose {} perm {}", shape_str(r.in_shape), shape_str(r.perm));
   if (rank == 0) {  // one element
     append_view(plan, op, cfg, dtype, in_shape, out_shape, StridedView{{1}, {1}, 0}, in, out, what);
     return;
