@@ -913,12 +913,7 @@ void RowGather::build_select_bits() {
     b.and_(p, d, m_epb - 1);
     b.sub(d, d, p);
     b.mul_add(d, d, m_esize, static_cast<int64_t>(m_odd[0]));
-    b.add(m, p, m_r);
-    b.min(m, m, m_epb);
-    b.movi(u, 1);
-    b.shl(m, u, m);
-    b.shl(u, u, p);
-    b.sub(m, m, u, "lanes of the row in its first block");
+    first_block_mask(b, m, u, p, m_r, m_epb);
     b.emit(Opcode::op_set_mask, {Opnd::reg_number(0), m});
     b.emit(Opcode::op_vdup, {m_unit, d, value, 1, 1, 8});
     b.add(m, p, m_r);
