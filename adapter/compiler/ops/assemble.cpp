@@ -18,9 +18,9 @@ using vec::kRepeatBytes;
 
 namespace {
 
-constexpr int64_t kTileQuantum = 128;                 // tiles are whole multiples of 128 elements
+constexpr int64_t kTileQuantum = 128;    // tiles are whole multiples of 128 elements
 constexpr uint64_t kPatternBytes = 2 * kRepeatBytes;  // s64 splat pattern: two repeats of lo/hi
-constexpr int64_t kMinRunElems = 4;  // shorter runs go element by element (ld + vdup)
+constexpr int64_t kMinRunElems = 4;      // shorter runs go element by element (ld + vdup)
 constexpr int kLog2Block = 5;
 
 Opnd zero_reg() { return Opnd::reg_number(0); }
@@ -33,24 +33,10 @@ TileKernel::TileKernel(const std::string& op, Options options, const ChipConfig&
     : m_b(options.kernel_name, op, cfg), m_opt(std::move(options)), m_cfg(cfg) {
   m_esize = data_type_bytes(m_opt.dtype);
   switch (m_esize) {
-    case 1:
-      m_wide = true;
-      m_unit = Dtype::U16;
-      m_ubytes = 2;
-      break;
-    case 2:
-      m_unit = Dtype::U16;
-      m_ubytes = 2;
-      break;
-    case 4:
-      m_unit = Dtype::S32;
-      m_ubytes = 4;
-      break;
-    case 8:
-      m_unit = Dtype::S32;
-      m_ubytes = 4;
-      m_units = 2;
-      break;
+    case 1: m_wide = true; m_unit = Dtype::U16; m_ubytes = 2; break;
+    case 2: m_unit = Dtype::U16; m_ubytes = 2; break;
+    case 4: m_unit = Dtype::S32; m_ubytes = 4; break;
+    case 8: m_unit = Dtype::S32; m_ubytes = 4; m_units = 2; break;
     default: m_b.fail(fmt::format("no data movement for {}-byte elements", m_esize));
   }
 }
@@ -88,14 +74,16 @@ void TileKernel::load_index(const Reg& value, const Reg& addr, DataType t) {
       b.emit(Opcode::op_xor, {value, value, 0x80});
       b.sub(value, value, 0x80);
       return;
-    case DataType::U8: b.and_(value, value, 0xff, "the u8 index"); return;
+    case DataType::U8:
+      b.and_(value, value, 0xff, "the u8 index");
+      return;
     default:
       b.fail(fmt::format("index type {} is not supported (s32, s64, u8, s8)", data_type_name(t)));
   }
 }
 
-void first_block_mask(KernelBuilder& b, const Reg& mask, const Reg& tmp, const Reg& phase, Opnd len,
-                      int64_t epb) {
+void first_block_mask(KernelBuilder& b, const Reg& mask, const Reg& tmp, const Reg& phase,
+                      Opnd len, int64_t epb) {
   // mask = (1 << min(phase + len, epb)) - (1 << phase)
   b.add(mask, phase, len);
   b.min(mask, mask, epb);
@@ -106,10 +94,8 @@ void first_block_mask(KernelBuilder& b, const Reg& mask, const Reg& tmp, const R
 }
 
 void TileKernel::unit_offset(const Reg& off_u, const Reg& off) {
-  if (m_units == 1)
-    m_b.mov(off_u, off);
-  else
-    m_b.mul(off_u, off, m_units);
+  if (m_units == 1) m_b.mov(off_u, off);
+  else m_b.mul(off_u, off, m_units);
 }
 
 // dst lanes [off_u, off_u + len_u) of the current tile = op(src lanes at the same positions
@@ -131,8 +117,12 @@ void TileKernel::exact(Opcode op, Dtype type, const Reg& off_u, const Reg& len_u
   b.and_(p, off_u, epb - 1, "phase of the first lane");
   auto issue = [&](const Reg& dst, Opnd s, Opnd repeat) {
     switch (op) {
-      case Opcode::op_vcopy: b.emit(op, {type, dst, s, repeat, 1, 1, 8, src_rep}); break;
-      case Opcode::op_vdup: b.emit(op, {type, dst, s, repeat, 1, 8}); break;
+      case Opcode::op_vcopy:
+        b.emit(op, {type, dst, s, repeat, 1, 1, 8, src_rep});
+        break;
+      case Opcode::op_vdup:
+        b.emit(op, {type, dst, s, repeat, 1, 8});
+        break;
       default:  // a VBIN accumulation: dst = dst op src
         b.emit(op, {type, dst, dst, s, repeat, 1, 1, 1, 8, 8, src_rep});
         break;
@@ -239,10 +229,8 @@ void TileKernel::run_piece(const Reg& off, const Reg& len, const Reg& src, bool 
                   n);
       b.movi(a, static_cast<int64_t>(m_widened));
     }
-    if (accumulate)
-      exact(Opcode::op_vadd, device_dtype(m_opt.dtype), off_u, len_u, a, false);
-    else
-      exact(Opcode::op_vcopy, m_unit, off_u, len_u, a, false);
+    if (accumulate) exact(Opcode::op_vadd, device_dtype(m_opt.dtype), off_u, len_u, a, false);
+    else exact(Opcode::op_vcopy, m_unit, off_u, len_u, a, false);
   }
   b.set_flag(m_scratch_free, *m_sp, "scratch read");
   b.emit(Opcode::op_xor, {*m_sp, *m_sp, 1});
@@ -454,7 +442,7 @@ void TileKernel::store_tile(int q) {
   Reg dst = b.load_arg("out");
   Reg blocks = b.reg("output tile blocks");
   if (m_opt.out_run > 0 || m_opt.out_shift.input >= 0) {  // written in place
-    if (m_opt.out_run > 0) {                              // the tile is run pos / out_run
+    if (m_opt.out_run > 0) {  // the tile is run pos / out_run
       b.div(blocks, *m_pos, m_opt.out_run);
       b.mul(blocks, blocks, m_opt.out_run_stride);
     } else {
@@ -580,8 +568,8 @@ AsmRegion full_region(const AssembleSpec& spec, int input, int64_t offset,
 }
 
 AssembleSpec view_spec(const std::string& kernel_name, DataType dtype,
-                       const std::vector<int64_t>& in_shape, const std::vector<int64_t>& out_shape,
-                       StridedView view) {
+                       const std::vector<int64_t>& in_shape,
+                       const std::vector<int64_t>& out_shape, StridedView view) {
   view.simplify();
   AssembleSpec spec;
   spec.kernel_name = kernel_name;
@@ -663,10 +651,8 @@ class Assembler {
         const bool shifted = m.shift.input >= 0;
         const bool restricted = shifted || m.lo > 0 || m.hi < m_rows[d] || m.step > 1;
         if (!restricted && m.stride == 0 && m.index < 0) continue;
-        if (m_below[d] == 1)
-          b.mov(i, row);
-        else
-          b.div(i, row, m_below[d]);
+        if (m_below[d] == 1) b.mov(i, row);
+        else b.div(i, row, m_below[d]);
         if (d > 0) b.rem(i, i, m_rows[d], fmt::format("index in row dim {}", d));
         if (shifted) {
           load_shift(t, m.shift);
@@ -710,7 +696,8 @@ class Assembler {
     // Columns of this row inside the tile: [cl, ch) of the region's [col_lo, col_hi).
     Reg cl = b.reg("region: first column"), ch = b.reg("region: end column");
     if (r.col_shift.input >= 0) {
-      if (r.col_step != 1) b.fail("internal: a region's column shift needs col_step 1");
+      if (r.col_step != 1)
+        b.fail("internal: a region's column shift needs col_step 1");
       shifted_columns(r, rs, cl, ch, src);
     } else {
       b.emit(Opcode::op_sub, {cl, zero_reg(), rs});

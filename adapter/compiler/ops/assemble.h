@@ -62,11 +62,11 @@ class TileKernel {
  public:
   struct Options {
     std::string kernel_name;
-    DataType dtype = DataType::F32;  // output element type
-    std::vector<TensorDesc> inputs;  // kernel arguments in0.. (typed)
-    std::vector<int64_t> out_shape;  // the output (at least one element)
-    bool runs = true;                // copy_run / accumulate_run are used (scratch buffers)
-    bool direct = true;              // copy_run may load whole blocks straight into the tile
+    DataType dtype = DataType::F32;    // output element type
+    std::vector<TensorDesc> inputs;    // kernel arguments in0.. (typed)
+    std::vector<int64_t> out_shape;    // the output (at least one element)
+    bool runs = true;                  // copy_run / accumulate_run are used (scratch buffers)
+    bool direct = true;                // copy_run may load whole blocks straight into the tile
     // Extra UB buffers of tile * bytes_per_element (+ 32) bytes each, for the body's own use.
     std::vector<std::pair<std::string, int>> temps;
     // The output argument's shape when the tiles cover only part of it (empty: out_shape):
@@ -93,7 +93,7 @@ class TileKernel {
   int elem_bytes() const { return m_esize; }
   uint64_t tile_addr() const { return m_current_tile; }  // UB address of the tile (lanes)
   uint64_t temp(size_t i) const { return m_temps.at(i); }
-  Reg input_addr(int i);  // ldarg of input i
+  Reg input_addr(int i);                     // ldarg of input i
 
   // Element offsets below are relative to the tile (0 = pos). All writes are exact.
   // tile[off, off + len) = value (the element's bits; 1-byte types: the low byte).
@@ -138,8 +138,8 @@ class TileKernel {
   void store_tile(int q);
   void emit_drain();
 
-  void exact(isa::Opcode op, isa::Dtype type, const Reg& off_u, const Reg& len_u, const Reg& src,
-             bool src_pattern);
+  void exact(isa::Opcode op, isa::Dtype type, const Reg& off_u, const Reg& len_u,
+             const Reg& src, bool src_pattern);
   void run_piece(const Reg& off, const Reg& len, const Reg& src, bool accumulate);
   void direct_piece(const Reg& off, const Reg& len, const Reg& src);
   void unit_offset(const Reg& off_u, const Reg& off);  // elements -> lanes
@@ -147,31 +147,31 @@ class TileKernel {
   KernelBuilder m_b;
   Options m_opt;
   const ChipConfig& m_cfg;
-  int m_esize = 0;                         // bytes per element
-  bool m_wide = false;                     // 1-byte elements in a u16 tile
-  int m_units = 1;                         // lanes per element (2 for 8-byte elements)
-  isa::Dtype m_unit = isa::Dtype::U16;     // lane type of the tile (u16 or s32)
-  int m_ubytes = 2;                        // bytes per lane
+  int m_esize = 0;       // bytes per element
+  bool m_wide = false;   // 1-byte elements in a u16 tile
+  int m_units = 1;       // lanes per element (2 for 8-byte elements)
+  isa::Dtype m_unit = isa::Dtype::U16;  // lane type of the tile (u16 or s32)
+  int m_ubytes = 2;      // bytes per lane
   const CoreKindConfig* m_core = nullptr;  // the vector cores
   int64_t m_n = 0;                         // output elements
-  int64_t m_tile = 0;                      // elements per tile
-  int64_t m_per = 0;                       // elements per block
+  int64_t m_tile = 0;    // elements per tile
+  int64_t m_per = 0;     // elements per block
   int m_block_dim = 0;
-  Twin m_out;                   // UB tiles (lanes)
-  Twin m_narrow;                // wide mode: the u8 tiles that are stored
-  Twin m_scratch;               // run loads
-  uint64_t m_widened = 0;       // wide mode: runs after vconv u8 -> u16
-  uint64_t m_pattern = 0;       // s64 splats: lo/hi pattern (two repeats)
-  uint64_t m_current_tile = 0;  // the tile of the parity being emitted
+  Twin m_out;                      // UB tiles (lanes)
+  Twin m_narrow;                   // wide mode: the u8 tiles that are stored
+  Twin m_scratch;                  // run loads
+  uint64_t m_widened = 0;          // wide mode: runs after vconv u8 -> u16
+  uint64_t m_pattern = 0;          // s64 splats: lo/hi pattern (two repeats)
+  uint64_t m_current_tile = 0;     // the tile of the parity being emitted
   std::vector<uint64_t> m_temps;
   FlagPair m_out_ready, m_out_free;
   FlagPair m_scratch_ready, m_scratch_free;
-  bool m_direct = false;  // copy_run loads whole blocks straight into the tile
+  bool m_direct = false;           // copy_run loads whole blocks straight into the tile
   FlagPair m_tile_free_mte2, m_tile_loaded, m_vector_done;
-  int m_q = 0;  // parity of the tile being emitted
+  int m_q = 0;                     // parity of the tile being emitted
   const Reg* m_pos = nullptr;
   const Reg* m_cnt = nullptr;
-  const Reg* m_sp = nullptr;  // scratch parity
+  const Reg* m_sp = nullptr;       // scratch parity
 };
 
 // ---- assembling an output from regions of the inputs ----
@@ -179,8 +179,8 @@ class TileKernel {
 // A value written where no input element goes (pads, gaps, out-of-range gathers): constant bits,
 // or the scalar held by an input (PadV2's constant_values, Fill's value).
 struct AsmFill {
-  int input = -1;     // >= 0: the element at offset 0 of this input
-  uint64_t bits = 0;  // else: the element's bit pattern
+  int input = -1;      // >= 0: the element at offset 0 of this input
+  uint64_t bits = 0;   // else: the element's bit pattern
 };
 
 // How a region maps one row dimension of the output to the source.
@@ -212,13 +212,13 @@ struct AsmRegion {
 
 struct AssembleSpec {
   std::string kernel_name;
-  DataType dtype = DataType::F32;     // the output's and every source input's element type
-  std::vector<TensorDesc> inputs;     // sources, index tensors, scalar fill values
-  std::vector<int64_t> out_shape;     // the output tensor (at least one element)
-  std::vector<int64_t> rows;          // the output as rows (row-major over these dims) ...
-  int64_t width = 1;                  // ... of `width` elements
-  std::optional<AsmFill> background;  // written first where regions may leave gaps
-  std::vector<AsmRegion> regions;     // later regions overwrite earlier ones where they overlap
+  DataType dtype = DataType::F32;    // the output's and every source input's element type
+  std::vector<TensorDesc> inputs;    // sources, index tensors, scalar fill values
+  std::vector<int64_t> out_shape;    // the output tensor (at least one element)
+  std::vector<int64_t> rows;         // the output as rows (row-major over these dims) ...
+  int64_t width = 1;                 // ... of `width` elements
+  std::optional<AsmFill> background; // written first where regions may leave gaps
+  std::vector<AsmRegion> regions;    // later regions overwrite earlier ones where they overlap
   // Written in place (TileKernel::Options): out_shape is the runs of a box of an output argument
   // of out_arg_shape, at element out_shift (read at run time) of it; empty: the whole output.
   std::vector<int64_t> out_arg_shape;
@@ -247,14 +247,14 @@ struct StridedView {
 // The kernel copying `view` of input 0 (dtype, shape in_shape) into a contiguous output of
 // out_shape (view.dims' product elements): one full region, rows = all view dims but the last.
 AssembleSpec view_spec(const std::string& kernel_name, DataType dtype,
-                       const std::vector<int64_t>& in_shape, const std::vector<int64_t>& out_shape,
-                       StridedView view);
+                       const std::vector<int64_t>& in_shape,
+                       const std::vector<int64_t>& out_shape, StridedView view);
 
 // mask = the lanes [phase, min(phase + len, epb)) of a block of epb lanes, as a set_mask low
 // word: the first block of a piece of len lanes starting at lane `phase` of its block (tmp is
 // clobbered).
-void first_block_mask(KernelBuilder& b, const Reg& mask, const Reg& tmp, const Reg& phase, Opnd len,
-                      int64_t epb);
+void first_block_mask(KernelBuilder& b, const Reg& mask, const Reg& tmp, const Reg& phase,
+                      Opnd len, int64_t epb);
 
 // Row-major element strides of a shape.
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);

@@ -66,10 +66,8 @@ ReducedPerm reduce(const std::vector<int64_t>& shape, const std::vector<int64_t>
   // Merge output-consecutive dims that are input-consecutive: groups of input dims.
   std::vector<std::vector<int64_t>> groups;  // in output order
   for (int64_t d : p) {
-    if (!groups.empty() && groups.back().back() + 1 == d)
-      groups.back().push_back(d);
-    else
-      groups.push_back({d});
+    if (!groups.empty() && groups.back().back() + 1 == d) groups.back().push_back(d);
+    else groups.push_back({d});
   }
   // Number the groups in input order.
   std::vector<size_t> order(groups.size());
@@ -99,7 +97,8 @@ constexpr int64_t kBlock = static_cast<int64_t>(layout::kBlockBytes);
 // tile(q, t, step, drain) emits one tile of parity q and branches to drain once t is past the
 // last tile. The caller emits the drain's waits after it.
 void emit_round_robin_tiles(
-    KernelBuilder& b, const std::function<void(int, const Reg&, const Reg&, const Label&)>& tile) {
+    KernelBuilder& b,
+    const std::function<void(int, const Reg&, const Reg&, const Label&)>& tile) {
   Reg t = b.reg("tile"), step = b.reg("block count");
   b.emit(Opcode::op_get_block_id, {t});
   b.emit(Opcode::op_get_block_num, {step});
@@ -491,7 +490,8 @@ struct RowDim {
 
 // Whether the group dims (output order) place consecutive groups `group` elements apart on the
 // side `stride` reads: then the rows of consecutive groups are one contiguous range there.
-bool groups_chain(const std::vector<RowDim>& dims, int64_t group, int64_t RowDim::*stride) {
+bool groups_chain(const std::vector<RowDim>& dims, int64_t group,
+                  int64_t RowDim::*stride) {
   int64_t next = group;
   for (size_t d = dims.size(); d-- > 0;) {
     if (dims[d].*stride != next) return false;
@@ -578,8 +578,8 @@ bool RowCopy::plan_tiles() {
   const int64_t rows = m_groups * m;
   // kRowCopyTilesPerCore tiles per core, but tiles of kRowCopyMinTileBytes at least, unless
   // that would leave cores idle (a small tensor: its copies' latencies overlap across cores).
-  const int64_t min_rows =
-      std::min((kRowCopyMinTileBytes + row_bytes - 1) / row_bytes, (rows + cores - 1) / cores);
+  const int64_t min_rows = std::min((kRowCopyMinTileBytes + row_bytes - 1) / row_bytes,
+                                    (rows + cores - 1) / cores);
   const int64_t target = std::max(
       (rows + cores * kRowCopyTilesPerCore - 1) / (cores * kRowCopyTilesPerCore), min_rows);
   const int64_t tile_rows = std::min(std::min(cap_rows, max_field), target);
@@ -622,8 +622,8 @@ Launch RowCopy::build() {
 }
 
 // addr = base + the byte offset of group g's first row (offset + its index . stride).
-void RowCopy::group_offset(const Reg& addr, const Reg& base, const Reg& g, int64_t RowDim::*stride,
-                           int64_t offset) {
+void RowCopy::group_offset(const Reg& addr, const Reg& base, const Reg& g,
+                           int64_t RowDim::*stride, int64_t offset) {
   KernelBuilder& b = m_b;
   Reg rest = b.reg("group index left"), idx = b.reg("index");
   b.mov(rest, g);
@@ -748,7 +748,8 @@ std::optional<Launch> build_row_copy(const std::string& op, DataType dt,
   std::optional<size_t> burst;
   if (gaps_fit(dims.back())) burst = dims.size() - 1;
   for (size_t d = 0; d < dims.size(); ++d)
-    if (dims[d].in_stride == r && gaps_fit(dims[d]) && (!burst || dims[d].size > dims[*burst].size))
+    if (dims[d].in_stride == r && gaps_fit(dims[d]) &&
+        (!burst || dims[d].size > dims[*burst].size))
       burst = d;
   if (!burst) return std::nullopt;
   const RowDim m = dims[*burst];
@@ -1098,8 +1099,8 @@ void append_transpose(LaunchPlan& plan, const std::string& op, const ChipConfig&
     }
     return v;
   };
-  const std::string what =
-      fmt::format("transpose {} perm {}", shape_str(r.in_shape), shape_str(r.perm));
+  const std::string what = fmt::format("transpose {} perm {}", shape_str(r.in_shape),
+                                       shape_str(r.perm));
   if (rank == 0) {  // one element
     append_view(plan, op, cfg, dtype, in_shape, out_shape, StridedView{{1}, {1}, 0}, in, out, what);
     return;
