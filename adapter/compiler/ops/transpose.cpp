@@ -2,6 +2,9 @@
 // and in order (so [B,S,H,D] -> [B,H,S,D] is 4-d, [N,H,W,C] -> [N,C,H,W] is [N,HW,C] -> [N,C,HW]):
 //   inner dim kept (the last output dim is the last input dim), rows of whole 32-byte blocks:
 //     MTE copies alone (RowCopy below: strided bursts in, strided bursts out, no vector pass).
+//   inner dim kept, 2- and 4-byte rows of at least one block that are not whole blocks: the
+//     row gather (RowGather below: one copy_gm2ub per row into even / odd row buffers, one
+//     vsel and one store per tile); it also drops the block transposer's row padding.
 //   inner dim kept, other rows: one assembly launch whose rows are runs of the inner dim
 //     (assemble.h: whole blocks loaded straight into the output tile, partial blocks through a
 //     scratch buffer and an exact vcopy).
