@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 
@@ -182,6 +183,57 @@ TEST_CASE("Transpose: inner dim moved, vtranspose blocks (2- and 4-byte)") {
   // 1-byte types: widened to u16, transposed, narrowed.
   check_transpose(DataType::BOOL, {40, 70}, {1, 0}, seed++, "widen to u16");
   check_transpose(DataType::U8, {3, 50, 33}, {2, 0, 1}, seed++, "widen to u16");
+}
+
+// Rows of at least one block that are not whole blocks: one copy_gm2ub per row into even / odd
+// row buffers, merged by one vsel per tile (the keep-inner view, the copy that drops the
+// transposer's row padding, and the copy to [P, Q, R] before it).
+TEST_CASE("Transpose: rows not whole blocks, gathered per row") {
+  uint32_t seed = 70;
+  const char* g = "row_gather";
+  for (DataType dt : {DataType::F16, DataType::BF16, DataType::F32}) {
+    const int64_t epb = 32 / static_cast<int64_t>(compiler::data_type_bytes(dt));
+    // Inner dim kept: rows of one block + 1, 67 and 3 blocks - 1 elements.
+    check_transpose(dt, {3, 5, epb + 1}, {1, 0, 2}, seed++, g);
+    check_transpose(dt, {2, 7, 3, 67}, {0, 2, 1, 3}, seed++, g);
+    check_transpose(dt, {4, 3, 2, 3 * epb - 1}, {2, 1, 0, 3}, seed++, g);
+    // A last tile of a single (even) row: 9 rows of 67.
+    check_transpose(dt, {9, 67}, {0, 1}, seed++);
+    check_transpose(dt, {3, 3, 67}, {1, 0, 2}, seed++, g);
+    // Inner dim moved: CANN-Bench's shapes, smaller (output rows padded by the transposer,
+    // then the padding dropped; the full reversal's keep-inner copy first).
+    check_transpose(dt, {3, 7, 13, 41}, {0, 3, 1, 2}, seed++, g);
+    check_transpose(dt, {5, 3, 4, 67}, {3, 2, 1, 0}, seed++, g);
+    check_transpose(dt, {41, 83}, {1, 0}, seed++, g);
+    // Rows shorter than a block stay element by element (last axes 1, 3, 11).
+    check_transpose(dt, {4, 6, 1}, {1, 0, 2}, seed++);
+    check_transpose(dt, {5, 4, 3}, {1, 0, 2}, seed++);
+    check_transpose(dt, {3, 5, 11}, {2, 0, 1}, seed++);
+    check_transpose(dt, {7, 2, 11}, {1, 0, 2}, seed++);
+  }
+  // A row of 4001 f32 (16 KB; eight rows make a tile of whole blocks: 128 KB, more than the
+  // UB's share) takes the assembly kernel's runs.
+  check_transpose(DataType::F32, {2, 3, 4001}, {1, 0, 2}, seed++, "Transpose_f32:");
+}
+
+TEST_CASE("Transpose: NPUSIM_TRANSPOSE_ROW_GATHER switches the row gather") {
+  HostTensor x = distinct(DataType::F16, {3, 5, 17}, 90);
+  const compiler::OpDesc op = make_op("Transpose", {x.desc}, {{"perm", Index{1, 0, 2}}});
+  auto summaries = [&] {
+    std::string all;
+    for (const compiler::Launch& l : compiler::compile(op, test_sim().config()).launches)
+      all += l.summary + "\n";
+    return all;
+  };
+  CHECK(summaries().find("row_gather") != std::string::npos);
+  setenv("NPUSIM_TRANSPOSE_ROW_GATHER", "0", 1);
+  const std::string off = summaries();
+  setenv("NPUSIM_TRANSPOSE_ROW_GATHER", "yes", 1);
+  CHECK_THROWS_WITH(summaries(), Catch::Contains("NPUSIM_TRANSPOSE_ROW_GATHER='yes'"));
+  unsetenv("NPUSIM_TRANSPOSE_ROW_GATHER");
+  INFO(off);
+  CHECK(off.find("row_gather") == std::string::npos);
+  CHECK(off.find("Transpose_f16") != std::string::npos);
 }
 
 TEST_CASE("ConcatV2 and Pack") {

@@ -77,6 +77,22 @@ def test_transpose(npusim, tf, strict_placement, dtype):
     _check(npusim, tf, lambda t: tf.transpose(t, [0, 1, 3, 2]), [x])
 
 
+# Rows of at least one 32-byte block that are not whole blocks (the row gather, ops/transpose.cpp):
+# CANN-Bench's odd permutations at small shapes, last axis kept and moved, against the CPU.
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape,perm", [
+    ((3, 7, 13, 41), [0, 3, 1, 2]),
+    ((3, 4, 5, 67), [3, 2, 1, 0]),
+    ((2, 51, 7, 27), [0, 2, 1, 3]),
+    ((41, 83), [1, 0]),
+    ((5, 3, 67), [1, 0, 2]),
+], ids=str)
+def test_transpose_unaligned_rows(npusim, tf, strict_placement, dtype, shape, perm):
+    x = _data(shape, dtype, 7)
+    name = {np.float32: "f32", np.float16: "f16", BF16: "bf16"}[dtype]
+    _check(npusim, tf, lambda t: tf.transpose(t, perm), [x], f"Transpose_{name}_row_gather")
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
 def test_transpose_attention_heads(npusim, tf, strict_placement, dtype):
     # BERT's heads: [B, S, N, D] -> [B, N, S, D] and back (rows of D = 64 elements, whole

@@ -82,6 +82,17 @@ void TileKernel::load_index(const Reg& value, const Reg& addr, DataType t) {
   }
 }
 
+void first_block_mask(KernelBuilder& b, const Reg& mask, const Reg& tmp, const Reg& phase,
+                      Opnd len, int64_t epb) {
+  // mask = (1 << min(phase + len, epb)) - (1 << phase)
+  b.add(mask, phase, len);
+  b.min(mask, mask, epb);
+  b.movi(tmp, 1);
+  b.shl(mask, tmp, mask);
+  b.shl(tmp, tmp, phase);
+  b.sub(mask, mask, tmp, "lanes of the piece in its first block");
+}
+
 void TileKernel::unit_offset(const Reg& off_u, const Reg& off) {
   if (m_units == 1) m_b.mov(off_u, off);
   else m_b.mul(off_u, off, m_units);
@@ -117,13 +128,7 @@ void TileKernel::exact(Opcode op, Dtype type, const Reg& off_u, const Reg& len_u
         break;
     }
   };
-  // mask = (1 << min(p + len, epb)) - (1 << p)
-  b.add(t, p, len_u);
-  b.min(t, t, epb);
-  b.movi(u, 1);
-  b.shl(t, u, t);
-  b.shl(u, u, p);
-  b.sub(t, t, u, "lanes of the piece in its first block");
+  first_block_mask(b, t, u, p, len_u, epb);
   b.emit(Opcode::op_set_mask, {zero_reg(), t});
   issue(d, src, 1);
   b.add(t, p, len_u);

@@ -250,6 +250,12 @@ AssembleSpec view_spec(const std::string& kernel_name, DataType dtype,
                        const std::vector<int64_t>& in_shape,
                        const std::vector<int64_t>& out_shape, StridedView view);
 
+// mask = the lanes [phase, min(phase + len, epb)) of a block of epb lanes, as a set_mask low
+// word: the first block of a piece of len lanes starting at lane `phase` of its block (tmp is
+// clobbered).
+void first_block_mask(KernelBuilder& b, const Reg& mask, const Reg& tmp, const Reg& phase,
+                      Opnd len, int64_t epb);
+
 // Row-major element strides of a shape.
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
 

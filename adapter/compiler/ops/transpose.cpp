@@ -2,6 +2,9 @@
 // and in order (so [B,S,H,D] -> [B,H,S,D] is 4-d, [N,H,W,C] -> [N,C,H,W] is [N,HW,C] -> [N,C,HW]):
 //   inner dim kept (the last output dim is the last input dim), rows of whole 32-byte blocks:
 //     MTE copies alone (RowCopy below: strided bursts in, strided bursts out, no vector pass).
+//   inner dim kept, 2- and 4-byte rows of at least one block that are not whole blocks: the
+//     row gather (RowGather below: one copy_gm2ub per row into even / odd row buffers, one
+//     vsel and one store per tile); it also drops the block transposer's row padding.
 //   inner dim kept, other rows: one assembly launch whose rows are runs of the inner dim
 //     (assemble.h: whole blocks loaded straight into the output tile, partial blocks through a
 //     scratch buffer and an exact vcopy).
@@ -22,8 +25,10 @@
 #include "adapter/compiler/ops/transpose.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -757,6 +762,294 @@ std::optional<Launch> build_row_copy(const std::string& op, DataType dt,
   return k.build();
 }
 
+// ---- rows not whole blocks: whole rows gathered by MTE2, merged by one vsel per tile ----
+
+namespace {
+
+// Whether the row gather is switched off (NPUSIM_TRANSPOSE_ROW_GATHER=0: the assembly kernel's
+// runs instead, for comparison). Anything but unset, empty, "0" or "1" is a CompileError.
+bool row_gather_enabled(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_TRANSPOSE_ROW_GATHER");
+  if (!v || !*v) return true;
+  const std::string_view value(v);
+  if (value == "0") return false;
+  if (value == "1") return true;
+  throw CompileError(
+      fmt::format("{}: NPUSIM_TRANSPOSE_ROW_GATHER='{}' is neither '0' nor '1'", op, v));
+}
+
+// Emits build_row_gather's kernel: out = view(in), the view's last dim R contiguous in the input
+// (R at least one 32-byte block) and its rows at any element offset. The output is tiled in K
+// consecutive rows, K*R*esize a multiple of 32 bytes, so that every tile is whole output blocks
+// (the tensor's last block excepted). Per tile: MTE2 loads each row with one copy_gm2ub of whole
+// blocks, starting `phase` elements before the row (GM is byte addressed) so that it lands at
+// its place in the tile; even rows go to buffer E, odd rows to buffer O at the same offsets
+// (rows two apart share no block since R >= one block); V merges them with one vsel whose
+// select bits (1: a lane of an even row) are the same for every tile and are built once; MTE3
+// stores the tile with one copy. E, O ping/pong: MTE2 / V / MTE3 overlap.
+class RowGather {
+ public:
+  RowGather(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
+            const StridedView& v, const ChipConfig& cfg);
+  // False when two rows' tile does not fit the UB (the caller takes another path).
+  bool plan_tiles();
+  Launch build();
+
+ private:
+  void build_select_bits();
+  void emit_tile(int q, const Reg& t, const Reg& step, const Label& drain);
+  void row_source(const Reg& src, const Reg& row);
+  void load_row(const Reg& src, const Reg& off, uint64_t buf, const Reg& in);
+  void next_row(const Reg& row, const Reg& src, const Reg& i);
+
+  KernelBuilder m_b;
+  const DataType m_dt;
+  const std::vector<int64_t> m_in_shape;
+  const StridedView m_v;
+  const int64_t m_esize, m_epb;  // bytes per element, elements per 32-byte block
+  const isa::Dtype m_unit;       // the lanes' type (u16 / s32: bits moved unchanged)
+  isa::CoreKind m_kind;
+  int64_t m_r = 0, m_rows = 0;   // row length (elements), output rows
+  RowDim m_inner;                // the innermost row dim (size 1 for a single row)
+  int64_t m_k = 0, m_tiles = 0;  // rows per tile, tiles
+  int64_t m_tile_lanes = 0;      // K * R rounded up to whole repeats
+  int m_block_dim = 0;
+  uint64_t m_even[2] = {0, 0}, m_odd[2] = {0, 0}, m_bits = 0, m_ones = 0;
+  FlagPair m_loaded, m_merged, m_stored;
+};
+
+RowGather::RowGather(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
+                     const StridedView& v, const ChipConfig& cfg)
+    : m_b(fmt::format("Transpose_{}_row_gather", data_type_name(dt)), op, cfg),
+      m_dt(dt),
+      m_in_shape(in_shape),
+      m_v(v),
+      m_esize(data_type_bytes(dt)),
+      m_epb(kBlock / data_type_bytes(dt)),
+      m_unit(data_type_bytes(dt) == 2 ? Dtype::U16 : Dtype::S32),
+      m_kind(m_b.vector_core_kind()) {
+  m_r = v.dims.back();
+  m_rows = 1;
+  for (size_t d = 0; d + 1 < v.dims.size(); ++d) m_rows *= v.dims[d];
+  if (v.dims.size() >= 2)
+    m_inner = RowDim{v.dims[v.dims.size() - 2], v.strides[v.dims.size() - 2], 0};
+}
+
+bool RowGather::plan_tiles() {
+  KernelBuilder& b = m_b;
+  b.begin_section(m_kind);
+  const int64_t cores = b.core().count;
+  const int64_t row_bytes = m_r * m_esize;
+  const int64_t repeat_bytes = 256;  // one vector repeat
+  // Rows per tile: a multiple of kq, so that a tile is whole 32-byte blocks.
+  int64_t g = kBlock, x = row_bytes % kBlock;
+  while (x != 0) {
+    const int64_t y = g % x;
+    g = x;
+    x = y;
+  }
+  const int64_t kq = kBlock / g;
+  // UB: four tiles (E, O ping / pong), the select bits (one bit per lane of a tile), one repeat
+  // of ones, and a block of slack per tile (a row's load ends up to a block past its end).
+  const int64_t avail = static_cast<int64_t>(b.free_bytes(Buf::UB)) - repeat_bytes - 8 * kBlock;
+  const int64_t lane_bits = 8 * m_esize;  // tile bytes per select byte
+  const int64_t cap_bytes = avail * lane_bits / (4 * lane_bits + 1) - repeat_bytes;
+  const int64_t cap_rows = cap_bytes / row_bytes / kq * kq;
+  if (cap_rows < kq) return false;
+  // Tiles per core and size as the row copy's (kRowCopyTilesPerCore, kRowCopyMinTileBytes).
+  const int64_t min_rows =
+      std::min((kRowCopyMinTileBytes + row_bytes - 1) / row_bytes, (m_rows + cores - 1) / cores);
+  const int64_t target = std::max(
+      (m_rows + cores * kRowCopyTilesPerCore - 1) / (cores * kRowCopyTilesPerCore), min_rows);
+  m_k = std::min(cap_rows, (target + kq - 1) / kq * kq);
+  m_tiles = (m_rows + m_k - 1) / m_k;
+  const int64_t lanes_per_repeat = repeat_bytes / m_esize;
+  m_tile_lanes = (m_k * m_r + lanes_per_repeat - 1) / lanes_per_repeat * lanes_per_repeat;
+  m_block_dim = static_cast<int>(std::min(cores, m_tiles));
+  return true;
+}
+
+Launch RowGather::build() {
+  KernelBuilder& b = m_b;
+  const uint64_t tile_bytes = static_cast<uint64_t>(m_tile_lanes * m_esize + kBlock);
+  for (int q = 0; q < 2; ++q) {
+    m_even[q] = b.alloc(Buf::UB, tile_bytes, fmt::format("even rows {}", q));
+    m_odd[q] = b.alloc(Buf::UB, tile_bytes, fmt::format("odd rows {}", q));
+  }
+  m_bits = b.alloc(Buf::UB, static_cast<uint64_t>(m_tile_lanes / 8), "select bits (even rows)");
+  m_ones = b.alloc(Buf::UB, 256, "ones");
+  b.declare_arg("in0", device_dtype(m_dt), m_in_shape);
+  b.declare_arg("out", device_dtype(m_dt), m_v.dims);
+  m_loaded = b.flag_pair(Pipe::MTE2, Pipe::V, "rows loaded");
+  m_merged = b.flag_pair(Pipe::V, Pipe::MTE3, "rows merged");
+  m_stored = b.flag_pair(Pipe::MTE3, Pipe::MTE2, "tile stored");
+  build_select_bits();
+  for (int q = 0; q < 2; ++q) b.set_flag(m_stored, q, "both tiles start free");
+  emit_round_robin_tiles(b, [&](int q, const Reg& t, const Reg& step, const Label& drain) {
+    emit_tile(q, t, step, drain);
+  });
+  for (int q = 0; q < 2; ++q) b.wait_flag(m_stored, q);
+  b.end();
+  Launch l = in_out_launch(b, m_block_dim);
+  l.summary = fmt::format(
+      "{}: {} rows of {} elements gathered ({} rows per tile, {} tiles over {} blocks), "
+      "copy_gm2ub per row + vsel of even / odd rows",
+      l.kernel.program.name, m_rows, m_r, m_k, m_tiles, m_block_dim);
+  return l;
+}
+
+// The select bits: a lane marker (1 in even rows' lanes, 0 elsewhere) built in odd[0] with
+// exact vdups, compared with ones. odd[0] is free again once V is done (the first load into it
+// waits for that).
+void RowGather::build_select_bits() {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, "select bits of the even rows");
+  Reg marker = b.reg_imm("lane marker", static_cast<int64_t>(m_odd[0]));
+  Reg value = b.reg_imm("marker value", 0);
+  b.emit(Opcode::op_set_mask_count, {m_tile_lanes});
+  b.emit(Opcode::op_vdup, {m_unit, marker, value, 0, 1, 8}, "zero the marker");
+  b.movi(value, 1);
+  Reg k = b.reg("row"), d = b.reg("block address"), p = b.reg("phase"), m = b.reg("mask / rest"),
+      u = b.reg("mask temporary");
+  b.for_range(k, 0, m_k, 2, [&] {
+    // lanes [k R, k R + R): the first block masked, the rest in counter mode.
+    b.mul(d, k, m_r);
+    b.and_(p, d, m_epb - 1);
+    b.sub(d, d, p);
+    b.mul_add(d, d, m_esize, static_cast<int64_t>(m_odd[0]));
+    first_block_mask(b, m, u, p, m_r, m_epb);
+    b.emit(Opcode::op_set_mask, {Opnd::reg_number(0), m});
+    b.emit(Opcode::op_vdup, {m_unit, d, value, 1, 1, 8});
+    b.add(m, p, m_r);
+    b.sub(m, m, m_epb, "lanes after the first block");
+    b.if_(ge(m, 1), [&] {
+      b.emit(Opcode::op_set_mask_count, {m});
+      b.add(d, d, kBlock);
+      b.emit(Opcode::op_vdup, {m_unit, d, value, 0, 1, 8});
+    });
+  });
+  Reg ones = b.reg_imm("ones", static_cast<int64_t>(m_ones));
+  b.emit(Opcode::op_set_mask_count, {256 / m_esize});
+  b.emit(Opcode::op_vdup, {m_unit, ones, value, 0, 1, 8});
+  Reg bits = b.reg_imm("select bits", static_cast<int64_t>(m_bits));
+  b.emit(Opcode::op_set_mask_count, {m_tile_lanes});
+  b.emit(Opcode::op_vcmp, {m_unit, isa::Cmp::EQ, bits, marker, ones, 0, 1, 1, 8, 0});
+  // The first tile's loads into odd[0] wait for the marker to be read.
+  b.set_flag(Pipe::V, Pipe::MTE2, 0, "marker read");
+  b.wait_flag(Pipe::V, Pipe::MTE2, 0, "marker read");
+}
+
+// src = the view's element offset of output row `row` (its dims but the last, row-major).
+void RowGather::row_source(const Reg& src, const Reg& row) {
+  KernelBuilder& b = m_b;
+  Reg rest = b.reg("row index left"), idx = b.reg("index");
+  b.mov(rest, row);
+  b.movi(src, m_v.offset);
+  for (size_t d = m_v.dims.size() - 1; d-- > 0;) {
+    if (d > 0) {
+      b.rem(idx, rest, m_v.dims[d]);
+      b.div(rest, rest, m_v.dims[d]);
+      b.mul_add(src, idx, m_v.strides[d], src);
+    } else {
+      b.mul_add(src, rest, m_v.strides[d], src);
+    }
+  }
+}
+
+// MTE2: the row whose first element is input element src and tile element off, into buf at its
+// place in the tile: whole blocks from `phase` elements before it. Then off += R.
+void RowGather::load_row(const Reg& src, const Reg& off, uint64_t buf, const Reg& in) {
+  KernelBuilder& b = m_b;
+  Reg p = b.reg("phase"), ub = b.reg("row's first block"), gm = b.reg("row source"),
+      n = b.reg("blocks");
+  b.and_(p, off, m_epb - 1);
+  b.sub(ub, off, p);
+  b.mul_add(ub, ub, m_esize, static_cast<int64_t>(buf));
+  b.sub(gm, src, p);
+  b.mul_add(gm, gm, m_esize, in);
+  b.mul_add(n, p, m_esize, m_r * m_esize + kBlock - 1);
+  b.shr(n, n, 5, "32-byte blocks");
+  b.emit(Opcode::op_copy_gm2ub, {ub, gm, 1, n, 0, 0});
+  b.add(off, off, m_r);
+}
+
+// The next row: row + 1, its source one stride of the innermost row dim further (i: the index
+// in that dim), or recomputed when that dim wraps.
+void RowGather::next_row(const Reg& row, const Reg& src, const Reg& i) {
+  KernelBuilder& b = m_b;
+  b.add(row, row, 1);
+  b.add(src, src, m_inner.in_stride);
+  b.add(i, i, 1);
+  b.if_(ge(i, m_inner.size), [&] {
+    b.movi(i, 0);
+    row_source(src, row);
+  });
+}
+
+// Tile t (of parity q): its rows loaded into E / O, merged into E, E stored.
+void RowGather::emit_tile(int q, const Reg& t, const Reg& step, const Label& drain) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, fmt::format("tile ({})", q ? "pong" : "ping"));
+  b.branch(ge(t, m_tiles), drain);
+  Reg in = b.load_arg("in0");
+  Reg first = b.reg("first row"), end = b.reg("end row"), row = b.reg("row"),
+      src = b.reg("row's first element"), i = b.reg("index in the innermost row dim"),
+      off = b.reg("tile element");
+  b.mul(first, t, m_k);
+  b.add(end, first, m_k);
+  b.min(end, end, m_rows, "end of the tile's rows");
+  b.mov(row, first);
+  row_source(src, row);
+  b.rem(i, row, m_inner.size);
+  b.movi(off, 0);
+  b.wait_flag(m_stored, q);
+  Label loop = b.label("row_pair"), loaded = b.label("rows_loaded");
+  b.bind(loop);
+  {
+    // rows k (even: E) and k + 1 (odd: O), when there is one.
+    load_row(src, off, m_even[q], in);
+    next_row(row, src, i);
+    b.branch(ge(row, end), loaded);
+    load_row(src, off, m_odd[q], in);
+    next_row(row, src, i);
+    b.branch(lt(row, end), loop);
+  }
+  b.bind(loaded);
+  b.set_flag(m_loaded, q);
+  b.wait_flag(m_loaded, q);
+  Reg e = b.reg_imm("even rows", static_cast<int64_t>(m_even[q]));
+  Reg od = b.reg_imm("odd rows", static_cast<int64_t>(m_odd[q]));
+  Reg bits = b.reg_imm("select bits", static_cast<int64_t>(m_bits));
+  b.emit(Opcode::op_set_mask_count, {m_tile_lanes});
+  b.emit(Opcode::op_vsel, {m_unit, e, e, od, bits, 0, 1, 1, 1, 8, 8, 8}, "even ? E : O");
+  b.set_flag(m_merged, q);
+  b.wait_flag(m_merged, q);
+  Reg out = b.load_arg("out"), gm = b.reg("tile destination"), blocks = b.reg("tile blocks");
+  b.mul_add(gm, first, m_r * m_esize, out);
+  b.sub(blocks, end, first);
+  b.mul_add(blocks, blocks, m_r * m_esize, kBlock - 1);
+  b.shr(blocks, blocks, 5);
+  b.emit(Opcode::op_copy_ub2gm, {gm, e, 1, blocks, 0, 0});
+  b.set_flag(m_stored, q);
+  b.add(t, t, step);
+}
+
+}  // namespace
+
+// The gather out = view(in) of rows that are not whole blocks (RowGather), or nothing when it
+// does not apply: 2- and 4-byte elements, the last dim contiguous and at least one block, two
+// tiles' rows fitting the UB, and not switched off.
+std::optional<Launch> build_row_gather(const std::string& op, DataType dt,
+                                       const std::vector<int64_t>& in_shape, const StridedView& v,
+                                       const ChipConfig& cfg) {
+  const int64_t esize = data_type_bytes(dt);
+  if ((esize != 2 && esize != 4) || v.dims.empty() || v.strides.back() != 1) return std::nullopt;
+  if (v.dims.back() < kBlock / esize || !row_gather_enabled(op)) return std::nullopt;
+  RowGather k(op, dt, in_shape, v, cfg);
+  if (!k.plan_tiles()) return std::nullopt;
+  return k.build();
+}
+
 // Transposes [P, Q, R] -> [P, R, Q]; input rows are `ri` elements apart (ri = R, or more when
 // the input rows are padded), output rows `qo` elements apart (qo = Q, or Q padded to whole
 // blocks). Tiles of tq x tr (multiples of 16) go round-robin to the vector
@@ -777,6 +1070,10 @@ void append_view(LaunchPlan& plan, const std::string& op, const ChipConfig& cfg,
   StridedView simple = v;
   simple.simplify();
   if (std::optional<Launch> rows = build_row_copy(op, dtype, in_shape, simple, cfg)) {
+    plan.add(std::move(*rows), {in, out}, what);
+    return;
+  }
+  if (std::optional<Launch> rows = build_row_gather(op, dtype, in_shape, simple, cfg)) {
     plan.add(std::move(*rows), {in, out}, what);
     return;
   }
