@@ -371,6 +371,35 @@ bool CubePipeline::add_relu_conv(const Store& s) const {
          (m_aff.act == Activation::kRelu || m_aff.act == Activation::kRelu6);
 }
 
+uint64_t CubePipeline::relu6_scratch_at(int q) const {
+  const ChipConfig& cfg = m_b.config();
+  const uint64_t span = cfg.ub_banks > 0 && cfg.ub_bank_width_bytes > 0
+                            ? static_cast<uint64_t>(cfg.ub_banks) * cfg.ub_bank_width_bytes
+                            : layout::kBlockBytes;
+  const uint64_t want = (m_aff.out[q] + span / 2) % span, at = m_aff.result32_at % span;
+  return m_aff.result32_at + (want + span - at) % span;
+}
+
+Twin CubePipeline::add_relu_conv_dst() const {
+  if (m_aff.act != Activation::kRelu6 || !m_aff.result32) return m_aff.out;
+  if (!m_aff.shift_only) {
+    // y * a went into the result tile as one run (dense) before vaddreluconv reads it: the f32
+    // tile is free, and affine_relu6_via_scratch's scratch in it serves (the column groups and
+    // periodic runs read later parts of the f32 tile after each vaddreluconv: in place there).
+    if (!m_aff.dense || !clamp_scratch_fits()) return m_aff.out;
+    return Twin{{m_aff.tile32[0] + clamp_scratch_offset(0),
+                 m_aff.tile32[m_aff.buffers - 1] + clamp_scratch_offset(m_aff.buffers - 1)}};
+  }
+  // The result tile holds max_rows x row_blocks32 blocks of f32; the f16 result at most
+  // max_rows x max_cols x 2 bytes (the periodic runs' rows rounded up stay within max_rows).
+  const uint64_t f32_bytes = static_cast<uint64_t>(m_aff.max_rows * m_aff.row_blocks32) *
+                             layout::kBlockBytes,
+                 out_bytes = static_cast<uint64_t>(m_aff.max_rows * m_aff.max_cols * 2);
+  for (int q = 0; q < m_aff.buffers; ++q)
+    if (relu6_scratch_at(q) - m_aff.result32_at + out_bytes > f32_bytes) return m_aff.out;
+  return Twin{{relu6_scratch_at(0), relu6_scratch_at(m_aff.buffers - 1)}};
+}
+
 int64_t CubePipeline::whole_cols(const Store& s) const {
   const int64_t row_lanes32 = m_aff.row_blocks32 * kBlockLanes32;
   return s.out_type != Dtype::F32 &&
@@ -387,14 +416,16 @@ void CubePipeline::affine_output_activation(const Store& s, const Reg& pt, const
     const auto clamp6 = [&] {
       if (m_aff.act != Activation::kRelu6) return;
       KernelBuilder& b = m_b;
-      Reg n = b.reg("affine: output lanes"), out = b.reg("affine: output tile");
+      Reg n = b.reg("affine: output lanes"), out = b.reg("affine: output tile"),
+          from = b.reg("affine: the f16 result");
       b.mul(n, s.rows, row_blocks);
       b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
       b.emit(Opcode::op_set_mask_count, {n});
       select(b, out, pt, m_aff.out);
+      select(b, from, pt, add_relu_conv_dst());
       b.movi(n, vector_scalar_bits(s.out_type, 6.0));
-      b.emit(Opcode::op_vmins, {s.out_type, out, out, n, 0, 1, 1, 8, 8},
-             "min 6 (max 0 was in vaddreluconv)");
+      b.emit(Opcode::op_vmins, {s.out_type, out, from, n, 0, 1, 1, 8, 8},
+             "min 6 into the output tile (max 0 was in vaddreluconv)");
     };
     if (m_aff.period == 0 || m_aff.dense) return clamp6();
     m_b.if_(eq(s.cols, whole_cols(s)), clamp6);
@@ -537,7 +568,7 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
             b.min(rep, rep, kMaxRepeat, "rows of this instruction");
             if (fused && !periodic) {  // the group's output address, while y is free
               b.mul(out, blocks, r0 * layout::kBlockBytes);
-              select(b, y, pt, m_aff.out);
+              select(b, y, pt, add_relu_conv_dst());
               b.add(out, out, y);
               b.add(out, out, col * osz, "output address");
             }
@@ -677,7 +708,7 @@ void CubePipeline::periodic_runs(bool fused, const Reg& pt, const Reg& rep, cons
                "y * a");
       }
       b.add(table, table, to_shift, "shift, periodic");
-      select(b, out, pt, m_aff.out);
+      select(b, out, pt, add_relu_conv_dst());
       b.add(out, out, off / 2, "the run's first repeat (f16)");
       b.emit(Opcode::op_vaddreluconv,
              {Dtype::F16, Dtype::F32, out, src, table, rep, 1, 1, 1, stride / 2, stride, 0},
@@ -826,7 +857,7 @@ void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
     }
     b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
           "shift (replicated)");
-    select(b, out, pt, m_aff.out);
+    select(b, out, pt, add_relu_conv_dst());
     b.emit(Opcode::op_vaddreluconv,
            {Dtype::F16, Dtype::F32, out, y, table, 0, 1, 1, 1, kLanes32 * 2 / layout::kBlockBytes,
             8, 0},

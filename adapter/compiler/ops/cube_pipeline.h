@@ -355,6 +355,14 @@ class CubePipeline {
   // column groups. ReLU6 then clamps at 6 only, on the f16 lanes (min(round(x), 6) =
   // round(min(x, 6)): rounding is monotone and 6 exact).
   bool add_relu_conv(const Store& s) const;
+  // Where vaddreluconv writes the f16 result: the output tile, or for ReLU6 a scratch half a
+  // bank span from the output tile modulo the span, from which min 6 goes into the output tile
+  // out of place (in place each repeat reads and writes the same banks: docs/chip_model.md's
+  // bank model): in the result tile where the pass leaves it free (shift_only, result32;
+  // relu6_scratch_at(q) for output tile q), or in the f32 tile where the dense pass has moved
+  // y * a to the result tile (clamp_scratch_offset).
+  Twin add_relu_conv_dst() const;
+  uint64_t relu6_scratch_at(int q) const;
   // The column count whose f16 rows fill both the output tile's and the f32 tile's rows exactly
   // (the rounding then is one counter-mode run over the tile); 0: none (an f32 output).
   int64_t whole_cols(const Store& s) const;
