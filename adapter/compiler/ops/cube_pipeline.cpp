@@ -358,6 +358,13 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
   b.wait_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
 }
 
+void CubePipeline::count_output_lanes(const Store& s, const Reg& row_blocks, const Reg& n) {
+  KernelBuilder& b = m_b;
+  b.mul(n, s.rows, row_blocks);
+  b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
+  b.emit(Opcode::op_set_mask_count, {n});
+}
+
 bool CubePipeline::add_relu_conv_enabled() const {
   if (!m_b.config().vector_add_relu_conv) return false;
   const char* v = std::getenv("NPUSIM_FUSION_ADD_RELU_CAST");
@@ -418,9 +425,7 @@ void CubePipeline::affine_output_activation(const Store& s, const Reg& pt, const
       KernelBuilder& b = m_b;
       Reg n = b.reg("affine: output lanes"), out = b.reg("affine: output tile"),
           from = b.reg("affine: the f16 result");
-      b.mul(n, s.rows, row_blocks);
-      b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
-      b.emit(Opcode::op_set_mask_count, {n});
+      count_output_lanes(s, row_blocks, n);
       select(b, out, pt, m_aff.out);
       select(b, from, pt, add_relu_conv_dst());
       b.movi(n, vector_scalar_bits(s.out_type, 6.0));
@@ -444,9 +449,7 @@ void CubePipeline::affine_output_activation_unfused(const Store& s, const Reg& p
   // follows the add, on the output tile whatever its type.
   KernelBuilder& b = m_b;
   Reg n = b.reg("affine: output lanes");
-  b.mul(n, s.rows, row_blocks);
-  b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
-  b.emit(Opcode::op_set_mask_count, {n});
+  count_output_lanes(s, row_blocks, n);
   Reg out = b.reg("affine: output tile");
   select(b, out, pt, m_aff.out);
   if (s.out_type != Dtype::F32 && m_aff.act == Activation::kRelu6 && clamp_scratch_fits())
@@ -585,15 +588,11 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
               // y * a (into the result tile where there is one), then + shift, ReLU and the
               // rounding into the output tile's group in one pass.
               if (!m_aff.shift_only) {
-                if (m_aff.result32) {
-                  b.movi(res, static_cast<int64_t>(m_aff.result32_at) + rows_off);
-                  b.emit(Opcode::op_vmul,
-                         {Dtype::F32, res, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
-                  b.mov(y, res);
-                } else {
-                  b.emit(Opcode::op_vmul,
-                         {Dtype::F32, y, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
-                }
+                const Reg& product = m_aff.result32 ? res : y;
+                if (m_aff.result32) b.movi(res, static_cast<int64_t>(m_aff.result32_at) + rows_off);
+                b.emit(Opcode::op_vmul,
+                       {Dtype::F32, product, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
+                if (m_aff.result32) b.mov(y, res);
               }
               b.add(table, table, to_shift, "shift[channel]");
               b.emit(Opcode::op_vaddreluconv,
@@ -769,9 +768,7 @@ void CubePipeline::add_residual(const Store& s, const Reg& pt, const Reg& row_bl
   KernelBuilder::Origin o(b, "y + residual on the output tile (output type)");
   Reg n = b.reg("residual: lanes"), out = b.reg("residual: output tile"),
       r = b.reg("residual: residual tile");
-  b.mul(n, s.rows, row_blocks);
-  b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
-  b.emit(Opcode::op_set_mask_count, {n});
+  count_output_lanes(s, row_blocks, n);
   select(b, out, pt, m_aff.out);
   select(b, r, pt, m_res_tiles);
   b.wait_flag(m_res_full, pt, "residual tile loaded");

@@ -355,6 +355,9 @@ class CubePipeline {
   // column groups. ReLU6 then clamps at 6 only, on the f16 lanes (min(round(x), 6) =
   // round(min(x, 6)): rounding is monotone and 6 exact).
   bool add_relu_conv(const Store& s) const;
+  // n = the output tile's lanes (rows of row_blocks blocks of s.out_type) and the counter mask
+  // set to them.
+  void count_output_lanes(const Store& s, const Reg& row_blocks, const Reg& n);
   // Where vaddreluconv writes the f16 result: the output tile, or for ReLU6 a scratch half a
   // bank span from the output tile modulo the span, from which min 6 goes into the output tile
   // out of place (in place each repeat reads and writes the same banks: docs/chip_model.md's
