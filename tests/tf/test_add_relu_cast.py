@@ -10,7 +10,7 @@ then rounded to float16):
   are exact in f16, so clamping before or after it gives the same numbers);
 - on the 910 preset (no AddReluCast) the same op compiles without it.
 Shapes: 96 channels (tiles of 48: the periodic tables' runs), 150 channels (64-lane column groups,
-a masked last one, several n tiles).
+a masked last one, several n tiles); and MatMulBiasAdd with ReLU (the bias's column bands).
 """
 import os
 import subprocess
@@ -88,6 +88,39 @@ def test_conv_bn_activation_with_and_without_add_relu_cast(tf, tmp_path, act, sh
     assert fused.min() >= 0 and (act != "relu6" or fused.max() <= 6)
     if act == "relu6":
         assert (fused == 6).any() and (fused == 0).any()  # both clamps are exercised
+
+
+def test_matmul_bias_relu_with_and_without_add_relu_cast(tf, tmp_path):
+    """MatMulBiasAdd (f16, f32 bias) with ReLU: the column bands of the bias's way out."""
+    rng = np.random.default_rng(11)
+    a = rng.uniform(-1, 1, (300, 128)).astype(np.float16)
+    b = rng.uniform(-1, 1, (128, 200)).astype(np.float16)
+    bias = rng.uniform(-2, 2, 200).astype(np.float32)
+    paths = []
+    for name, t in (("a", a), ("b", b), ("bias", bias)):
+        np.save(tmp_path / f"{name}.npy", t)
+        paths.append(str(tmp_path / f"{name}.npy"))
+    outs = {}
+    for fused in (True, False):
+        out = tmp_path / f"mm_{int(fused)}.npy"
+        args = [NPUSIM, "op", "MatMulBiasAdd", "--input", paths[0], "--input", paths[1],
+                "--input", paths[2], "--attr", "relu=true", "--attr", "Tbias=f32",
+                "--chip", "tiny_coupled", "--output", str(out), "--listing"]
+        env = dict(os.environ)
+        env.pop("NPUSIM_FUSION_ADD_RELU_CAST", None)
+        if not fused:
+            env["NPUSIM_FUSION_ADD_RELU_CAST"] = "0"
+        p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, check=False)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr
+        assert ("vaddreluconv" in p.stdout) == fused
+        outs[fused] = np.load(out)
+    with tf.device("/CPU:0"):
+        ref = tf.cast(tf.nn.relu(tf.matmul(a.astype(np.float32), b.astype(np.float32)) + bias),
+                      tf.float16).numpy()
+    # f16 products exact in f32, sums of 128 in f32 (order differs from the CPU's), one rounding
+    np.testing.assert_allclose(outs[True].astype(np.float32), ref.astype(np.float32), rtol=2e-3,
+                               atol=2e-3)
+    np.testing.assert_array_equal(outs[True], outs[False])
 
 
 def test_no_add_relu_cast_on_the_910(tf, tmp_path):  # pylint: disable=unused-argument
