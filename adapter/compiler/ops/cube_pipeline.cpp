@@ -419,7 +419,8 @@ void CubePipeline::affine_output_activation(const Store& s, const Reg& pt, const
   if ((s.out_type == Dtype::F32 && !m_residual) || m_aff.act == Activation::kNone) return;
   if (add_relu_conv(s)) {
     // vaddreluconv did the ReLU (every tile, or with periodic tables those of whole_cols
-    // columns; the others as below): ReLU6 clamps at 6, in place on the output tile's lanes.
+    // columns; the others as below): ReLU6 clamps at 6 from where it wrote the f16 result
+    // (add_relu_conv_dst: a scratch, or the output tile itself) into the output tile.
     const auto clamp6 = [&] {
       if (m_aff.act != Activation::kRelu6) return;
       KernelBuilder& b = m_b;
@@ -569,7 +570,7 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
           b.if_(ge(s.rows, r0 + 1), [&] {
             b.sub(rep, s.rows, r0);
             b.min(rep, rep, kMaxRepeat, "rows of this instruction");
-            if (fused && !periodic) {  // the group's output address, while y is free
+            if (fused && !periodic) {  // where the group's f16 result goes, while y is free
               b.mul(out, blocks, r0 * layout::kBlockBytes);
               select(b, y, pt, add_relu_conv_dst());
               b.add(out, out, y);
