@@ -42,14 +42,15 @@ def _inputs(tmp_path, shape, k, cout, seed):
     return tensors, paths
 
 
-def _run_op(tmp_path, paths, act, chip, fused):
-    out = tmp_path / f"y_{chip}_{int(fused)}.npy"
-    args = [NPUSIM, "op", "Conv2DBatchNormInference"]
+def _npusim_op(out, op_type, paths, attrs, chip, fused):
+    """`npusim op` on .npy inputs, output 0 to `out`; NPUSIM_FUSION_ADD_RELU_CAST=0 unless
+    fused. Returns the output and the listing."""
+    args = [NPUSIM, "op", op_type]
     for p in paths:
         args += ["--input", p]
-    args += ["--attr", "strides=[1,1,1,1]", "--attr", "padding=SAME", "--attr", "epsilon=0.001",
-             "--attr", f"{act}=true", "--attr", "Tx=f16", "--attr", "Tout=f16",
-             "--chip", chip, "--output", str(out), "--listing"]
+    for a in attrs:
+        args += ["--attr", a]
+    args += ["--chip", chip, "--output", str(out), "--listing"]
     env = dict(os.environ)
     env.pop("NPUSIM_FUSION_ADD_RELU_CAST", None)
     if not fused:
@@ -57,6 +58,12 @@ def _run_op(tmp_path, paths, act, chip, fused):
     p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, check=False)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr
     return np.load(out), p.stdout
+
+
+def _run_op(tmp_path, paths, act, chip, fused):
+    return _npusim_op(tmp_path / f"y_{chip}_{int(fused)}.npy", "Conv2DBatchNormInference", paths,
+                      ["strides=[1,1,1,1]", "padding=SAME", "epsilon=0.001", f"{act}=true",
+                       "Tx=f16", "Tout=f16"], chip, fused)
 
 
 def _reference(tf, t, act):
@@ -102,18 +109,10 @@ def test_matmul_bias_relu_with_and_without_add_relu_cast(tf, tmp_path):
         paths.append(str(tmp_path / f"{name}.npy"))
     outs = {}
     for fused in (True, False):
-        out = tmp_path / f"mm_{int(fused)}.npy"
-        args = [NPUSIM, "op", "MatMulBiasAdd", "--input", paths[0], "--input", paths[1],
-                "--input", paths[2], "--attr", "relu=true", "--attr", "Tbias=f32",
-                "--chip", "tiny_coupled", "--output", str(out), "--listing"]
-        env = dict(os.environ)
-        env.pop("NPUSIM_FUSION_ADD_RELU_CAST", None)
-        if not fused:
-            env["NPUSIM_FUSION_ADD_RELU_CAST"] = "0"
-        p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, check=False)
-        assert p.returncode == 0, p.stdout[-2000:] + p.stderr
-        assert ("vaddreluconv" in p.stdout) == fused
-        outs[fused] = np.load(out)
+        outs[fused], listing = _npusim_op(tmp_path / f"mm_{int(fused)}.npy", "MatMulBiasAdd",
+                                          paths, ["relu=true", "Tbias=f32"], "tiny_coupled",
+                                          fused)
+        assert ("vaddreluconv" in listing) == fused
     with tf.device("/CPU:0"):
         ref = tf.cast(tf.nn.relu(tf.matmul(a.astype(np.float32), b.astype(np.float32)) + bias),
                       tf.float16).numpy()
