@@ -54,6 +54,9 @@ struct ChipConfig {
   int vector_latency_cycles = 0;              // pipeline fill per instruction
   int vector_reduce_factor = 2;               // reductions take N x an element-wise repeat
   int vector_transcendental_factor = 1;       // exp/ln/sqrt/div take N x an add repeat
+  // The vector unit has Ascend's AddReluCast (vaddreluconv: add, max 0, f32 -> f16 in one
+  // instruction); chips whose arch the API reference lists (docs/assembly.md).
+  bool vector_add_relu_conv = false;
 
   // scalar
   int scalar_cycles_per_insn = 1;

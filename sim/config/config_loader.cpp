@@ -63,6 +63,7 @@ const char* const kSchemaKeys[] = {
     "vector.latency_cycles",
     "vector.reduce_factor",
     "vector.transcendental_factor",
+    "vector.add_relu_conv",
     "scalar.cycles_per_insn",
     "issue_queue_depth",
     "paths.<path>.bytes_per_cycle",
@@ -481,6 +482,8 @@ ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::stri
   c.vector_latency_cycles = r.get_int("vector.latency_cycles", 0, kMaxLatencyCycles);
   c.vector_reduce_factor = r.get_int("vector.reduce_factor", 1, kMaxCostFactor);
   c.vector_transcendental_factor = r.get_int("vector.transcendental_factor", 1, kMaxCostFactor);
+  // optional: false (no vaddreluconv) without it
+  c.vector_add_relu_conv = r.has("vector.add_relu_conv") && r.get_bool("vector.add_relu_conv");
 
   c.scalar_cycles_per_insn = r.get_int("scalar.cycles_per_insn", 1, kMaxLatencyCycles);
   c.issue_queue_depth = r.get_int("issue_queue_depth", 1, kMaxIssueQueueDepth);
@@ -551,9 +554,9 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
       c.cube_bf16 ? "true" : "false", c.cube_latency_cycles);
   o << fmt::format(
       "vector:\n  bytes_per_cycle: {}\n  latency_cycles: {}\n  reduce_factor: {}\n"
-      "  transcendental_factor: {}\n",
+      "  transcendental_factor: {}\n  add_relu_conv: {}\n",
       c.vector_bytes_per_cycle, c.vector_latency_cycles, c.vector_reduce_factor,
-      c.vector_transcendental_factor);
+      c.vector_transcendental_factor, c.vector_add_relu_conv ? "true" : "false");
   o << fmt::format("scalar:\n  cycles_per_insn: {}\n", c.scalar_cycles_per_insn);
   o << fmt::format("issue_queue_depth: {}\n", c.issue_queue_depth);
   o << "paths:\n";

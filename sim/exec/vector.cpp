@@ -609,6 +609,10 @@ struct VectorExec {
       using Op = decltype(o);
       if constexpr (Op::family == Family::kTranspose) {
         run_transpose(vi, ub);
+      } else if constexpr (Op::family == Family::kBinaryConvert) {
+        // decode_vector admits f16 <- f32 only (vector_pair_ok).
+        elementwise<Raw<uint16_t>, Elem<Dtype::F32>, Elem<Dtype::F32>>(
+            vi, ub, [](float a, float b) { return vec::AddReluConvF32ToF16::apply(a, b); });
       } else if constexpr (Op::family == Family::kConvert) {
         visit_supported<Op::types>(vi.type, [&](auto to) {
           visit_supported<Op::types>(vi.src_type, [&](auto from) {

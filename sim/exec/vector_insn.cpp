@@ -94,6 +94,11 @@ void require_type(const char* mn, const char* what, Dtype t, TypeSet allowed) {
 
 }  // namespace
 
+const char* missing_capability(isa::Opcode op, const ChipConfig& cfg) {
+  if (op == Opcode::op_vaddreluconv && !cfg.vector_add_relu_conv) return "vector.add_relu_conv";
+  return nullptr;
+}
+
 bool Lanes::all(int first, int n) const {
   auto range = [](int from, int to) -> uint64_t {  // bits [from, to) of one word, 0..64
     if (to <= from) return 0;
@@ -142,6 +147,9 @@ VecInsn decode_vector(const IssuedOp& op, const ChipConfig& cfg) {
   vi.op = op.op();
   vi.mnemonic = op.insn->desc().mnemonic;
   const char* mn = vi.mnemonic;
+  if (const char* key = missing_capability(vi.op, cfg))
+    throw KernelFault(fmt::format("{}: chip {} does not have this instruction ({} is false in {})",
+                                  mn, cfg.name, key, cfg.source_file));
   TypeSet types = 0;
   bool is_vector = visit_vector_op(vi.op, [&](auto o) {
     using Op = decltype(o);
@@ -158,10 +166,13 @@ VecInsn decode_vector(const IssuedOp& op, const ChipConfig& cfg) {
   } else {
     vi.type = dtype_field(op, f.type);
     vi.src_type = f.src_type >= 0 ? dtype_field(op, f.src_type) : vi.type;
-    bool conv = vi.family == Family::kConvert;
+    bool conv = vi.family == Family::kConvert || vi.family == Family::kBinaryConvert;
     require_type(mn, conv ? "destination type" : "type", vi.type, types);
     if (conv) {
       require_type(mn, "source type", vi.src_type, types);
+      if (!vector_pair_ok(vi.op, vi.type, vi.src_type))
+        throw KernelFault(fmt::format("{}: {} <- {} is not supported (only f16 <- f32)", mn,
+                                      isa::dtype_name(vi.type), isa::dtype_name(vi.src_type)));
       if (isa::dtype_size(vi.type) == 1 && isa::dtype_size(vi.src_type) == 1)
         throw KernelFault(fmt::format(
             "{}: conversion {} -> {} is not supported: two 8-bit types give 256 lanes, more "
@@ -253,6 +264,10 @@ VecInsn decode_vector(const IssuedOp& op, const ChipConfig& cfg) {
       opd[kDst] = strided(kDst, dst_size);
       opd[kSrc0] = strided(kSrc0, src_size);
       vi.num_operands = 2;
+      break;
+    case Family::kBinaryConvert:
+      opd = {strided(kDst, dst_size), strided(kSrc0, src_size), strided(kSrc1, src_size)};
+      vi.num_operands = 3;
       break;
     case Family::kCompare:
       opd = {dense(kDst, bit_row_bytes), strided(kSrc0, src_size), strided(kSrc1, src_size)};

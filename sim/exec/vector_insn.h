@@ -60,8 +60,8 @@ struct VecInsn {
   const char* mnemonic = "";
   Family family = Family::kBinary;
   CostClass cost = CostClass::kElementwise;
-  isa::Dtype type = isa::Dtype::NONE;      // element type; vconv: the destination type
-  isa::Dtype src_type = isa::Dtype::NONE;  // vconv: the source type; else == type
+  isa::Dtype type = isa::Dtype::NONE;      // element type; vconv, vaddreluconv: the destination
+  isa::Dtype src_type = isa::Dtype::NONE;  // vconv, vaddreluconv: the sources'; else == type
   isa::Cmp cmp = isa::Cmp::EQ;             // vcmp
   RoundMode round = RoundMode::kRint;      // vconv
   int64_t scalar = 0;                      // xscalar register value (VSCL, vdup)
@@ -78,6 +78,9 @@ struct VecInsn {
   uint64_t bytes_written() const;
 };
 
+// The chip config key (configs/chips/*.yaml) that a V instruction needs and cfg lacks, or nullptr
+// if cfg has what it needs (only vaddreluconv needs one: vector.add_relu_conv).
+const char* missing_capability(isa::Opcode op, const ChipConfig& cfg);
 // Decodes and checks operand values, data types and alignment (no buffer access). Throws
 // KernelFault naming the instruction and operand on any violation.
 VecInsn decode_vector(const IssuedOp& op, const ChipConfig& cfg);

@@ -28,6 +28,8 @@
 //   vconv:                               any pair of f32 f16 bf16 s32 s16 s8 u8 u16 except two
 //                                        8-bit types (256 lanes would exceed the 128-bit mask)
 //   vtranspose:                          2-byte elements, no type field
+//   vaddreluconv:                        f16 <- f32 only (dst_type, src_type; vector_pair_ok);
+//                                        on chips with vector.add_relu_conv only
 // 8-bit types are vconv-only: a 256-lane repeat cannot be addressed by the 128-bit mask.
 #pragma once
 
@@ -52,6 +54,7 @@ enum class Family : uint8_t {
   kConvert,    // dst (dst_type) = convert(src (src_type)) (vconv)
   kDup,        // dst = scalar (vdup)
   kTranspose,  // 16x16 2-byte transpose (vtranspose)
+  kBinaryConvert,  // dst (dst_type) = convert(f(src0, src1)) (src_type sources; vaddreluconv)
 };
 
 // Which config factor multiplies the per-repeat cycles.
@@ -226,6 +229,27 @@ struct ReduceMin : OpTraits<Family::kReduce, kArithTypes, CostClass::kReduce> {
   static T combine(T acc, T x) { return Min::apply(acc, x); }
 };
 struct ConvertOp : OpTraits<Family::kConvert, kConvertTypes> {};
+// Ascend's AddReluCast (CCE vaddreluconv_f322f16): the f32 sum a + b (rounded to f32), max with
+// 0 (Relu: a NaN stays NaN, -0 stays -0), rounded once to f16 to nearest even (the instruction
+// has no rounding mode: the conversion rules' CAST_NONE, i.e. CAST_RINT where precision is
+// lost), saturating: a sum past the f16 range (+inf included) gives 65504, as the conversion
+// rules' default overflow mode says (docs/assembly.md "Chip-dependent vector instructions"). A
+// NaN gives the canonical f16 NaN (the sources say nothing of NaN). Returns the f16 bits.
+struct AddReluConvF32ToF16 {
+  static uint16_t apply(float a, float b) {
+    const uint16_t h = narrow_f16_rne(Max::apply(a + b, 0.0f));
+    constexpr uint16_t kInf = 0x7c00u, kMaxFinite = 0x7bffu;
+    return (h & 0x7fffu) == kInf ? static_cast<uint16_t>((h & 0x8000u) | kMaxFinite) : h;
+  }
+};
+struct AddReluConvOp : OpTraits<Family::kBinaryConvert,
+                                type_bit(isa::Dtype::F16) | type_bit(isa::Dtype::F32)> {};
+
+// Whether a V instruction of family kBinaryConvert takes the pair dst <- src (the type sets
+// above admit each type alone).
+constexpr bool vector_pair_ok(isa::Opcode op, isa::Dtype dst, isa::Dtype src) {
+  return op != isa::Opcode::op_vaddreluconv || (dst == isa::Dtype::F16 && src == isa::Dtype::F32);
+}
 struct DupOp : OpTraits<Family::kDup, kMoveTypes> {};
 struct TransposeOp : OpTraits<Family::kTranspose, 0> {};
 
@@ -266,6 +290,7 @@ bool visit_vector_op(isa::Opcode op, Visitor&& v) {
     case Opcode::op_vconv: v(ConvertOp{}); return true;
     case Opcode::op_vdup: v(DupOp{}); return true;
     case Opcode::op_vtranspose: v(TransposeOp{}); return true;
+    case Opcode::op_vaddreluconv: v(AddReluConvOp{}); return true;
     default: return false;
   }
 }

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "sim/exec/exec.h"
 #include "sim/exec/scalar_alu.h"
+#include "sim/exec/vector_insn.h"
 #include "sim/exec/vector_ops.h"
 
 namespace npusim::isa {
@@ -185,12 +186,24 @@ class SectionCheck {
       if (s != 1 && s != 2 && s != 4) bad_type(field, "a 1-, 2- or 4-byte type");
     };
     if (d.pipe == Pipe::V) {
+      if (const char* key = vec::missing_capability(in.op, m_cfg))
+        return issue(pc, fmt::format("{} (@{}): chip {} does not have this instruction ({} is "
+                                     "false in {})",
+                                     d.mnemonic, pc, m_cfg.name, key, m_cfg.source_file));
       // The type sets of the vector unit itself (sim/exec/vector_ops.h).
+      bool types_ok = true;
       vec::visit_vector_op(in.op, [&](auto op) {
         for (const FieldDesc& f : d.fields)
-          if (f.kind == FieldKind::Dt && !(decltype(op)::types & vec::type_bit(type(f.name))))
+          if (f.kind == FieldKind::Dt && !(decltype(op)::types & vec::type_bit(type(f.name)))) {
             bad_type(f.name, type_list(decltype(op)::types));
+            types_ok = false;
+          }
       });
+      if (types_ok && d.fields[0].kind == FieldKind::Dt && d.fields[1].kind == FieldKind::Dt &&
+          !vec::vector_pair_ok(in.op, type(d.fields[0].name), type(d.fields[1].name)))
+        issue(pc, fmt::format("{}: {} <- {} is not supported (only f16 <- f32)", d.mnemonic,
+                              dtype_name(type(d.fields[0].name)),
+                              dtype_name(type(d.fields[1].name))));
       return;
     }
     switch (in.op) {

@@ -585,6 +585,62 @@ def _(d):
         want = M * N * 2 * repeat * (r["block_dim"] if every else 1)
         assert r["activity"]["bytes.gm_to_l1"] == want, (every, stagger, slices, repeat, r)
 
+@check("vaddreluconv (AddReluCast) on the 310p matches numpy; the 910 refuses it")
+def _(d):
+    # f16(max(a + b, 0)): the f32 sum, ReLU, rounded to nearest even, saturating at 65504 (the
+    # conversion rules' default overflow mode); a NaN sum stays NaN.
+    n = 512
+    rng = np.random.default_rng(7)
+    a = rng.uniform(-8, 8, n).astype(np.float32)
+    b = rng.uniform(-8, 8, n).astype(np.float32)
+    special = np.array([-1.0, -0.0, 0.0, 6.0, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 2049.0, 65504.0,
+                        65519.0, 65520.0, 1e6, np.inf, -np.inf, np.nan, 2.0**-20, 2.0**-30],
+                       np.float32)
+    a[:special.size] = special
+    b[:special.size] = 0
+    a[special.size] = 40000.0  # two finite sources whose sum overflows f16
+    b[special.size] = 40000.0
+    np.save(f"{d}/a.npy", a)
+    np.save(f"{d}/b.npy", b)
+    with open(f"{d}/arc.s", "w") as f:
+        f.write(f""".arg a, f32[{n}]
+.arg b, f32[{n}]
+.arg z, f16[{n}]
+.section aicore
+    ldarg x1, a
+    ldarg x2, b
+    ldarg x3, z
+    movi x4, 0
+    movi x5, {4 * n}
+    movi x6, {8 * n}
+    copy_gm2ub x4, x1, 1, {4 * n // 32}, 0, 0
+    copy_gm2ub x5, x2, 1, {4 * n // 32}, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vaddreluconv.f16.f32 x6, x4, x5, {n // 64}, 1, 1, 1, 4, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x3, x6, 1, {2 * n // 32}, 0, 0
+    end
+""")
+    run("run", f"{d}/arc.s", "--chip", "310p", "--blocks", "1", "--in", f"a={d}/a.npy",
+        "--in", f"b={d}/b.npy", "--out", f"z={d}/z.npy", "--quiet")
+    z = np.load(f"{d}/z.npy")
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = a + b  # f32
+        want = np.where(s < 0, np.float32(0), s).astype(np.float16)  # RNE; NaN stays NaN
+    want[np.isinf(want)] = np.float16(65504)
+    assert z.dtype == np.float16 and z.shape == (n,), (z.dtype, z.shape)
+    same = (z.view(np.uint16) == want.view(np.uint16)) | (np.isnan(z) & np.isnan(want))
+    assert same.all(), (np.flatnonzero(~same)[:8], z[~same][:8], want[~same][:8])
+    assert (z[7:12] == 65504).all() and z[12] == 0 and np.isnan(z[13]), z[:17]  # saturated
+    assert z[special.size] == 65504, z[special.size]
+    assert z[4] == 1 and z[5] == np.float16(1 + 2.0**-9), z[4:6]  # ties to even
+    p = run("verify", f"{d}/arc.s", "--chip", "910", expect_rc=1)
+    assert ("arc.s:15:" in p.stderr and "vaddreluconv (@10): chip 910 does not have this "
+            "instruction (vector.add_relu_conv is false in" in p.stderr), p.stderr
+
+
 failed = sum(1 for _, e in results if e is not None)
 print(f"{len(results) - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -176,6 +176,64 @@ TEST_CASE("coupled chip: the batch norm in the convolution's way out through the
       "Conv2DBatchNormInferenceRelu6_f16"));
 }
 
+namespace {
+
+// The listings of Conv2DBatchNormInference's launches over c (f16 x and y), ReLU6 or ReLU, with
+// NPUSIM_FUSION_ADD_RELU_CAST set to `add_relu_cast` ("0" or "1").
+std::string conv_bn_listing(const ConvCase& c, bool relu6, const char* add_relu_cast) {
+  std::vector<TensorDesc> descs = {TensorDesc{DataType::F16, {c.n, c.h, c.w, c.c}},
+                                   TensorDesc{DataType::F32, filter_shape(c)}};
+  for (int i = 0; i < 4; ++i) descs.push_back(TensorDesc{DataType::F32, {c.cout}});
+  auto attrs = c.attrs();
+  attrs["epsilon"] = 0.001;
+  attrs["relu"] = !relu6;
+  attrs["relu6"] = relu6;
+  attrs["Tx"] = std::string(compiler::data_type_name(DataType::F16));
+  attrs["Tout"] = std::string(compiler::data_type_name(DataType::F16));
+  setenv("NPUSIM_FUSION_ADD_RELU_CAST", add_relu_cast, 1);
+  const compiler::CompiledKernel k =
+      compiler::compile(make_op("Conv2DBatchNormInference", descs, attrs), test_sim().config());
+  unsetenv("NPUSIM_FUSION_ADD_RELU_CAST");
+  std::string listing;
+  for (const compiler::Launch& l : k.launches) listing += l.kernel.listing;
+  return listing;
+}
+
+}  // namespace
+
+TEST_CASE("coupled chip: AddReluCast takes + shift, ReLU and the rounding to f16 in one pass") {
+  // tiny_coupled has the 310p's vaddreluconv (vector.add_relu_conv): an f16 way out with ReLU6
+  // or ReLU takes it (ReLU6 then clamps at 6 only); NPUSIM_FUSION_ADD_RELU_CAST=0 keeps the
+  // f32 + shift, the rounding and the clamps. Both against the reference.
+  REQUIRE(test_sim().config().vector_add_relu_conv);
+  ConvCase groups{2, 8, 8, 32, 3, 3, 32};
+  groups.groups = 2;
+  const struct {
+    ConvCase c;
+    bool relu6;
+    const char* what;
+  } cases[] = {
+      {ConvCase{2, 7, 7, 16, 1, 1, 96}, true, "96 channels: tiles of 48, periodic tables"},
+      {ConvCase{3, 5, 5, 24, 1, 1, 150}, true, "150 channels: column groups, a masked last"},
+      {ConvCase{1, 9, 9, 20, 3, 3, 64}, false, "ReLU, 3x3, 64 channels: one column group"},
+      {groups, true, "groups of 16: one dense run"},
+  };
+  uint32_t seed = 60;
+  for (const auto& t : cases) {
+    INFO(t.what);
+    const std::string on = conv_bn_listing(t.c, t.relu6, "1"),
+                      off = conv_bn_listing(t.c, t.relu6, "0");
+    CHECK(on.find("vaddreluconv.f16.f32") != std::string::npos);
+    CHECK(off.find("vaddreluconv") == std::string::npos);
+    for (const char* fused : {"1", "0"}) {
+      setenv("NPUSIM_FUSION_ADD_RELU_CAST", fused, 1);
+      check_conv2d_batch_norm(t.c, !t.relu6, false, seed++, PrecisionMode::kAllowFp32ToFp16,
+                              DataType::F16, DataType::F16, t.relu6);
+      unsetenv("NPUSIM_FUSION_ADD_RELU_CAST");
+    }
+  }
+}
+
 TEST_CASE("coupled chip: a residual added on the tile in the UB (Conv2D + BNInference + Add)") {
   const PrecisionMode fp16 = PrecisionMode::kAllowFp32ToFp16;
   // MobileNetV2's projection: f16 in and out, 32 channels (whole blocks), the residual's rows

@@ -94,6 +94,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.vector_latency_cycles == b.vector_latency_cycles);
   CHECK(a.vector_reduce_factor == b.vector_reduce_factor);
   CHECK(a.vector_transcendental_factor == b.vector_transcendental_factor);
+  CHECK(a.vector_add_relu_conv == b.vector_add_relu_conv);
   CHECK(a.scalar_cycles_per_insn == b.scalar_cycles_per_insn);
   CHECK(a.issue_queue_depth == b.issue_queue_depth);
   CHECK(a.path_bytes_per_cycle == b.path_bytes_per_cycle);

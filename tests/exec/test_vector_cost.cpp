@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -325,13 +326,17 @@ TEST_CASE("every V instruction of isa.def is planned and executed") {
     const isa::InstrDesc& d = isa::describe(op);
     if (d.pipe != isa::Pipe::V) continue;
     bool ok = false;
-    for (Dtype t : {Dtype::F32, Dtype::S16}) {
+    // (type or dst_type, src_type): f16 <- f32 for vaddreluconv's one pair.
+    for (auto [t, src] : {std::pair{Dtype::F32, Dtype::F32}, std::pair{Dtype::S16, Dtype::S16},
+                          std::pair{Dtype::F16, Dtype::F32}}) {
       VecHarness h;
+      h.cfg.vector_add_relu_conv = true;  // a chip with every V instruction
       VecOp o(op, {});
       for (size_t f = 0; f < d.fields.size(); ++f) {
         std::string name = d.fields[f].name;
         int64_t v = 0;
-        if (name == "type" || name == "dst_type" || name == "src_type") v = dt(t);
+        if (name == "type" || name == "dst_type") v = dt(t);
+        else if (name == "src_type") v = dt(src);
         else if (name == "repeat") v = 2;
         else if (name.find("_blk") != std::string::npos) v = 1;
         else if (name.find("_rep") != std::string::npos) v = 8;

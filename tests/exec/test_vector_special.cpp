@@ -416,3 +416,108 @@ TEST_CASE("vtranspose: 16x16 two-byte elements, also in place, mask ignored") {
     CHECK(cost.vector_repeats == 2);
   }
 }
+
+namespace {
+
+// vaddreluconv's reference: the f32 sum, ReLU (a NaN stays NaN, -0 stays -0), rounded to f16 to
+// nearest even by _Float16, then saturated: an infinite f16 becomes 65504 (0x7bff).
+uint16_t ref_add_relu_conv(uint32_t a_bits, uint32_t b_bits) {
+  const float sum = ref_f32(a_bits) + ref_f32(b_bits);
+  if (std::isnan(sum)) return 0x7e00u;
+  const float relu = sum < 0.0f ? 0.0f : sum;
+  const uint16_t h = ref_f16_bits(static_cast<_Float16>(relu));
+  return (h & 0x7fffu) == 0x7c00u ? static_cast<uint16_t>((h & 0x8000u) | 0x7bffu) : h;
+}
+
+}  // namespace
+
+TEST_CASE("vaddreluconv: f16(max(a + b, 0)) rounded to nearest even, saturating, active lanes") {
+  const int lanes = 64;  // 256 / max(4, 2)
+  // Specials: ties to even (1 + 2^-11 -> 1, 1 + 3 * 2^-11 -> 1 + 2^-9), the largest finite f16
+  // and the sums past it (65519 rounds to 65504, 65520 and +inf saturate to 65504), negatives,
+  // -0, NaN, an f16 subnormal and f32 values below the f16 range.
+  const float specials[] = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65504.0f, 65519.0f, 65520.0f,
+                            1e6f, INFINITY, -INFINITY, -3.5f, -0.0f, NAN, 0x1p-20f, 0x1p-30f,
+                            6.0f, 5.99f, -1e-3f};
+  int li = 0;
+  for (const Layout& l : layouts(lanes)) {
+    VecHarness h;
+    h.cfg.vector_add_relu_conv = true;
+    h.randomize(1700 + li);
+    ValuePool pool(Dtype::F32, 1800 + li++);
+    const uint64_t repeats = repeats_of(l, lanes);
+    // Sources: random f32 patterns, with the specials against a zero in the other source.
+    int k = 0;
+    for (uint64_t r = 0; r < repeats; ++r)
+      for (int i = 0; i < lanes; ++i) {
+        const uint64_t a = ref_lane_addr(kSrc0, l.src0_blk, l.src0_rep, 4, r, i);
+        const uint64_t b = ref_lane_addr(kSrc1, l.src1_blk, l.src1_rep, 4, r, i);
+        if (k < static_cast<int>(std::size(specials)) && i % 3 == 0) {
+          h.put_elem(a, 4, ref_f32_bits(specials[k++]));
+          h.put_elem(b, 4, ref_f32_bits(0.0f));
+        } else {
+          h.put_elem(a, 4, pool.next());
+          h.put_elem(b, 4, pool.next());
+        }
+      }
+    std::vector<uint8_t> expected = h.snapshot();
+    for (uint64_t r = 0; r < repeats; ++r)
+      for (int i = 0; i < lanes; ++i) {
+        if (!ref_lane_active(l.mask, r, lanes, i)) continue;
+        const uint32_t a =
+            element_from(expected, ref_lane_addr(kSrc0, l.src0_blk, l.src0_rep, 4, r, i), 4);
+        const uint32_t b =
+            element_from(expected, ref_lane_addr(kSrc1, l.src1_blk, l.src1_rep, 4, r, i), 4);
+        element_to(expected, ref_lane_addr(kDst, l.dst_blk, l.dst_rep, 2, r, i), 2,
+                   ref_add_relu_conv(a, b));
+      }
+    VecOp o(Opcode::op_vaddreluconv,
+            {{"dst_type", dt(Dtype::F16)}, {"src_type", dt(Dtype::F32)}, {"xdst", int64_t(kDst)},
+             {"xsrc0", int64_t(kSrc0)}, {"xsrc1", int64_t(kSrc1)}, {"repeat", l.repeat},
+             {"dst_blk", l.dst_blk}, {"src0_blk", l.src0_blk}, {"src1_blk", l.src1_blk},
+             {"dst_rep", l.dst_rep}, {"src0_rep", l.src0_rep}, {"src1_rep", l.src1_rep}},
+            l.mask);
+    const ExecCost c = h.run(o);
+    CHECK(c.vector_repeats == repeats);
+    check_image(h, expected, "vaddreluconv, " + l.name);
+  }
+  // Spot values of the reference itself (independent of the pool): ties, saturation, NaN.
+  CHECK(ref_add_relu_conv(ref_f32_bits(1.0f + 0x1p-11f), 0) == 0x3c00u);          // 1
+  CHECK(ref_add_relu_conv(ref_f32_bits(1.0f + 3 * 0x1p-11f), 0) == 0x3c02u);      // 1 + 2^-9
+  CHECK(ref_add_relu_conv(ref_f32_bits(65520.0f), 0) == 0x7bffu);                 // 65504
+  CHECK(ref_add_relu_conv(ref_f32_bits(-2.0f), ref_f32_bits(1.0f)) == 0x0000u);   // +0
+}
+
+TEST_CASE("vaddreluconv: an f32 add's repeat cost; refused on a chip without it") {
+  VecHarness h;
+  h.cfg.vector_add_relu_conv = true;
+  h.cfg.ub_banks = 0;  // no bank conflicts: latency + one cycle per 256-byte repeat
+  auto op = [] {
+    return VecOp(Opcode::op_vaddreluconv,
+                 {{"dst_type", dt(Dtype::F16)}, {"src_type", dt(Dtype::F32)}, {"xdst", 0},
+                  {"xsrc0", int64_t(kSrc0)}, {"xsrc1", int64_t(kSrc1)}, {"repeat", 10},
+                  {"dst_blk", 1}, {"src0_blk", 1}, {"src1_blk", 1}, {"dst_rep", 4},
+                  {"src0_rep", 8}, {"src1_rep", 8}});
+  };
+  VecOp a = op();
+  const uint64_t per_repeat =
+      (256 + h.cfg.vector_bytes_per_cycle - 1) / h.cfg.vector_bytes_per_cycle;
+  CHECK(plan(a.issued(), h.ctx).cycles ==
+        static_cast<uint64_t>(h.cfg.vector_latency_cycles) + 10 * per_repeat);
+  VecOp add(Opcode::op_vadd,
+            {{"type", dt(Dtype::F32)}, {"xdst", 0}, {"xsrc0", int64_t(kSrc0)},
+             {"xsrc1", int64_t(kSrc1)}, {"repeat", 10}, {"dst_blk", 1}, {"src0_blk", 1},
+             {"src1_blk", 1}, {"dst_rep", 8}, {"src0_rep", 8}, {"src1_rep", 8}});
+  CHECK(plan(add.issued(), h.ctx).cycles == plan(a.issued(), h.ctx).cycles);
+  h.cfg.vector_add_relu_conv = false;
+  VecOp b = op();
+  CHECK_THROWS_WITH(
+      plan(b.issued(), h.ctx),
+      Catch::Contains("vaddreluconv: chip unit-test does not have this instruction") &&
+          Catch::Contains("vector.add_relu_conv"));
+  // f16 <- f16 is not an AddReluCast.
+  h.cfg.vector_add_relu_conv = true;
+  VecOp c = op();
+  c.set("src_type", dt(Dtype::F16));
+  CHECK_THROWS_WITH(plan(c.issued(), h.ctx), Catch::Contains("f16 <- f16 is not supported"));
+}

@@ -72,6 +72,25 @@ top: vadd.f16 x3, x4, x5, 8, 1, 1, 1, 8, 8, 8
   CHECK(disassemble(s.code[11]) == "end");
 }
 
+TEST_CASE("disassembler: vaddreluconv (AddReluCast) prints and re-assembles") {
+  // dst_type, src_type as suffixes; then the binary vector operands (isa.def).
+  const std::string text = R"(
+    vaddreluconv.f16.f32 x3, x4, x5, 255, 1, 2, 3, 4, 8, 0
+    vaddreluconv.f16.f32 x6, x7, x8, x9, 1, 1, 1, x10, 16, 0
+    end
+)";
+  Program p = assemble(text, "t.s");
+  const Section& s = p.sections[0];
+  REQUIRE(s.code.size() == 3);
+  CHECK(s.code[0].op == Opcode::op_vaddreluconv);
+  CHECK(static_cast<Dtype>(s.code[0].ops[0].value) == Dtype::F16);
+  CHECK(static_cast<Dtype>(s.code[0].ops[1].value) == Dtype::F32);
+  CHECK(disassemble(s.code[0]) == "vaddreluconv.f16.f32 x3, x4, x5, 255, 1, 2, 3, 4, 8, 0");
+  CHECK(disassemble(s.code[1]) == "vaddreluconv.f16.f32 x6, x7, x8, x9, 1, 1, 1, x10, 16, 0");
+  for (const Instruction& in : s.code) CHECK(encode(decode(encode(in))) == encode(in));
+  check_round_trip(text);
+}
+
 TEST_CASE("disassembler: codes that name nothing are marked") {
   Instruction in;
   in.op = Opcode::op_load2d;

@@ -253,6 +253,41 @@ TEST_CASE("verifier: data types each instruction supports") {
                {});
 }
 
+TEST_CASE("verifier: vaddreluconv only on chips with vector.add_relu_conv, f16 <- f32 only") {
+  const std::string kernel = R"(
+    movi x1, 0
+    movi x2, 1024
+    movi x3, 2048
+    vaddreluconv.f16.f32 x3, x1, x2, 4, 1, 1, 1, 4, 8, 8
+    end
+)";
+  ChipConfig without = test::coupled_test_chip();
+  without.vector_add_relu_conv = false;
+  // Refused naming the instruction, its pc, the chip and the key (and not planned).
+  check_issues(issues_of(kernel, without),
+               {{5, 5,
+                 "vaddreluconv (@3): chip unit-test does not have this instruction "
+                 "(vector.add_relu_conv is false in tests/common/test_chip.h)"}});
+  ChipConfig with = without;
+  with.vector_add_relu_conv = true;
+  check_issues(issues_of(kernel, with), {});
+  // Type pairs: each type must be f32 or f16, and only f16 <- f32 is an AddReluCast.
+  check_issues(issues_of(R"(
+    vaddreluconv.f32.f32 x3, x1, x2, 4, 1, 1, 1, 4, 8, 8
+    vaddreluconv.f16.f16 x3, x1, x2, 4, 1, 1, 1, 4, 8, 8
+    vaddreluconv.s8.f16 x3, x1, x2, 4, 1, 1, 1, 4, 8, 8
+    end
+)", with),
+               {{2, 5, "vaddreluconv: f32 <- f32 is not supported (only f16 <- f32)"},
+                {3, 5, "vaddreluconv: f16 <- f16 is not supported (only f16 <- f32)"},
+                {4, 5, "vaddreluconv: dst_type = s8 is not supported (f32, f16)"}});
+  // Bounds through plan(): a destination past the UB.
+  check_issues(issues_of("movi x1, 0\nmovi x3, 0x7ffffff0\n"
+                         "vaddreluconv.f16.f32 x3, x1, x1, 1, 1, 1, 1, 4, 8, 8\nend\n",
+                         with),
+               {{3, 1, "vaddreluconv"}});
+}
+
 TEST_CASE("verifier: flags") {
   check_issues(issues_of(R"(
     set_flag mte2, v, 8

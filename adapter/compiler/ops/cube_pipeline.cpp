@@ -1,6 +1,8 @@
 #include "adapter/compiler/ops/cube_pipeline.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -356,17 +358,99 @@ void CubePipeline::to_ub(const Store& s, const Reg& pt, const Reg& row_blocks) {
   b.wait_flag(Pipe::FIX, Pipe::MTE3, m_ub_full);
 }
 
+void CubePipeline::count_output_lanes(const Store& s, const Reg& row_blocks, const Reg& n) {
+  KernelBuilder& b = m_b;
+  b.mul(n, s.rows, row_blocks);
+  b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
+  b.emit(Opcode::op_set_mask_count, {n});
+}
+
+bool CubePipeline::add_relu_conv_enabled() const {
+  if (!m_b.config().vector_add_relu_conv) return false;
+  const char* v = std::getenv("NPUSIM_FUSION_ADD_RELU_CAST");
+  if (!v || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  m_b.fail(fmt::format("NPUSIM_FUSION_ADD_RELU_CAST='{}' is neither '0' nor '1'", v));
+}
+
+bool CubePipeline::add_relu_conv(const Store& s) const {
+  return m_add_relu_conv && s.out_type == Dtype::F16 && !m_residual && !m_aff.packed &&
+         (m_aff.act == Activation::kRelu || m_aff.act == Activation::kRelu6);
+}
+
+uint64_t CubePipeline::relu6_scratch_at(int q) const {
+  const ChipConfig& cfg = m_b.config();
+  const uint64_t span = cfg.ub_banks > 0 && cfg.ub_bank_width_bytes > 0
+                            ? static_cast<uint64_t>(cfg.ub_banks) * cfg.ub_bank_width_bytes
+                            : layout::kBlockBytes;
+  const uint64_t want = (m_aff.out[q] + span / 2) % span, at = m_aff.result32_at % span;
+  return m_aff.result32_at + (want + span - at) % span;
+}
+
+Twin CubePipeline::add_relu_conv_dst() const {
+  if (m_aff.act != Activation::kRelu6 || !m_aff.result32) return m_aff.out;
+  if (!m_aff.shift_only) {
+    // y * a went into the result tile as one run (dense) before vaddreluconv reads it: the f32
+    // tile is free, and affine_relu6_via_scratch's scratch in it serves (the column groups and
+    // periodic runs read later parts of the f32 tile after each vaddreluconv: in place there).
+    if (!m_aff.dense || !clamp_scratch_fits()) return m_aff.out;
+    return Twin{{m_aff.tile32[0] + clamp_scratch_offset(0),
+                 m_aff.tile32[m_aff.buffers - 1] + clamp_scratch_offset(m_aff.buffers - 1)}};
+  }
+  // The result tile holds max_rows x row_blocks32 blocks of f32; the f16 result at most
+  // max_rows x max_cols x 2 bytes (the periodic runs' rows rounded up stay within max_rows).
+  const uint64_t f32_bytes = static_cast<uint64_t>(m_aff.max_rows * m_aff.row_blocks32) *
+                             layout::kBlockBytes,
+                 out_bytes = static_cast<uint64_t>(m_aff.max_rows * m_aff.max_cols * 2);
+  for (int q = 0; q < m_aff.buffers; ++q)
+    if (relu6_scratch_at(q) - m_aff.result32_at + out_bytes > f32_bytes) return m_aff.out;
+  return Twin{{relu6_scratch_at(0), relu6_scratch_at(m_aff.buffers - 1)}};
+}
+
+int64_t CubePipeline::whole_cols(const Store& s) const {
+  const int64_t row_lanes32 = m_aff.row_blocks32 * kBlockLanes32;
+  return s.out_type != Dtype::F32 &&
+                 row_lanes32 % (layout::kBlockBytes / isa::dtype_size(s.out_type)) == 0
+             ? row_lanes32
+             : 0;
+}
+
 void CubePipeline::affine_output_activation(const Store& s, const Reg& pt, const Reg& row_blocks) {
   if ((s.out_type == Dtype::F32 && !m_residual) || m_aff.act == Activation::kNone) return;
+  if (add_relu_conv(s)) {
+    // vaddreluconv did the ReLU (every tile, or with periodic tables those of whole_cols
+    // columns; the others as below): ReLU6 clamps at 6 from where it wrote the f16 result
+    // (add_relu_conv_dst: a scratch, or the output tile itself) into the output tile.
+    const auto clamp6 = [&] {
+      if (m_aff.act != Activation::kRelu6) return;
+      KernelBuilder& b = m_b;
+      Reg n = b.reg("affine: output lanes"), out = b.reg("affine: output tile"),
+          from = b.reg("affine: the f16 result");
+      count_output_lanes(s, row_blocks, n);
+      select(b, out, pt, m_aff.out);
+      select(b, from, pt, add_relu_conv_dst());
+      b.movi(n, vector_scalar_bits(s.out_type, 6.0));
+      b.emit(Opcode::op_vmins, {s.out_type, out, from, n, 0, 1, 1, 8, 8},
+             "min 6 into the output tile (max 0 was in vaddreluconv)");
+    };
+    if (m_aff.period == 0 || m_aff.dense) return clamp6();
+    m_b.if_(eq(s.cols, whole_cols(s)), clamp6);
+    m_b.if_(ne(s.cols, whole_cols(s)),
+            [&] { affine_output_activation_unfused(s, pt, row_blocks); });
+    return;
+  }
+  affine_output_activation_unfused(s, pt, row_blocks);
+}
+
+void CubePipeline::affine_output_activation_unfused(const Store& s, const Reg& pt,
+                                                    const Reg& row_blocks) {
   // A narrower output takes its activation after the rounding, on the output tile as one run
   // (rows of whole blocks; the padding lanes too): twice the lanes per repeat, and the same
   // values (rounding is monotone, 0 and 6 are exact in f16). With a residual the activation
   // follows the add, on the output tile whatever its type.
   KernelBuilder& b = m_b;
   Reg n = b.reg("affine: output lanes");
-  b.mul(n, s.rows, row_blocks);
-  b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
-  b.emit(Opcode::op_set_mask_count, {n});
+  count_output_lanes(s, row_blocks, n);
   Reg out = b.reg("affine: output tile");
   select(b, out, pt, m_aff.out);
   if (s.out_type != Dtype::F32 && m_aff.act == Activation::kRelu6 && clamp_scratch_fits())
@@ -452,10 +536,12 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
   // repeats in one instruction rather than rows repeats per column group, the last group's
   // masked lanes included. The same conversion of the same elements. whole_cols: that column
   // count (0: never).
-  const int64_t row_lanes32 = pitch32 * kBlockLanes32;
-  const int64_t whole_cols =
-      narrow && row_lanes32 % (layout::kBlockBytes / osz) == 0 ? row_lanes32 : 0;
+  const int64_t whole_cols = this->whole_cols(s);
   const bool periodic = m_aff.period > 0;
+  // AddReluCast: + shift, ReLU and the rounding in one pass (the periodic runs' when the
+  // tile's columns are whole_cols, else each column group's), no rounding pass after them.
+  const bool fused = add_relu_conv(s);
+  Reg out = fused && !periodic ? b.reg("affine: output address") : Reg{};
   if (periodic) {
     if (!narrow || whole_cols != m_aff.max_cols)
       b.fail("internal: the periodic tables need a narrower output and rows of max_cols lanes");
@@ -484,6 +570,12 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
           b.if_(ge(s.rows, r0 + 1), [&] {
             b.sub(rep, s.rows, r0);
             b.min(rep, rep, kMaxRepeat, "rows of this instruction");
+            if (fused && !periodic) {  // where the group's f16 result goes, while y is free
+              b.mul(out, blocks, r0 * layout::kBlockBytes);
+              select(b, y, pt, add_relu_conv_dst());
+              b.add(out, out, y);
+              b.add(out, out, col * osz, "output address");
+            }
             b.add(table, *s.channel0, col);
             b.mul(table, table, kL0cElemBytes);
             b.add(table, table, static_cast<int64_t>(m_aff.a), "a[channel]");
@@ -493,6 +585,21 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
             if (periodic) {  // the passes are done: y names where the f32 result is
               if (m_aff.result32 && m_aff.shift_only)
                 b.movi(y, static_cast<int64_t>(m_aff.result32_at) + rows_off, "the result's rows");
+            } else if (fused) {
+              // y * a (into the result tile where there is one), then + shift, ReLU and the
+              // rounding into the output tile's group in one pass.
+              if (!m_aff.shift_only) {
+                const Reg& product = m_aff.result32 ? res : y;
+                if (m_aff.result32) b.movi(res, static_cast<int64_t>(m_aff.result32_at) + rows_off);
+                b.emit(Opcode::op_vmul,
+                       {Dtype::F32, product, y, table, rep, 1, 1, 1, pitch32, pitch32, 0}, "y * a");
+                if (m_aff.result32) b.mov(y, res);
+              }
+              b.add(table, table, to_shift, "shift[channel]");
+              b.emit(Opcode::op_vaddreluconv,
+                     {Dtype::F16, Dtype::F32, out, y, table, rep, 1, 1, 1, blocks, pitch32, 0},
+                     "+ shift, ReLU, rounded once to f16 (AddReluCast)");
+              return;
             } else if (m_aff.result32) {
               // Out of place: y * a into the result tile and + shift back (a in the filter:
               // y + shift into the result tile); y then names where the f32 result is.
@@ -538,7 +645,7 @@ void CubePipeline::affine_in_ub(const Store& s, const Reg& pt, const Reg& blocks
       });
     }
   });
-  if (whole_cols == 0) return;
+  if (whole_cols == 0 || fused) return;
   b.if_(eq(s.cols, whole_cols), [&] {
     // y: where the f32 result is (the result tile, out of place with a in the filter).
     if (m_aff.result32 && m_aff.shift_only)
@@ -563,8 +670,6 @@ void CubePipeline::affine_periodic(const Store& s, const Reg& pt, const Reg& mas
       m_aff.max_rows % per != 0 || ceil_div(m_aff.max_rows, per) > kMaxRepeat ||
       runs * 8 > kMaxRepeat || m_aff.row_blocks32 * kBlockLanes32 != w)
     b.fail("internal: periodic tables need whole periods of rows within one instruction");
-  const int64_t to_shift = static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a);
-  const int64_t stride = runs * 8;  // blocks from one repeat of a run to its next
   b.add(rep, s.rows, per - 1);
   b.div(rep, rep, per, "periods of the tile's rows (rounded up: inside the tile's room)");
   b.movi(mask, -1, "all 64 lanes");
@@ -572,12 +677,43 @@ void CubePipeline::affine_periodic(const Store& s, const Reg& pt, const Reg& mas
   // channel0 / w periods of period lanes into the tables.
   b.mul(table, *s.channel0, m_aff.period * kL0cElemBytes / w);
   b.add(table, table, static_cast<int64_t>(m_aff.a), "a of the tile's n tile, periodic");
+  if (add_relu_conv(s)) {
+    // mask (set above) names the run's output lanes.
+    b.if_(eq(s.cols, whole_cols(s)), [&] { periodic_runs(true, pt, rep, table, y, res, mask); });
+    b.if_(ne(s.cols, whole_cols(s)), [&] { periodic_runs(false, pt, rep, table, y, res, mask); });
+  } else {
+    periodic_runs(false, pt, rep, table, y, res, mask);
+  }
+}
+
+void CubePipeline::periodic_runs(bool fused, const Reg& pt, const Reg& rep, const Reg& table,
+                                 const Reg& y, const Reg& res, const Reg& out) {
+  KernelBuilder& b = m_b;
+  const int64_t runs = m_aff.period / kLanes32;
+  const int64_t to_shift = static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a);
+  const int64_t stride = runs * 8;  // blocks from one repeat of a run to its next
   for (int64_t j = 0; j < runs; ++j) {
     const int64_t off = j * static_cast<int64_t>(vec::kRepeatBytes);
     select(b, y, pt, m_aff.tile32);
     b.add(y, y, off, "the run's first repeat");
     if (j > 0) b.add(table, table, static_cast<int64_t>(vec::kRepeatBytes), "the run's lanes");
-    if (m_aff.result32) {
+    if (fused) {
+      // Lane i of the tile (rows of max_cols lanes) is lane i of the output tile (whole_cols
+      // columns): the run's f16 lanes at half the byte offset, repeats stride / 2 blocks apart.
+      const Reg& src = m_aff.result32 && !m_aff.shift_only ? res : y;
+      if (!m_aff.shift_only) {
+        if (m_aff.result32)
+          b.movi(res, static_cast<int64_t>(m_aff.result32_at) + off, "the run's y * a");
+        b.emit(Opcode::op_vmul, {Dtype::F32, src, y, table, rep, 1, 1, 1, stride, stride, 0},
+               "y * a");
+      }
+      b.add(table, table, to_shift, "shift, periodic");
+      select(b, out, pt, add_relu_conv_dst());
+      b.add(out, out, off / 2, "the run's first repeat (f16)");
+      b.emit(Opcode::op_vaddreluconv,
+             {Dtype::F16, Dtype::F32, out, src, table, rep, 1, 1, 1, stride / 2, stride, 0},
+             "+ shift, ReLU, rounded once to f16 (AddReluCast)");
+    } else if (m_aff.result32) {
       // Out of place as affine_in_ub's column groups: y * a into the result tile and + shift
       // back (a in the filter: y + shift into the result tile).
       b.movi(res, static_cast<int64_t>(m_aff.result32_at) + off, "the run's result");
@@ -633,9 +769,7 @@ void CubePipeline::add_residual(const Store& s, const Reg& pt, const Reg& row_bl
   KernelBuilder::Origin o(b, "y + residual on the output tile (output type)");
   Reg n = b.reg("residual: lanes"), out = b.reg("residual: output tile"),
       r = b.reg("residual: residual tile");
-  b.mul(n, s.rows, row_blocks);
-  b.mul(n, n, layout::kBlockBytes / isa::dtype_size(s.out_type), "rows x row lanes");
-  b.emit(Opcode::op_set_mask_count, {n});
+  count_output_lanes(s, row_blocks, n);
   select(b, out, pt, m_aff.out);
   select(b, r, pt, m_res_tiles);
   b.wait_flag(m_res_full, pt, "residual tile loaded");
@@ -706,6 +840,28 @@ void CubePipeline::affine_dense_in_ub(const Store& s, const Reg& pt) {
   b.emit(Opcode::op_set_mask_count, {n});
   b.mul(table, *s.channel0, kLanes32 * kL0cElemBytes / w);
   b.add(table, table, static_cast<int64_t>(m_aff.a), "a of the tile's channels, replicated");
+  if (add_relu_conv(s)) {
+    // y * a (into the result tile where there is one), then + shift, ReLU and the rounding
+    // into the output tile in one pass.
+    Reg out = b.reg("affine: output tile");
+    if (!m_aff.shift_only) {
+      if (m_aff.result32) {
+        b.movi(out, static_cast<int64_t>(m_aff.result32_at));
+        b.emit(Opcode::op_vmul, {Dtype::F32, out, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
+        b.mov(y, out);
+      } else {
+        b.emit(Opcode::op_vmul, {Dtype::F32, y, y, table, 0, 1, 1, 1, 8, 8, 0}, "y * a");
+      }
+    }
+    b.add(table, table, static_cast<int64_t>(m_aff.shift) - static_cast<int64_t>(m_aff.a),
+          "shift (replicated)");
+    select(b, out, pt, add_relu_conv_dst());
+    b.emit(Opcode::op_vaddreluconv,
+           {Dtype::F16, Dtype::F32, out, y, table, 0, 1, 1, 1, kLanes32 * 2 / layout::kBlockBytes,
+            8, 0},
+           "+ shift, ReLU, rounded once to f16 (AddReluCast)");
+    return;
+  }
   if (m_aff.result32) {
     // Out of place (ChannelAffine::result32); y then names where the f32 result is.
     Reg res = b.reg("affine: f32 result tile");

@@ -195,6 +195,7 @@ class CubePipeline {
   void affine_via_ub(const ChannelAffine& e) {
     m_affine = true;
     m_aff = e;
+    m_add_relu_conv = add_relu_conv_enabled();
   }
   // A residual added on the way out (CANN's Conv2D + BNInference + Add): for each tile MTE2
   // loads the residual's rows (GM at the tile's y address - y + residual: the residual has y's
@@ -331,6 +332,8 @@ class CubePipeline {
   // The activation after the rounding to a narrower output (or after the residual) on the
   // output tile of parity pt, rows of row_blocks blocks, as one run.
   void affine_output_activation(const Store& s, const Reg& pt, const Reg& row_blocks);
+  // The same without vaddreluconv's ReLU: ReLU or ReLU6's two clamps.
+  void affine_output_activation_unfused(const Store& s, const Reg& pt, const Reg& row_blocks);
   // ReLU6 on the output tile (type t, `scalar` lanes in counter mode) through a scratch in
   // the f32 tile's room of parity pt (free after the rounding), where it fits
   // (clamp_scratch_fits); clamp_scratch_offset(q): the scratch's offset in f32 tile q.
@@ -342,7 +345,37 @@ class CubePipeline {
   void load_residual(const Store& s, const Reg& pt, const Reg& row_blocks);
   void add_residual(const Store& s, const Reg& pt, const Reg& row_blocks);
 
+  // Whether the chip's vector unit has vaddreluconv (vector.add_relu_conv) and
+  // NPUSIM_FUSION_ADD_RELU_CAST is not "0" (read at every compile; anything but unset, "0" or
+  // "1" fails the compile naming the variable).
+  bool add_relu_conv_enabled() const;
+  // Whether the way out of an f16 tile with ReLU / ReLU6 (no residual) takes the last f32 pass
+  // (+ shift), the ReLU and the rounding in one vaddreluconv into the output tile (Ascend's
+  // AddReluCast): the dense run, the periodic runs when the tile's columns are whole_cols, the
+  // column groups. ReLU6 then clamps at 6 only, on the f16 lanes (min(round(x), 6) =
+  // round(min(x, 6)): rounding is monotone and 6 exact).
+  bool add_relu_conv(const Store& s) const;
+  // n = the output tile's lanes (rows of row_blocks blocks of s.out_type) and the counter mask
+  // set to them.
+  void count_output_lanes(const Store& s, const Reg& row_blocks, const Reg& n);
+  // Where vaddreluconv writes the f16 result: the output tile, or for ReLU6 a scratch half a
+  // bank span from the output tile modulo the span, from which min 6 goes into the output tile
+  // out of place (in place each repeat reads and writes the same banks: docs/chip_model.md's
+  // bank model): in the result tile where the pass leaves it free (shift_only, result32;
+  // relu6_scratch_at(q) for output tile q), or in the f32 tile where the dense pass has moved
+  // y * a to the result tile (clamp_scratch_offset).
+  Twin add_relu_conv_dst() const;
+  uint64_t relu6_scratch_at(int q) const;
+  // The column count whose f16 rows fill both the output tile's and the f32 tile's rows exactly
+  // (the rounding then is one counter-mode run over the tile); 0: none (an f32 output).
+  int64_t whole_cols(const Store& s) const;
+  // affine_periodic's runs: + shift into the f32 result (fused false) or, fused, + shift, ReLU
+  // and the rounding into the output tile (tiles of whole_cols columns only; out: a scratch).
+  void periodic_runs(bool fused, const Reg& pt, const Reg& rep, const Reg& table, const Reg& y,
+                     const Reg& res, const Reg& out);
+
   bool m_via_ub = false;
+  bool m_add_relu_conv = false;
   uint64_t m_ub_tile = 0;
   int m_ub_full = -1, m_ub_free = -1;  // FIX -> MTE3 and MTE3 -> FIX (through the UB)
   bool m_affine = false;
