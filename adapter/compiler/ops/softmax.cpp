@@ -551,9 +551,12 @@ LongRowBuffers long_row_buffers(const Spec& s, bool ragged) {
   LongRowBuffers r;
   BufferPlan& p = r.plan;
   const int64_t lanes = s.C + (ragged ? 2 * (kBlock / s.size()) : 0);
-  r.raw_x = p.add_sized("features row", fixed_blocks(lanes * s.size()), 2);
-  r.xw = p.add_sized("widened row", fixed_blocks(lanes * kLaneBytes), 1, s.t != Dtype::F32);
-  r.e = p.add_sized("exponentials / fold scratch", fixed_blocks(lanes * kLaneBytes));
+  // The f32 rows (x: the widened copy, or the loaded one for f32) padded to whole 128-lanes.
+  const int64_t f32_bytes = round_up(lanes, 2 * kLanes32) * kLaneBytes;
+  const bool conv = s.t != Dtype::F32;
+  r.raw_x = p.add_sized("features row", fixed_blocks(conv ? lanes * s.size() : f32_bytes), 2);
+  r.xw = p.add_sized("widened row", fixed_blocks(f32_bytes), 1, conv);
+  r.e = p.add_sized("exponentials / fold scratch", fixed_blocks(f32_bytes));
   r.out = p.add_sized("output row", fixed_blocks(lanes * s.size()), 2);
   r.acc = p.add_fixed("lane slot", kSlotBytes);
   r.d = p.add_fixed("row value", kBlock);
@@ -726,52 +729,91 @@ class LongRowEmitter {
   }
 
   // The f32 results of the row in load copy q: returns their UB address (e or x).
+  // Folds read whole 128-lane pairs of repeats: lanes [n, P) of the row's f32 buffers
+  // (P = n rounded up to 128 lanes) are padded with the reduction's identity, so each row value
+  // is one out-of-place halving into a scratch buffer and a fold there (row_value), with no copy
+  // of the row first.
   uint64_t compute(int q) {
     KernelBuilder& b = m_b;
     const Reg &n = *m_n, &one = *m_one;
     const uint64_t x = m_conv ? m_xw : m_raw_x[q], e = m_e;
+    Reg p = b.reg("lanes in whole 128-lane pairs");
+    b.add(p, n, 2 * kLanes32 - 1);
+    b.and_(p, p, -2 * kLanes32);
     m_k.sync().wait_loaded(q);
     if (m_conv) {
       vec_convert(b, Dtype::F32, m_s.t, x, m_raw_x[q], RoundMode::kRint, n);
       m_k.sync().release_load(q);
     }
-    // Ragged rows: the head lanes (the previous row's) -inf, out of the maximum and the sum.
-    if (m_p.ragged) vec_fill32(b, x, combine_identity_bits(Combine::kMax, Dtype::F32), *m_a);
     {
       KernelBuilder::Origin o(b, "row maximum");
-      vec_copy_bits(b, kLaneBytes, e, x, n);
-      row_value(Combine::kMax, e);
+      // -inf: ragged rows' head lanes (the previous row's) and the lanes past the row's end,
+      // out of the maximum; exp turns them into 0, out of the sum.
+      const int64_t minus_inf = combine_identity_bits(Combine::kMax, Dtype::F32);
+      if (m_p.ragged) vec_fill32(b, x, minus_inf, *m_a);
+      pad_lanes(x, minus_inf, p);
+      row_value(Combine::kMax, x, e, p);
       replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
     }
     KernelBuilder::Origin o(b, "shifted, exponentials, their sum");
-    with_row_value(Opcode::op_vsub, x, x);
-    vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+    with_row_value(Opcode::op_vsub, x, x, p);
+    vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, p);
     if (m_s.kind == Kind::kSoftmax) {
-      vec_copy_bits(b, kLaneBytes, x, e, n);  // shifted no longer needed
-      row_value(Combine::kSum, x);
+      row_value(Combine::kSum, e, x, p);  // shifted no longer needed
       replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
-      with_row_value(Opcode::op_vdiv, e, e);
+      with_row_value(Opcode::op_vdiv, e, e, n);
       return e;
     }
-    row_value(Combine::kSum, e);
+    row_value(Combine::kSum, e, e, p);
     vec_unary(b, Opcode::op_vln, Dtype::F32, m_d, m_d, one);
     replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
-    with_row_value(Opcode::op_vsub, x, x);
+    with_row_value(Opcode::op_vsub, x, x, n);
     return x;
   }
 
-  // dst lanes [0, n) = op(src lanes, the row's value) (the value's block read 8 times per
+  // Lanes [n, p) of buf = bits (32-bit lanes): the last partial 64-lane repeat under a lane
+  // mask, then whole repeats in counter mode.
+  void pad_lanes(uint64_t buf, int64_t bits, const Reg& p) {
+    KernelBuilder& b = m_b;
+    const Reg& n = *m_n;
+    Reg k = b.reg("row lanes in the last partial repeat"), at = b.reg("pad address");
+    b.and_(k, n, kLanes32 - 1);
+    b.if_(ne(k, 0), [&] {
+      Reg mask = b.reg_imm("lanes k .. 63", -1);
+      b.shl(mask, mask, k);
+      b.sub(at, n, k);
+      b.mul_add(at, at, kLaneBytes, static_cast<int64_t>(buf));
+      b.emit(Opcode::op_set_mask, {0, mask});
+      b.emit(Opcode::op_vdup, {Dtype::S32, at, static_cast<int64_t>(static_cast<int32_t>(bits)),
+                               1, 1, 8});
+    });
+    Reg whole = b.reg("pad lanes in whole repeats");
+    b.add(at, n, kLanes32 - 1);
+    b.and_(at, at, -kLanes32);
+    b.sub(whole, p, at);
+    b.mul_add(at, at, kLaneBytes, static_cast<int64_t>(buf));
+    vec_fill32(b, at, bits, whole);
+  }
+
+  // dst lanes [0, count) = op(src lanes, the row's value) (the value's block read 8 times per
   // repeat).
-  void with_row_value(Opcode op, uint64_t dst, uint64_t src) {
-    m_b.emit(Opcode::op_set_mask_count, {*m_n});
+  void with_row_value(Opcode op, uint64_t dst, uint64_t src, const Reg& count) {
+    m_b.emit(Opcode::op_set_mask_count, {count});
     vec_binary_strided(m_b, op, Dtype::F32, VOperand(dst), VOperand(src), VOperand(m_rep, 0, 0),
                        0);
   }
-  // The row's combination of lanes [0, n) of buf (overwritten) -> d.
-  void row_value(Combine c, uint64_t buf) {
-    vec_fill32(m_b, m_acc, combine_identity_bits(c, Dtype::F32), kLanes32);
-    fold_into_slot(m_b, c, Dtype::F32, buf, *m_n, m_acc);
-    lanes_reduce(m_b, c, Dtype::F32, m_acc, *m_one, m_d, m_d2);
+  // The row's combination of lanes [0, p) of src (p a multiple of 128, identity-padded) -> d:
+  // scratch [0, p/2) = op(the halves of src), folded into the lane slot (src kept unless it is
+  // scratch).
+  void row_value(Combine c, uint64_t src, uint64_t scratch, const Reg& p) {
+    KernelBuilder& b = m_b;
+    Reg h = b.reg("half"), hi = b.reg("upper half");
+    b.shr(h, p, 1);
+    b.mul_add(hi, h, kLaneBytes, static_cast<int64_t>(src));
+    vec_binary(b, combine_opcode(c), Dtype::F32, scratch, src, hi, h);
+    vec_fill32(b, m_acc, combine_identity_bits(c, Dtype::F32), kLanes32);
+    fold_into_slot(b, c, Dtype::F32, scratch, h, m_acc);
+    lanes_reduce(b, c, Dtype::F32, m_acc, *m_one, m_d, m_d2);
   }
 
   const Spec& m_s;
