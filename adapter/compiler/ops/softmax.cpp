@@ -23,7 +23,10 @@
 // in, max / sum per row through the lane accumulator, per-row values replicated back onto the
 // row's lanes, one copy out; double-buffered (vector_rows.h PingPong: the next group loads
 // while this one computes, and is stored while the next computes). A group is whole super-rows
-// and whole 32-byte blocks of rows (8 or 16). Rows too long for that are streamed instead, also
+// and whole 32-byte blocks of rows (8 or 16). Softmax / LogSoftmax rows too long for that but
+// fitting the UB alone are resident one row at a time (LongRowEmitter; rows whose bytes are not
+// whole blocks too, loaded from the block holding their first element). Other rows too long
+// for a group are streamed instead, also
 // double-buffered (three passes over GM per row: max, sum of exponentials, outputs), each core
 // taking a range of rows whose first row starts on a 32-byte block in every tensor; output rows
 // that start inside a block get the block's head (the end of the previous row, kept from that
@@ -33,8 +36,10 @@
 // LongRowEmitter, StreamEmitter).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 
