@@ -288,6 +288,21 @@ TEST_CASE("Softmax and LogSoftmax on rows inside 32-byte blocks, one row residen
              Catch::Contains("one row resident at a time, double-buffered"));
 }
 
+// Rows of 1, 2, 4 or 8 lanes: each row's value spread onto its lanes in the lane slots, applied
+// by one dense instruction over the group; several groups per core, a partial last group.
+TEST_CASE("softmax family on rows of 1, 2, 4 and 8 classes") {
+  uint32_t seed = 500;
+  check_softmax("Softmax", DataType::F16, {1000, 2}, seed++);
+  check_softmax("LogSoftmax", DataType::F32, {3, 101, 4}, seed++);
+  check_softmax("Softmax", DataType::BF16, {77, 8}, seed++);
+  check_softmax("LogSoftmax", DataType::F16, {5, 1}, seed++);
+  check_softmax("Softmax", DataType::F32, {2049, 2}, seed++);
+  check_xent(DataType::F32, {37, 2}, {37, 2}, seed++);
+  check_xent(DataType::F16, {300, 4}, {1, 4}, seed++);
+  check_sparse(DataType::F32, 45, 4, DataType::S32, seed++, true);
+  check_sparse(DataType::BF16, 1000, 8, DataType::S64, seed++);
+}
+
 TEST_CASE("Softmax: zero-size and bad inputs") {
   const ChipConfig& cfg = test_sim().config();
   for (std::vector<int64_t> shape : {std::vector<int64_t>{4, 0}, std::vector<int64_t>{0, 5}}) {

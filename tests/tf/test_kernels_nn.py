@@ -193,6 +193,29 @@ def test_softmax_rows_inside_blocks(npusim, tf, strict_placement, op, shape, dty
     _assert_launched(records, f"{op}_long_rows")
 
 
+@pytest.mark.parametrize("shape,dtype", [((1000, 2), np.float16), ((3, 33, 4), np.float32),
+                                         ((77, 8), BF16), ((9, 1), np.float32)],
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple)
+                         else np.dtype(v).name)
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_tiny_rows(npusim, tf, strict_placement, op, shape, dtype):
+    """Rows of 1, 2, 4 or 8 classes (each row's max / sum spread onto its lanes, one dense
+    instruction per group) against TF on the CPU, with -inf and large logits."""
+    x = _random(shape, dtype, 30)
+    rows = x.reshape(-1, shape[-1])
+    rows[0, 0] = -np.inf
+    rows[1, :] = -np.inf  # all -inf: NaN
+    rows[2, -1] = 3e4 if dtype == np.float16 else 1e30
+    fn = getattr(tf.raw_ops, op)
+    got, records = _on_npu(npusim, tf, lambda t: fn(logits=t), x)
+    with tf.device("/CPU:0"):
+        cpu = fn(logits=tf.constant(x.astype(np.float32))).numpy()
+    assert got.dtype == np.dtype(dtype) and got.shape == x.shape
+    np.testing.assert_allclose(got.astype(np.float64), cpu, rtol=2 * _tol(dtype),
+                               atol=2 * _tol(dtype) * 1e-1)
+    _assert_launched(records, f"{op}_rows")
+
+
 @pytest.mark.parametrize("op,ref", [
     ("SigmoidGrad", lambda y, dy: dy * y * (1 - y)),
     ("TanhGrad", lambda y, dy: dy * (1 - y * y)),

@@ -178,6 +178,16 @@ struct RowsBuffers {
   SparseConstIds consts;
 };
 
+// Rows of 1, 2, 4 or 8 f32 lanes: whole rows in every 8-lane block (RowsEmitter spreads their
+// per-row values onto their lanes instead of applying them row by row).
+bool tiny_rows(const Spec& s) { return s.C <= kBlockLanes32 && kBlockLanes32 % s.C == 0; }
+
+// The row blocks spread_tiny_rows reads: whole groups of 8 rows (replicate_rows), and every
+// block of the group's last 64-lane repeat (rows rounded up to 64 covers that for any C).
+uint64_t tiny_rep_bytes(int64_t rows) {
+  return std::max(replicated_bytes(rows), static_cast<uint64_t>(round_up(rows, kLanes32) * kBlock));
+}
+
 RowsBuffers rows_buffers(const Spec& s, const ChipConfig& cfg) {
   RowsBuffers r;
   BufferPlan& p = r.plan;
@@ -194,7 +204,7 @@ RowsBuffers rows_buffers(const Spec& s, const ChipConfig& cfg) {
   r.d0 = p.add_sized("row values", blocks_of(kLaneBytes));
   r.d1 = p.add_sized("row values 2", blocks_of(kLaneBytes));
   r.d2 = p.add_sized("row values 3", blocks_of(kLaneBytes));
-  r.rep = p.add_sized("replicated", replicated_bytes);  // whole groups of 8 rows
+  r.rep = p.add_sized("replicated", tiny_rows(s) ? tiny_rep_bytes : replicated_bytes);
   r.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   r.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
   r.loss = p.add_sized("loss", blocks_of(s.size()), 2, s.xent());
@@ -398,12 +408,46 @@ class RowsEmitter {
   // (widen_row_groups), written into the lane slots (free between reductions; a group is whole
   // blocks of 8 rows, so they hold the rows rounded up to 8): one block read 8 times per repeat
   // is 8 accesses to one UB bank, a widened repeat 8 banks once each.
+  // Rows of 1, 2, 4 or 8 lanes (tiny_rows()) instead get the value on each of their lanes in the
+  // lane slots (spread_tiny_rows) and one dense instruction over the group's lanes: a few
+  // instructions per group, not one per row of the super-row, each on the row's lanes only.
   void apply_row_value(const Group& g, const RowGroup& rows, Opcode op, uint64_t d,
                        bool rep_first = false, uint64_t dst = 0) {
     replicate_rows(m_b, d, g.regs.slots, m_rep, m_scratch, m_alt);
+    if (tiny_rows(m_s)) {
+      spread_tiny_rows(g);
+      const uint64_t out = dst ? dst : rows.x;
+      vec_binary(m_b, op, Dtype::F32, out, rep_first ? m_acc : rows.x, rep_first ? rows.x : m_acc,
+                 g.lanes);
+      return;
+    }
     const bool wide = m_s.C > kLanes32;
     if (wide) widen_row_groups(m_b, m_rep, g.regs.slots, m_acc);
     rows_bcast(m_b, rows, op, Dtype::F32, wide ? m_acc : m_rep, rep_first, dst, wide);
+  }
+  // Lane r*C + c of the lane slots (dense, the group's row-major lanes) = the value of row r,
+  // from its block in m_rep: instruction i (of 8 / C) writes in every 8-lane block b the lanes
+  // of row (8 / C) b + i, read from that row's block (block stride 8 / C), under a lane mask.
+  // The blocks read past the group's rows are in m_rep (tiny_rep_bytes) and land on lanes past
+  // the group's, which the dense instruction does not read.
+  void spread_tiny_rows(const Group& g) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "per-row values onto the rows' lanes (rows of 8 lanes or fewer)");
+    const int64_t C = m_s.C, per_block = kBlockLanes32 / C;
+    Reg repeats = b.reg("64-lane repeats of the group");
+    b.add(repeats, g.lanes, kLanes32 - 1);
+    b.shr(repeats, repeats, ceil_log2(kLanes32));
+    for (int64_t i = 0; i < per_block; ++i) {
+      uint64_t mask = 0;
+      for (int64_t blk = 0; blk < kLanes32 / kBlockLanes32; ++blk)
+        for (int64_t c = 0; c < C; ++c) mask |= uint64_t{1} << (blk * kBlockLanes32 + i * C + c);
+      set_mask_lanes(b, mask);
+      vec_unary_strided(b, Opcode::op_vcopy, Dtype::S32,
+                        VOperand(m_acc, 1, kLanes32 / kBlockLanes32),
+                        VOperand(static_cast<int64_t>(m_rep) + i * kBlock, per_block,
+                                 kLanes32 / C),
+                        repeats);
+    }
   }
 
   // backprop = e / sum - labels (in e); loss = sum(labels * (log(sum) - shifted)) (in d1).
