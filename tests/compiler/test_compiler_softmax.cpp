@@ -249,6 +249,60 @@ TEST_CASE("double-buffered softmax family: many groups and windows per core") {
   check_xent(DataType::BF16, {5, 40003}, {5, 40003}, seed++);
 }
 
+// Rows whose bytes are not whole 32-byte blocks and that fit the UB alone: one row resident per
+// step, loaded from the block holding the row's first element, stored with the previous row's
+// tail in its head block. Blocks of rows starting inside a 32-byte block (first computing the
+// row before, unstored) and ending inside one (leaving that block to the next), one row per
+// core, and rows of 8 / 16 elements plus one; NPUSIM_SOFTMAX_RAGGED_RESIDENT=0 streams them.
+TEST_CASE("Softmax and LogSoftmax on rows inside 32-byte blocks, one row resident") {
+  const ChipConfig& cfg = test_sim().config();
+  auto summary = [&](const char* op, DataType dt, std::vector<int64_t> shape) {
+    auto k = compiler::compile(make_op(op, {compiler::TensorDesc{dt, std::move(shape)}}), cfg);
+    REQUIRE(k.launches.size() == 1);
+    return k.launches[0].summary;
+  };
+  CHECK_THAT(summary("Softmax", DataType::F16, {7, 1021}),
+             Catch::Contains("one row resident at a time (rows inside blocks)"));
+  CHECK_THAT(summary("LogSoftmax", DataType::F32, {5, 2049}),
+             Catch::Contains("one row resident at a time (rows inside blocks)"));
+  // Too long for the UB alone: still streamed.
+  CHECK_THAT(summary("Softmax", DataType::F16, {5, 30001}), Catch::Contains("windows of"));
+  uint32_t seed = 400;
+  check_softmax("Softmax", DataType::F16, {7, 1021}, seed++);
+  check_softmax("LogSoftmax", DataType::F32, {5, 2049}, seed++);
+  check_softmax("Softmax", DataType::BF16, {3, 7, 1013}, seed++);
+  check_softmax("LogSoftmax", DataType::BF16, {13, 4001}, seed++);
+  check_softmax("Softmax", DataType::F32, {3, 8193}, seed++);  // one row per core
+  check_softmax("Softmax", DataType::F32, {11, 1, 2051}, seed++);
+  check_softmax("LogSoftmax", DataType::F16, {6, 1, 1041}, seed++);
+  setenv("NPUSIM_SOFTMAX_RAGGED_RESIDENT", "0", 1);
+  CHECK_THAT(summary("Softmax", DataType::F16, {7, 1021}), Catch::Contains("windows of"));
+  check_softmax("Softmax", DataType::F16, {7, 1021}, seed++);
+  setenv("NPUSIM_SOFTMAX_RAGGED_RESIDENT", "yes", 1);
+  CHECK_THROWS_WITH(summary("Softmax", DataType::F16, {7, 1021}),
+                    Catch::Contains("NPUSIM_SOFTMAX_RAGGED_RESIDENT='yes'") &&
+                        Catch::Contains("Softmax"));
+  unsetenv("NPUSIM_SOFTMAX_RAGGED_RESIDENT");
+  // Rows of whole blocks keep their kernel.
+  CHECK_THAT(summary("Softmax", DataType::F16, {37, 8192}),
+             Catch::Contains("one row resident at a time, double-buffered"));
+}
+
+// Rows of 1, 2, 4 or 8 lanes: each row's value spread onto its lanes in the lane slots, applied
+// by one dense instruction over the group; several groups per core, a partial last group.
+TEST_CASE("softmax family on rows of 1, 2, 4 and 8 classes") {
+  uint32_t seed = 500;
+  check_softmax("Softmax", DataType::F16, {1000, 2}, seed++);
+  check_softmax("LogSoftmax", DataType::F32, {3, 101, 4}, seed++);
+  check_softmax("Softmax", DataType::BF16, {77, 8}, seed++);
+  check_softmax("LogSoftmax", DataType::F16, {5, 1}, seed++);
+  check_softmax("Softmax", DataType::F32, {2049, 2}, seed++);
+  check_xent(DataType::F32, {37, 2}, {37, 2}, seed++);
+  check_xent(DataType::F16, {300, 4}, {1, 4}, seed++);
+  check_sparse(DataType::F32, 45, 4, DataType::S32, seed++, true);
+  check_sparse(DataType::BF16, 1000, 8, DataType::S64, seed++);
+}
+
 TEST_CASE("Softmax: zero-size and bad inputs") {
   const ChipConfig& cfg = test_sim().config();
   for (std::vector<int64_t> shape : {std::vector<int64_t>{4, 0}, std::vector<int64_t>{0, 5}}) {

@@ -162,6 +162,59 @@ def test_softmax_and_activations(npusim, tf, strict_placement, op, dtype):
     assert records and all(r["ok"] for r in records), records
 
 
+def _softmax_vs_cpu(npusim, tf, op, shape, dtype, seed, kernel):
+    """op over the last axis on the NPU against TF on the CPU (f32 logits), with special rows:
+    row 0 -inf in its first and last lanes, row 1 all -inf (NaN: -inf - -inf), row 2 one large
+    logit (1 there, 0 elsewhere), the last row one large negative logit; kernel: the launch."""
+    x = _random(shape, dtype, seed)
+    rows = x.reshape(-1, shape[-1])
+    big = 3e4 if dtype == np.float16 else 1e30
+    rows[0, :3] = -np.inf
+    rows[0, -2:] = -np.inf
+    rows[1, :] = -np.inf
+    rows[2, -1] = big
+    rows[-1, -1] = -big
+    fn = getattr(tf.raw_ops, op)
+    got, records = _on_npu(npusim, tf, lambda t: fn(logits=t), x)
+    with tf.device("/CPU:0"):
+        cpu = fn(logits=tf.constant(x.astype(np.float32))).numpy()
+    assert got.dtype == np.dtype(dtype) and got.shape == x.shape
+    np.testing.assert_allclose(got.astype(np.float64), cpu, rtol=2 * _tol(dtype),
+                               atol=2 * _tol(dtype) * 1e-1)
+    assert np.isnan(got.reshape(rows.shape)[1]).all()
+    _assert_launched(records, f"{op}_{kernel}")
+
+
+def _shape_dtype_id(v):
+    return "x".join(map(str, v)) if isinstance(v, tuple) else np.dtype(v).name
+
+
+# Rows whose bytes are not whole 32-byte blocks, too long to be resident 16 at a time on the
+# test chip but fitting alone: one row resident per step (Softmax_long_rows), each row loaded
+# from the block holding its first element and stored with the previous row's tail in its
+# head block; rows split over the cores so that blocks start inside a 32-byte block.
+RAGGED_ROWS = [((5, 1013), BF16), ((3, 3, 2049), np.float32), ((7, 1021), np.float16),
+               ((3, 4001), BF16), ((9, 4097), np.float16)]
+
+
+@pytest.mark.parametrize("shape,dtype", RAGGED_ROWS, ids=_shape_dtype_id)
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_rows_inside_blocks(npusim, tf, strict_placement, op, shape, dtype):
+    _softmax_vs_cpu(npusim, tf, op, shape, dtype, 29, "long_rows")
+
+
+# Rows of 1, 2, 4 or 8 classes: each row's max / sum spread onto its lanes, one dense
+# instruction per group (Softmax_rows).
+TINY_ROWS = [((1000, 2), np.float16), ((3, 33, 4), np.float32), ((77, 8), BF16),
+             ((9, 1), np.float32)]
+
+
+@pytest.mark.parametrize("shape,dtype", TINY_ROWS, ids=_shape_dtype_id)
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_tiny_rows(npusim, tf, strict_placement, op, shape, dtype):
+    _softmax_vs_cpu(npusim, tf, op, shape, dtype, 30, "rows")
+
+
 @pytest.mark.parametrize("op,ref", [
     ("SigmoidGrad", lambda y, dy: dy * y * (1 - y)),
     ("TanhGrad", lambda y, dy: dy * (1 - y * y)),

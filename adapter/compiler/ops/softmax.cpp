@@ -23,7 +23,10 @@
 // in, max / sum per row through the lane accumulator, per-row values replicated back onto the
 // row's lanes, one copy out; double-buffered (vector_rows.h PingPong: the next group loads
 // while this one computes, and is stored while the next computes). A group is whole super-rows
-// and whole 32-byte blocks of rows (8 or 16). Rows too long for that are streamed instead, also
+// and whole 32-byte blocks of rows (8 or 16). Softmax / LogSoftmax rows too long for that but
+// fitting the UB alone are resident one row at a time (LongRowEmitter; rows whose bytes are not
+// whole blocks too, loaded from the block holding their first element). Other rows too long
+// for a group are streamed instead, also
 // double-buffered (three passes over GM per row: max, sum of exponentials, outputs), each core
 // taking a range of rows whose first row starts on a 32-byte block in every tensor; output rows
 // that start inside a block get the block's head (the end of the previous row, kept from that
@@ -33,8 +36,10 @@
 // LongRowEmitter, StreamEmitter).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -173,6 +178,16 @@ struct RowsBuffers {
   SparseConstIds consts;
 };
 
+// Rows of 1, 2, 4 or 8 f32 lanes: whole rows in every 8-lane block (RowsEmitter spreads their
+// per-row values onto their lanes instead of applying them row by row).
+bool tiny_rows(const Spec& s) { return s.C <= kBlockLanes32 && kBlockLanes32 % s.C == 0; }
+
+// The row blocks spread_tiny_rows reads: whole groups of 8 rows (replicate_rows), and every
+// block of the group's last 64-lane repeat (rows rounded up to 64 covers that for any C).
+uint64_t tiny_rep_bytes(int64_t rows) {
+  return std::max(replicated_bytes(rows), static_cast<uint64_t>(round_up(rows, kLanes32) * kBlock));
+}
+
 RowsBuffers rows_buffers(const Spec& s, const ChipConfig& cfg) {
   RowsBuffers r;
   BufferPlan& p = r.plan;
@@ -189,7 +204,7 @@ RowsBuffers rows_buffers(const Spec& s, const ChipConfig& cfg) {
   r.d0 = p.add_sized("row values", blocks_of(kLaneBytes));
   r.d1 = p.add_sized("row values 2", blocks_of(kLaneBytes));
   r.d2 = p.add_sized("row values 3", blocks_of(kLaneBytes));
-  r.rep = p.add_sized("replicated", replicated_bytes);  // whole groups of 8 rows
+  r.rep = p.add_sized("replicated", tiny_rows(s) ? tiny_rep_bytes : replicated_bytes);
   r.scratch = p.add_sized("replicate scratch", replicate_scratch_bytes);
   r.alt = p.add_sized("alternating pattern", alt_pattern_bytes);
   r.loss = p.add_sized("loss", blocks_of(s.size()), 2, s.xent());
@@ -393,12 +408,46 @@ class RowsEmitter {
   // (widen_row_groups), written into the lane slots (free between reductions; a group is whole
   // blocks of 8 rows, so they hold the rows rounded up to 8): one block read 8 times per repeat
   // is 8 accesses to one UB bank, a widened repeat 8 banks once each.
+  // Rows of 1, 2, 4 or 8 lanes (tiny_rows()) instead get the value on each of their lanes in the
+  // lane slots (spread_tiny_rows) and one dense instruction over the group's lanes: a few
+  // instructions per group, not one per row of the super-row, each on the row's lanes only.
   void apply_row_value(const Group& g, const RowGroup& rows, Opcode op, uint64_t d,
                        bool rep_first = false, uint64_t dst = 0) {
     replicate_rows(m_b, d, g.regs.slots, m_rep, m_scratch, m_alt);
+    if (tiny_rows(m_s)) {
+      spread_tiny_rows(g);
+      const uint64_t out = dst ? dst : rows.x;
+      vec_binary(m_b, op, Dtype::F32, out, rep_first ? m_acc : rows.x, rep_first ? rows.x : m_acc,
+                 g.lanes);
+      return;
+    }
     const bool wide = m_s.C > kLanes32;
     if (wide) widen_row_groups(m_b, m_rep, g.regs.slots, m_acc);
     rows_bcast(m_b, rows, op, Dtype::F32, wide ? m_acc : m_rep, rep_first, dst, wide);
+  }
+  // Lane r*C + c of the lane slots (dense, the group's row-major lanes) = the value of row r,
+  // from its block in m_rep: instruction i (of 8 / C) writes in every 8-lane block b the lanes
+  // of row (8 / C) b + i, read from that row's block (block stride 8 / C), under a lane mask.
+  // The blocks read past the group's rows are in m_rep (tiny_rep_bytes) and land on lanes past
+  // the group's, which the dense instruction does not read.
+  void spread_tiny_rows(const Group& g) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "per-row values onto the rows' lanes (rows of 8 lanes or fewer)");
+    const int64_t C = m_s.C, per_block = kBlockLanes32 / C;
+    Reg repeats = b.reg("64-lane repeats of the group");
+    b.add(repeats, g.lanes, kLanes32 - 1);
+    b.shr(repeats, repeats, ceil_log2(kLanes32));
+    for (int64_t i = 0; i < per_block; ++i) {
+      uint64_t mask = 0;
+      for (int64_t blk = 0; blk < kLanes32 / kBlockLanes32; ++blk)
+        for (int64_t c = 0; c < C; ++c) mask |= uint64_t{1} << (blk * kBlockLanes32 + i * C + c);
+      set_mask_lanes(b, mask);
+      vec_unary_strided(b, Opcode::op_vcopy, Dtype::S32,
+                        VOperand(m_acc, 1, kLanes32 / kBlockLanes32),
+                        VOperand(static_cast<int64_t>(m_rep) + i * kBlock, per_block,
+                                 kLanes32 / C),
+                        repeats);
+    }
   }
 
   // backprop = e / sum - labels (in e); loss = sum(labels * (log(sum) - shifted)) (in d1).
@@ -517,30 +566,47 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
 
 // ---- long rows resident one at a time (Softmax, LogSoftmax) ----
 
-// A row of whole 32-byte blocks that fits the UB on its own (with both copies) but not 16 at a
-// time: one GM read and one write per row instead of the streamed kernel's three reads. Per row
-// (one PingPong step): load, widen, max and sum folded in halves into one 64-lane slot
-// (fold_into_slot: a few counter-mode instructions, not one per 64-lane span), the per-row
-// values replicated to a block and applied with block stride 0 over the whole row.
+// A row that fits the UB on its own (with both copies) but not 16 at a time: one GM read and
+// one write per row instead of the streamed kernel's three reads. Per row (one PingPong step):
+// load, widen, max and sum folded in halves into one 64-lane slot (fold_into_slot: a few
+// counter-mode instructions, not one per 64-lane span), the per-row values replicated to a
+// block and applied with block stride 0 over the row.
+//
+// Rows of whole 32-byte blocks start on a block in GM and are loaded and stored as they are.
+// A row whose bytes are not whole blocks (ragged) starts inside a block: it is loaded from the
+// block holding its first element, so its a < og head lanes in the UB are the previous row's
+// tail (og = elements per block); those lanes are set to -inf before the maximum (exp gives 0
+// there: they add nothing to the sum) and, in the output, replaced by the previous row's last
+// partial block (carry), so every output block is written whole and once. A block's rows are
+// any range (spread over all vector cores); a block whose first row starts inside a block
+// first computes the row before it without storing it (for its last partial block), and leaves
+// its own last row's partial block to the next block, which does the same; the tensor's last
+// row stores its partial block (the bytes past the tensor's end are the buffer's padding).
 struct LongRowPlan {
   BlockSplit split;
+  bool ragged = false;  // rows of C elements are not whole 32-byte blocks
 };
 
 // The long-rows kernel's buffers (fixed: one row). Double-buffered (PingPong, one step per
 // row): the loaded row and the output row have a ping and a pong copy; x (widened, or the
-// loaded copy itself for f32) and e are V's.
+// loaded copy itself for f32) and e are V's. Ragged rows take up to og - 1 head lanes and the
+// block after the row's last lane (carry's source) more.
 struct LongRowBuffers {
   BufferPlan plan;
-  BufferPlan::Id raw_x, xw, e, out, acc, d, d2, rep, scratch, alt;
+  BufferPlan::Id raw_x, xw, e, out, acc, d, d2, rep, scratch, alt, carry;
 };
 
-LongRowBuffers long_row_buffers(const Spec& s) {
+LongRowBuffers long_row_buffers(const Spec& s, bool ragged) {
   LongRowBuffers r;
   BufferPlan& p = r.plan;
-  r.raw_x = p.add_sized("features row", fixed_blocks(s.C * s.size()), 2);
-  r.xw = p.add_sized("widened row", fixed_blocks(s.C * kLaneBytes), 1, s.t != Dtype::F32);
-  r.e = p.add_sized("exponentials / fold scratch", fixed_blocks(s.C * kLaneBytes));
-  r.out = p.add_sized("output row", fixed_blocks(s.C * s.size()), 2);
+  const int64_t lanes = s.C + (ragged ? 2 * (kBlock / s.size()) : 0);
+  // The f32 rows (x: the widened copy, or the loaded one for f32) padded to whole 128-lanes.
+  const int64_t f32_bytes = round_up(lanes, 2 * kLanes32) * kLaneBytes;
+  const bool conv = s.t != Dtype::F32;
+  r.raw_x = p.add_sized("features row", fixed_blocks(conv ? lanes * s.size() : f32_bytes), 2);
+  r.xw = p.add_sized("widened row", fixed_blocks(f32_bytes), 1, conv);
+  r.e = p.add_sized("exponentials / fold scratch", fixed_blocks(f32_bytes));
+  r.out = p.add_sized("output row", fixed_blocks(lanes * s.size()), 2);
   r.acc = p.add_fixed("lane slot", kSlotBytes);
   r.d = p.add_fixed("row value", kBlock);
   r.d2 = p.add_fixed("lanes_reduce scratch", kBlock);
@@ -548,15 +614,30 @@ LongRowBuffers long_row_buffers(const Spec& s) {
   r.rep = p.add_fixed("replicated row value", replicated_bytes(1));
   r.scratch = p.add_fixed("replicate scratch", replicate_scratch_bytes(1));
   r.alt = p.add_fixed("alternating pattern", alt_pattern_bytes(1));
+  r.carry = p.add_fixed("previous row's last block", kBlock, 1, ragged);
   declare_repeat_overhang(p);
   return r;
 }
 
-std::optional<LongRowPlan> plan_long_rows(const Spec& s, const ChipConfig& cfg) {
-  if (s.xent() || (s.C * s.size()) % kBlock != 0) return std::nullopt;
-  const VectorCores cores = VectorCores::of(cfg);
-  if (long_row_buffers(s).plan.fit(cfg, cores.kind, 1, 1) == 0) return std::nullopt;
+// Whether ragged rows that fit the UB take the long-rows kernel: unless
+// NPUSIM_SOFTMAX_RAGGED_RESIDENT=0 (the streamed kernel, for comparison), read at every compile.
+// Unset, "0" or "1"; anything else is a CompileError naming op.
+bool ragged_rows_resident(const OpDesc& op) {
+  const char* v = std::getenv("NPUSIM_SOFTMAX_RAGGED_RESIDENT");
+  if (!v || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  op.fail(fmt::format("NPUSIM_SOFTMAX_RAGGED_RESIDENT='{}' is neither '0' nor '1'", v));
+}
+
+std::optional<LongRowPlan> plan_long_rows(const Spec& s, const ChipConfig& cfg,
+                                          bool ragged_resident) {
+  if (s.xent()) return std::nullopt;
   LongRowPlan p;
+  p.ragged = (s.C * s.size()) % kBlock != 0;
+  // A ragged row's head lanes must all be the previous row's: C >= og.
+  if (p.ragged && (!ragged_resident || s.C < kBlock / s.size())) return std::nullopt;
+  const VectorCores cores = VectorCores::of(cfg);
+  if (long_row_buffers(s, p.ragged).plan.fit(cfg, cores.kind, 1, 1) == 0) return std::nullopt;
   p.split = BlockSplit::make(s.rows, cores.count);
   return p;
 }
@@ -567,63 +648,147 @@ class LongRowEmitter {
   LongRowEmitter(const Spec& s, const LongRowPlan& p, const ChipConfig& cfg)
       : m_s(s), m_p(p),
         m_k(fmt::format("{}_long_rows", s.op.substr(0, s.op.find('('))), s.op, cfg),
-        m_b(m_k.b()), m_conv(s.t != Dtype::F32) {}
+        m_b(m_k.b()), m_conv(s.t != Dtype::F32), m_og(kBlock / s.size()) {}
 
   Launch build() {
     KernelBuilder& b = m_b;
     const int64_t C = m_s.C, sz = m_s.size();
     m_args = declare_args(m_k, m_s);
-    const LongRowBuffers bufs = long_row_buffers(m_s);
+    const LongRowBuffers bufs = long_row_buffers(m_s, m_p.ragged);
     const BufferPlan::Placed at = m_k.allocate(bufs.plan, 1);
     take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out, bufs.out}});
     take_buffers(at, {{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_acc, bufs.acc}, {&m_d, bufs.d},
                       {&m_d2, bufs.d2}, {&m_rep, bufs.rep}, {&m_scratch, bufs.scratch},
-                      {&m_alt, bufs.alt}});
+                      {&m_alt, bufs.alt}, {&m_carry, bufs.carry}});
     fill_alt_pattern(b, m_alt, 1);
     PingPong& sync = m_k.start_pingpong();
     Reg r = b.reg("row"), end = b.reg("end of this block's rows");
     m_k.block_range(r, end, m_p.split.per, m_s.rows);
-    Reg n = b.reg_imm("row lanes", C), one = b.reg_imm("one row", 1);
-    m_n = &n;
+    if (m_p.ragged) {
+      m_r = &r;
+      build_ragged(end);
+    } else {
+      Reg n = b.reg_imm("row lanes", C), one = b.reg_imm("one row", 1);
+      m_n = &n;
+      m_one = &one;
+      Reg steps = b.reg("rows of this block"), gm = b.reg("row address");
+      Reg blocks = b.reg_imm("row blocks", C * sz / kBlock);
+      b.sub(steps, end, r);
+      // Step t: row r + t.
+      sync.pipeline(
+          steps,
+          [&](const Reg& t, int q) {
+            b.add(gm, r, t);
+            b.mul_add(gm, gm, C * sz, m_args.x);
+            sync.wait_load_free(q);
+            b.emit(Opcode::op_copy_gm2ub, {m_raw_x[q], gm, 1, blocks, 0, 0}, "features row");
+            sync.load_done(q);
+          },
+          [&](const Reg& t, int q) {
+            const uint64_t result = compute(q);
+            to_output(q, result);
+            sync.out_ready(q);
+            b.add(gm, r, t);
+            b.mul_add(gm, gm, C * sz, m_args.y);
+            b.emit(Opcode::op_copy_ub2gm, {gm, m_out[q], 1, blocks, 0, 0}, "output row");
+            sync.stored(q);
+          });
+    }
+    return m_k.finish(m_p.split.block_dim,
+                      fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident "
+                                  "at a time{}, double-buffered",
+                                  b.op(), m_s.rows, C, isa::dtype_name(m_s.t),
+                                  m_p.split.block_dim, m_p.split.per,
+                                  m_p.ragged ? " (rows inside blocks)" : ""));
+  }
+
+ private:
+  // The registers of ragged row `row`: its first element `start`, the block start w holding
+  // it, its head lanes a = start - w and the lanes n = a + C from w to the row's end.
+  struct RaggedRow {
+    Reg row, start, w, a, n;
+    RaggedRow(KernelBuilder& b, const Reg& first, const Reg& t, int64_t C, int64_t og)
+        : row(b.reg("row")), start(b.reg("row's first element")),
+          w(b.reg("its block's first element")), a(b.reg("head lanes")),
+          n(b.reg("lanes to the row's end")) {
+      b.add(row, first, t);
+      b.mul(start, row, C);
+      b.and_(w, start, -og);
+      b.sub(a, start, w);
+      b.add(n, a, C);
+    }
+  };
+
+  // Ragged rows: step t is row first + t, first = r - 1 where row r starts inside a block (that
+  // row is computed for its last partial block only).
+  void build_ragged(const Reg& end) {
+    KernelBuilder& b = m_b;
+    PingPong& sync = m_k.sync();
+    const int64_t C = m_s.C, sz = m_s.size();
+    Reg one = b.reg_imm("one row", 1);
     m_one = &one;
-    Reg steps = b.reg("rows of this block"), gm = b.reg("row address");
-    Reg blocks = b.reg_imm("row blocks", C * sz / kBlock);
-    b.sub(steps, end, r);
-    // Step t: row r + t.
+    Reg first = b.reg("first row computed"), steps = b.reg("rows computed");
+    b.mul(first, *m_r, C);
+    b.and_(first, first, m_og - 1);
+    b.min(first, first, 1);  // 1 if row r starts inside a block
+    b.sub(first, *m_r, first);
+    b.sub(steps, end, first);
     sync.pipeline(
         steps,
         [&](const Reg& t, int q) {
-          b.add(gm, r, t);
-          b.mul_add(gm, gm, C * sz, m_args.x);
+          const RaggedRow rr(b, first, t, C, m_og);
+          Reg gm = b.reg("row's block address"), blocks = b.reg("row blocks");
+          b.mul_add(gm, rr.w, sz, m_args.x);
+          count_blocks(b, blocks, rr.n, sz);
           sync.wait_load_free(q);
           b.emit(Opcode::op_copy_gm2ub, {m_raw_x[q], gm, 1, blocks, 0, 0}, "features row");
           sync.load_done(q);
         },
         [&](const Reg& t, int q) {
+          const RaggedRow rr(b, first, t, C, m_og);
+          m_n = &rr.n;
+          m_a = &rr.a;
           const uint64_t result = compute(q);
-          sync.wait_out_free(q);
-          if (m_conv) vec_convert(b, m_s.t, Dtype::F32, m_out[q], result, RoundMode::kRint, n);
-          else vec_copy_bits(b, kLaneBytes, m_out[q], result, n);
-          if (!m_conv) sync.release_load(q);
+          to_output(q, result);
+          // The head lanes are the previous row's tail (its last partial block); this row's
+          // last partial block is kept for the next row, stored only at the tensor's end.
+          vec_copy_bits(b, sz, m_out[q], m_carry, rr.a);
+          Reg blocks = b.reg("whole blocks to store"), src = b.reg("last partial block");
+          b.shr(blocks, rr.n, ceil_log2(m_og));
+          b.mul_add(src, blocks, kBlock, static_cast<int64_t>(m_out[q]));
+          vec_copy_bits(b, sz, m_carry, src, m_og);
+          b.if_(eq(rr.row, m_s.rows - 1), [&] { count_blocks(b, blocks, rr.n, sz); });
           sync.out_ready(q);
-          b.add(gm, r, t);
-          b.mul_add(gm, gm, C * sz, m_args.y);
-          b.emit(Opcode::op_copy_ub2gm, {gm, m_out[q], 1, blocks, 0, 0}, "output row");
+          b.if_(ge(rr.row, *m_r), [&] {  // not the row before the block's first
+            Reg gm = b.reg("row's block address");
+            b.mul_add(gm, rr.w, sz, m_args.y);
+            b.emit(Opcode::op_copy_ub2gm, {gm, m_out[q], 1, blocks, 0, 0}, "output row");
+          });
           sync.stored(q);
         });
-    return m_k.finish(m_p.split.block_dim,
-                      fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident "
-                                  "at a time, double-buffered",
-                                  b.op(), m_s.rows, C, isa::dtype_name(m_s.t),
-                                  m_p.split.block_dim, m_p.split.per));
   }
 
- private:
+  // The f32 results at `result` in the output type in output copy q (V waits for it first).
+  void to_output(int q, uint64_t result) {
+    KernelBuilder& b = m_b;
+    m_k.sync().wait_out_free(q);
+    if (m_conv) vec_convert(b, m_s.t, Dtype::F32, m_out[q], result, RoundMode::kRint, *m_n);
+    else vec_copy_bits(b, kLaneBytes, m_out[q], result, *m_n);
+    if (!m_conv) m_k.sync().release_load(q);
+  }
+
   // The f32 results of the row in load copy q: returns their UB address (e or x).
+  // Folds read whole 128-lane pairs of repeats: lanes [n, P) of the row's f32 buffers
+  // (P = n rounded up to 128 lanes) are padded with the reduction's identity, so each row value
+  // is one out-of-place halving into a scratch buffer and a fold there (row_value), with no copy
+  // of the row first.
   uint64_t compute(int q) {
     KernelBuilder& b = m_b;
     const Reg &n = *m_n, &one = *m_one;
     const uint64_t x = m_conv ? m_xw : m_raw_x[q], e = m_e;
+    Reg p = b.reg("lanes in whole 128-lane pairs");
+    b.add(p, n, 2 * kLanes32 - 1);
+    b.and_(p, p, -2 * kLanes32);
     m_k.sync().wait_loaded(q);
     if (m_conv) {
       vec_convert(b, Dtype::F32, m_s.t, x, m_raw_x[q], RoundMode::kRint, n);
@@ -631,39 +796,73 @@ class LongRowEmitter {
     }
     {
       KernelBuilder::Origin o(b, "row maximum");
-      vec_copy_bits(b, kLaneBytes, e, x, n);
-      row_value(Combine::kMax, e);
+      // -inf: ragged rows' head lanes (the previous row's) and the lanes past the row's end,
+      // out of the maximum; exp turns them into 0, out of the sum.
+      const int64_t minus_inf = combine_identity_bits(Combine::kMax, Dtype::F32);
+      if (m_p.ragged) vec_fill32(b, x, minus_inf, *m_a);
+      pad_lanes(x, minus_inf, p);
+      row_value(Combine::kMax, x, e, p);
       replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
     }
     KernelBuilder::Origin o(b, "shifted, exponentials, their sum");
-    with_row_value(Opcode::op_vsub, x, x);
-    vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, n);
+    with_row_value(Opcode::op_vsub, x, x, p);
+    vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, p);
     if (m_s.kind == Kind::kSoftmax) {
-      vec_copy_bits(b, kLaneBytes, x, e, n);  // shifted no longer needed
-      row_value(Combine::kSum, x);
+      row_value(Combine::kSum, e, x, p);  // shifted no longer needed
       replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
-      with_row_value(Opcode::op_vdiv, e, e);
+      with_row_value(Opcode::op_vdiv, e, e, n);
       return e;
     }
-    row_value(Combine::kSum, e);
+    row_value(Combine::kSum, e, e, p);
     vec_unary(b, Opcode::op_vln, Dtype::F32, m_d, m_d, one);
     replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
-    with_row_value(Opcode::op_vsub, x, x);
+    with_row_value(Opcode::op_vsub, x, x, n);
     return x;
   }
 
-  // dst lanes [0, C) = op(src lanes, the row's value) (the value's block read 8 times per
+  // Lanes [n, p) of buf = bits (32-bit lanes): the last partial 64-lane repeat under a lane
+  // mask, then whole repeats in counter mode.
+  void pad_lanes(uint64_t buf, int64_t bits, const Reg& p) {
+    KernelBuilder& b = m_b;
+    const Reg& n = *m_n;
+    Reg k = b.reg("row lanes in the last partial repeat"), at = b.reg("pad address");
+    b.and_(k, n, kLanes32 - 1);
+    b.if_(ne(k, 0), [&] {
+      Reg mask = b.reg_imm("lanes k .. 63", -1);
+      b.shl(mask, mask, k);
+      b.sub(at, n, k);
+      b.mul_add(at, at, kLaneBytes, static_cast<int64_t>(buf));
+      b.emit(Opcode::op_set_mask, {0, mask});
+      b.emit(Opcode::op_vdup, {Dtype::S32, at, static_cast<int64_t>(static_cast<int32_t>(bits)),
+                               1, 1, 8});
+    });
+    Reg whole = b.reg("pad lanes in whole repeats");
+    b.add(at, n, kLanes32 - 1);
+    b.and_(at, at, -kLanes32);
+    b.sub(whole, p, at);
+    b.mul_add(at, at, kLaneBytes, static_cast<int64_t>(buf));
+    vec_fill32(b, at, bits, whole);
+  }
+
+  // dst lanes [0, count) = op(src lanes, the row's value) (the value's block read 8 times per
   // repeat).
-  void with_row_value(Opcode op, uint64_t dst, uint64_t src) {
-    m_b.emit(Opcode::op_set_mask_count, {*m_n});
+  void with_row_value(Opcode op, uint64_t dst, uint64_t src, const Reg& count) {
+    m_b.emit(Opcode::op_set_mask_count, {count});
     vec_binary_strided(m_b, op, Dtype::F32, VOperand(dst), VOperand(src), VOperand(m_rep, 0, 0),
                        0);
   }
-  // The row's combination of lanes [0, C) of buf (overwritten) -> d.
-  void row_value(Combine c, uint64_t buf) {
-    vec_fill32(m_b, m_acc, combine_identity_bits(c, Dtype::F32), kLanes32);
-    fold_into_slot(m_b, c, Dtype::F32, buf, *m_n, m_acc);
-    lanes_reduce(m_b, c, Dtype::F32, m_acc, *m_one, m_d, m_d2);
+  // The row's combination of lanes [0, p) of src (p a multiple of 128, identity-padded) -> d:
+  // scratch [0, p/2) = op(the halves of src), folded into the lane slot (src kept unless it is
+  // scratch).
+  void row_value(Combine c, uint64_t src, uint64_t scratch, const Reg& p) {
+    KernelBuilder& b = m_b;
+    Reg h = b.reg("half"), hi = b.reg("upper half");
+    b.shr(h, p, 1);
+    b.mul_add(hi, h, kLaneBytes, static_cast<int64_t>(src));
+    vec_binary(b, combine_opcode(c), Dtype::F32, scratch, src, hi, h);
+    vec_fill32(b, m_acc, combine_identity_bits(c, Dtype::F32), kLanes32);
+    fold_into_slot(b, c, Dtype::F32, scratch, h, m_acc);
+    lanes_reduce(b, c, Dtype::F32, m_acc, *m_one, m_d, m_d2);
   }
 
   const Spec& m_s;
@@ -671,11 +870,15 @@ class LongRowEmitter {
   RowKernel m_k;
   KernelBuilder& m_b;
   const bool m_conv;
+  const int64_t m_og;  // elements per 32-byte block
   Args m_args;
   Twin m_raw_x, m_out;
   uint64_t m_xw = 0, m_e = 0, m_acc = 0, m_d = 0, m_d2 = 0, m_rep = 0, m_scratch = 0, m_alt = 0;
-  const Reg* m_n = nullptr;    // C, the row's lanes
+  uint64_t m_carry = 0;
+  const Reg* m_n = nullptr;    // the row's lanes from the first loaded (C, or a + C ragged)
+  const Reg* m_a = nullptr;    // ragged: the head lanes (the previous row's)
   const Reg* m_one = nullptr;  // 1
+  const Reg* m_r = nullptr;    // ragged: the block's first row
 };
 
 Launch build_long_rows(const Spec& s, const LongRowPlan& p, const ChipConfig& cfg) {
@@ -1147,7 +1350,7 @@ void append_softmax(LaunchPlan& plan, const CompileContext& ctx, const Spec& s,
     plan.add(build_rows(s, *p, cfg), args);
     return;
   }
-  if (auto p = plan_long_rows(s, cfg)) {
+  if (auto p = plan_long_rows(s, cfg, ragged_rows_resident(ctx.op))) {
     plan.add(build_long_rows(s, *p, cfg), args);
     return;
   }
