@@ -112,6 +112,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.l2_write_bytes_per_cycle == b.l2_write_bytes_per_cycle);
   CHECK(a.l2_ub_write_bytes_per_cycle == b.l2_ub_write_bytes_per_cycle);
   CHECK(a.l2_keep_across_launches == b.l2_keep_across_launches);
+  CHECK(a.l2_keep_within_graph_run == b.l2_keep_within_graph_run);
   CHECK(a.l2_write_back == b.l2_write_back);
   CHECK(a.l2_write_back_waits == b.l2_write_back_waits);
   CHECK(a.hdc_gbps == b.hdc_gbps);
