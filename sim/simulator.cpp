@@ -241,9 +241,8 @@ HdcResult Simulator::copy_host_to_device(uint64_t dev_addr, const void* src, uin
                             "memory of {} bytes", dev_addr, dev_addr + bytes,
                             m_impl->gm.capacity()));
   if (bytes) m_impl->gm.write(dev_addr, src, bytes);
-  // Data from the host arrives in HBM: an L2 kept across launches drops what it held there.
-  if (m_impl->cfg.l2_keep_across_launches)
-    m_impl->chip->memory().l2().invalidate_range(dev_addr, bytes);
+  // Data from the host arrives in HBM: a kept L2 drops what it held there.
+  m_impl->chip->memory().drop_host_write(dev_addr, bytes);
   return m_impl->hdc_copy(true, bytes);
 }
 

@@ -125,6 +125,12 @@ struct KernelLaunch {
   // filed by allocation, so its L2 outcome does not depend on where its buffers were placed
   // (sim/chip/l2_placement.h). Empty: lines are filed at their device addresses.
   GmBlockLookup gm_blocks;
+  // Nonzero: the launch belongs to one run of a graph (a TF graph's task list, an offline
+  // model's run), every launch of the run carrying the same value, unique to the run, and the
+  // run issuing the same launches in the same order every time. With
+  // memory.l2.keep_within_graph_run the run's launches share one L2, cold at its first launch
+  // (MemorySystem::select_l2). 0: no run.
+  uint64_t l2_run = 0;
 };
 
 struct KernelResult {

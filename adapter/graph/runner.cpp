@@ -1,5 +1,7 @@
 #include "adapter/graph/runner.h"
 
+#include <atomic>
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -86,8 +88,9 @@ uint64_t OfflineRunner::address(Region r, uint64_t offset) const {
   return (r == Region::kConstant ? m_constant_base : m_activation_base) + offset;
 }
 
-KernelResult OfflineRunner::launch(const Task& t) {
+KernelResult OfflineRunner::launch(const Task& t, uint64_t run) {
   KernelLaunch kl;
+  kl.l2_run = run;
   kl.program = &m_model.kernels[t.kernel];
   kl.block_dim = t.block_dim;
   kl.counter_tree = m_counter_trees;
@@ -118,8 +121,12 @@ std::vector<NpyArray> OfflineRunner::run(const std::vector<NpyArray>& inputs,
     if (!a.data.empty())
       m_sim.copy_host_to_device(address(b.region, b.offset), a.data.data(), a.data.size());
   }
+  // The model's tasks are one graph run (memory.l2.keep_within_graph_run keeps the L2 through
+  // them); the init tasks, at construction, are none.
+  static std::atomic<uint64_t> last_run{0};
+  const uint64_t run = ++last_run;
   for (const Task& t : m_model.tasks) {
-    KernelResult r = launch(t);
+    KernelResult r = launch(t, run);
     if (runs) runs->push_back({&t, std::move(r)});
   }
   std::vector<NpyArray> outputs;

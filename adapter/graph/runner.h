@@ -55,7 +55,8 @@ class OfflineRunner {
   uint64_t m_replayed = 0;
 
   uint64_t address(Region r, uint64_t offset) const;
-  KernelResult launch(const Task& t);
+  // run: KernelLaunch::l2_run (nonzero for the tasks of one run()).
+  KernelResult launch(const Task& t, uint64_t run = 0);
 };
 
 }  // namespace npusim::graph

@@ -794,6 +794,8 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) 
   launch.program = op.program.get();
   launch.args = op.args;
   launch.gm_blocks = op.gm_blocks;
+  // A graph's task list is one run (memory.l2.keep_within_graph_run keeps the L2 through it).
+  launch.l2_run = op.label ? op.label->graph_run : 0;
   launch.block_dim = op.block_dim;
   launch.counter_tree = false;  // records keep the flat delta; the tree is built when read
   // The device idles while the host dispatches the op.

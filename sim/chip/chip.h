@@ -42,15 +42,15 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // Throws npusim::Error for a launch this chip cannot run (no section for it, block_dim < 1).
   // record: attach a CoreRecording to every core for the launch (recordings()), dropped if the
   // recording passes record_max_bytes (launch().record is then false).
-  // gm_blocks: the device's allocations, by which a cold L2 files the launch's lines
-  // (MemorySystem::begin_launch). record_lean: the recordings are lean (CoreRecording), for a
-  // timing-only replay by translation only, and the memory system records nothing.
+  // The memory system's L2 state is the one memory().select_l2() chose for the launch.
+  // record_lean: the recordings are lean (CoreRecording), for a timing-only replay by
+  // translation only, and the memory system records nothing.
   // record_effect_order (not lean): also record the order of the effects across the cores
   // (effect_order()), for a launch whose cores hand each other data.
   void begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
                     int block_dim, bool functional, uint64_t max_insns_per_block,
                     bool record = false, uint64_t record_max_bytes = UINT64_MAX,
-                    GmBlockLookup gm_blocks = {}, bool record_lean = false,
+                    bool record_lean = false,
                     bool record_effect_order = false);
   // After sc_start() returned: how the launch ended.
   Outcome outcome() const;

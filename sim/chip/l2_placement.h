@@ -19,8 +19,18 @@
 // filed at its own address. With a kept L2 (keep_across_launches) the runtime gives no lookup:
 // lines then carry over between launches and are filed at their device addresses, as silicon
 // files them.
+//
+// Within a graph run (memory.l2.keep_within_graph_run) one placement serves every launch of the
+// run (continue_launch): a block keeps the L2 range its first touch in the run gave it, so the
+// next launch reading a block finds the lines the previous one left there, and a block the run
+// touches for the first time is packed after the others (first-touch order over the run: the
+// simulated order, the same every run). Contract: every block the run touches stays allocated
+// until the run's last launch (the TF plugin's NpuGraph holds its inputs, outputs, arena and
+// variables until it synchronises), so no block start is reused for another allocation while
+// the placement holds it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -59,6 +69,26 @@ class L2Placement {
     m_blocks.clear();
     m_next = kPackedBase;
     m_last = {};
+  }
+
+  // Start of the next launch of the same graph run: the blocks placed so far keep their L2
+  // ranges, blocks touched for the first time are packed after them.
+  void continue_launch(GmBlockLookup blocks) {
+    m_lookup = std::move(blocks);
+    m_last = {};
+  }
+
+  // Calls f(l2_address, bytes) for each piece of device range [addr, addr + bytes) that lies in
+  // a block placed so far (a host copy into a run's block drops those lines); places nothing.
+  template <class F>
+  void for_each_placed(uint64_t addr, uint64_t bytes, F f) const {
+    const uint64_t end = addr + bytes;
+    auto it = m_blocks.upper_bound(addr);
+    if (it != m_blocks.begin()) --it;
+    for (; it != m_blocks.end() && it->first < end; ++it) {
+      const uint64_t lo = std::max(addr, it->first), hi = std::min(end, it->second.end);
+      if (lo < hi) f(it->second.l2_base + (lo - it->first), hi - lo);
+    }
   }
 
   // The L2 address of device address `addr`; *run = how many bytes from addr on keep a

@@ -67,9 +67,64 @@ MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
   dont_initialize();
 }
 
-void MemorySystem::begin_launch(bool record, GmBlockLookup blocks) {
-  if (!m_cfg.l2_keep_across_launches) m_l2.invalidate_all();
-  m_placement.begin_launch(m_cfg.l2_keep_across_launches ? GmBlockLookup() : std::move(blocks));
+void MemorySystem::select_l2(uint64_t run, GmBlockLookup blocks) {
+  if (m_cfg.l2_keep_across_launches) {
+    m_placement.begin_launch({});
+    m_l2_carried = true;
+    return;
+  }
+  if (!m_cfg.l2_keep_within_graph_run) run = 0;
+  if (run != 0 && run == m_l2_run) {  // the run's next launch
+    m_placement.continue_launch(std::move(blocks));
+    m_l2_carried = true;
+    return;
+  }
+  if (m_l2_run != 0) {  // set the run under way aside, in a free slot or the oldest one's
+    RunL2* slot = nullptr;
+    for (const auto& r : m_runs_aside)
+      if (r->run == 0 && !slot) slot = r.get();
+    if (!slot && m_runs_aside.size() < kRunsAside) {
+      m_runs_aside.push_back(std::make_unique<RunL2>(
+          RunL2{0, 0, L2Tags(m_cfg.l2_bytes, m_cfg.l2_line_bytes, m_cfg.l2_ways,
+                             m_cfg.l2_write_back),
+                L2Placement(m_l2.line_bytes())}));
+      slot = m_runs_aside.back().get();
+    }
+    if (!slot)
+      for (const auto& r : m_runs_aside)
+        if (!slot || r->aside_since < slot->aside_since) slot = r.get();
+    slot->run = m_l2_run;
+    slot->aside_since = ++m_asides;
+    std::swap(slot->tags, m_l2);
+    std::swap(slot->placement, m_placement);
+    m_l2_run = 0;
+  }
+  m_l2_carried = run != 0;
+  m_l2_run = run;
+  for (const auto& r : m_runs_aside)
+    if (run != 0 && r->run == run) {  // the run's state comes back as it was set aside
+      std::swap(r->tags, m_l2);
+      std::swap(r->placement, m_placement);
+      r->run = 0;
+      m_placement.continue_launch(std::move(blocks));
+      return;
+    }
+  m_l2.invalidate_all();
+  m_placement.begin_launch(std::move(blocks));
+}
+
+void MemorySystem::drop_host_write(uint64_t addr, uint64_t bytes) {
+  const auto drop = [&](L2Tags& tags, const L2Placement& placement) {
+    tags.invalidate_range(addr, bytes);  // lines filed at their device addresses
+    placement.for_each_placed(addr, bytes,
+                              [&](uint64_t l2_addr, uint64_t n) { tags.invalidate_range(l2_addr, n); });
+  };
+  if (m_cfg.l2_keep_across_launches || m_l2_run != 0) drop(m_l2, m_placement);
+  for (const auto& r : m_runs_aside)
+    if (r->run != 0) drop(r->tags, r->placement);
+}
+
+void MemorySystem::begin_launch(bool record) {
   m_recording = record;
   m_writebacks_end = sc_core::sc_time_stamp();
   m_transfer_order.clear();

@@ -62,20 +62,38 @@ class MemorySystem : public sc_core::sc_module {
   // Target of every core's GM port.
   tlm_utils::multi_passthrough_target_socket<MemorySystem> port;
 
-  // Start of a launch: L2 starts cold, so a launch's timing does not depend on earlier ones,
-  // unless the chip keeps it (memory.l2.keep_across_launches).
-  // record: keep the launch's transfer order and L2 fingerprint (for the launch replay).
-  // blocks: the device's allocations; with a cold L2 the launch's lines are filed by them
-  // (l2_placement.h), so its L2 outcome does not depend on where its buffers were allocated.
-  // Ignored with a kept L2; empty: lines are filed at their device addresses.
-  void begin_launch(bool record = false, GmBlockLookup blocks = {});
+  // The L2 state the next launch starts with; called before every launch, replayed or simulated
+  // (ChipLauncher::begin). The L2 starts cold, so a launch's timing does not depend on earlier
+  // ones, with its lines filed by `blocks` (the device's allocations, l2_placement.h; empty:
+  // at their device addresses), unless the chip keeps it:
+  // - memory.l2.keep_across_launches: the tags as the last launch left them, lines filed at
+  //   their device addresses (`blocks` ignored);
+  // - memory.l2.keep_within_graph_run and `run` nonzero (KernelLaunch::l2_run): the run's own
+  //   L2. Its first launch starts cold with a fresh placement; each later one starts with the
+  //   tags and the block placement the run's previous launch left (L2Placement::continue_launch).
+  //   A launch in no run (or of another run) gets its own L2 and the run's is set aside,
+  //   untouched, for the run's next launch: the states of up to kRunsAside runs under way at
+  //   once are kept (a run whose state was dropped for a newer one continues cold).
+  void select_l2(uint64_t run, GmBlockLookup blocks);
+  // Whether the L2 select_l2 chose carries over to later launches (kept across launches, or a
+  // graph run's): a replay must then leave tags and placement as simulating would have.
+  bool l2_carried() const { return m_l2_carried; }
+  // Start of a launch on the L2 select_l2 chose. record: keep the launch's transfer order and
+  // L2 fingerprint (for the launch replay).
+  void begin_launch(bool record = false);
   // The L2's tags between launches: the launch replay checks a recording against a copy of
-  // them and installs the copy's end state when it replays (sim/simulator.cpp); a host copy
-  // into device memory drops the lines it overwrites.
+  // them and installs the copy's end state when it replays (sim/simulator.cpp).
   const L2Tags& l2() const { return m_l2; }
   L2Tags& l2() { return m_l2; }
-  // Where the launch now running filed its blocks in the L2 (l2_placement.h).
+  // Where the launch now running files its blocks in the L2 (l2_placement.h); the replay
+  // checks a graph run's launch with a copy of it and installs the copy's end state.
   const L2Placement& placement() const { return m_placement; }
+  L2Placement& placement() { return m_placement; }
+  // A host-to-device copy wrote device range [addr, addr + bytes): the data arrived in HBM, so
+  // a kept L2 (across launches, or any graph run's, wherever the run filed the range) drops the
+  // lines it held there. A cold L2 holds nothing between launches.
+  void drop_host_write(uint64_t addr, uint64_t bytes);
+  static constexpr size_t kRunsAside = 4;  // # estimate: graph runs interleaved at once
   // Of the launch being recorded: the port (= core chip index) of every transfer in the order
   // the memory system timed them, and a hash of every range's L2 outcome in that order
   // (l2_fingerprint).
@@ -109,6 +127,17 @@ class MemorySystem : public sc_core::sc_module {
   AbortSignal& m_abort;
   L2Tags m_l2;
   L2Placement m_placement;
+  bool m_l2_carried = false;  // select_l2's choice carries over (l2_carried())
+  uint64_t m_l2_run = 0;      // the graph run whose state m_l2 and m_placement are (0: none)
+  // The L2 state of a graph run set aside while other launches run (run 0: a free slot).
+  struct RunL2 {
+    uint64_t run = 0;
+    uint64_t aside_since = 0;  // m_asides when it was set aside (the oldest is dropped first)
+    L2Tags tags;
+    L2Placement placement;
+  };
+  std::vector<std::unique_ptr<RunL2>> m_runs_aside;
+  uint64_t m_asides = 0;
   bool m_recording = false;
   std::vector<uint16_t> m_transfer_order;
   uint64_t m_l2_fingerprint = kL2FingerprintSeed;

@@ -99,6 +99,13 @@ struct ChipConfig {
   // before it); true: its lines stay from one launch to the next, as on silicon, so a consumer
   // can hit on its producer's output (host-to-device copies drop the lines they overwrite).
   bool l2_keep_across_launches = false;
+  // With l2_keep_across_launches false: true keeps the L2 from one launch to the next within a
+  // graph run (KernelLaunch::l2_run: a TF graph's launches queued as one task list, an offline
+  // model's run), which issues the same launches in the same order every time. The run starts
+  // cold; its lines are filed by allocation block with one block placement for the whole run
+  // (sim/chip/l2_placement.h), so its timing does not depend on where the allocator put its
+  // tensors. A launch in no run starts cold and leaves the run's L2 as it was.
+  bool l2_keep_within_graph_run = false;
   // false: writes go through to HBM (a write into a line present is absorbed by it); true:
   // write-back, write-allocate: a write miss allocates a dirty line at L2 bandwidth and HBM sees
   // the line only when it is evicted (sim/chip/l2_tags.h).

@@ -82,6 +82,7 @@ const char* const kSchemaKeys[] = {
     "memory.l2.core_write_bytes_per_cycle",
     "memory.l2.ub_write_bytes_per_cycle",
     "memory.l2.keep_across_launches",
+    "memory.l2.keep_within_graph_run",
     "memory.l2.write_back",
     "memory.l2.write_back_waits",
     "mte.nd2nz_row_cycles",
@@ -409,6 +410,8 @@ void parse_memory(const Reader& r, ChipConfig& c) {
   }
   c.l2_keep_across_launches = r.has("memory.l2.keep_across_launches") &&
                               r.get_bool("memory.l2.keep_across_launches");
+  c.l2_keep_within_graph_run = r.has("memory.l2.keep_within_graph_run") &&
+                               r.get_bool("memory.l2.keep_within_graph_run");
   c.l2_write_back = r.has("memory.l2.write_back") && r.get_bool("memory.l2.write_back");
   c.l2_write_back_waits =
       r.has("memory.l2.write_back_waits") && r.get_bool("memory.l2.write_back_waits");
@@ -582,6 +585,7 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
   if (c.l2_ub_write_bytes_per_cycle != 0)
     o << fmt::format("    ub_write_bytes_per_cycle: {}\n", c.l2_ub_write_bytes_per_cycle);
   if (c.l2_keep_across_launches) o << "    keep_across_launches: true\n";
+  if (c.l2_keep_within_graph_run) o << "    keep_within_graph_run: true\n";
   if (c.l2_write_back) o << "    write_back: true\n";
   if (c.l2_write_back_waits) o << "    write_back_waits: true\n";
   if (c.nd2nz_row_cycles != 0)  // optional, as above

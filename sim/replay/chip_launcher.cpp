@@ -30,6 +30,10 @@ namespace {
 // smaller); a larger launch walks its program again. # estimate: host memory, no hardware figure.
 constexpr uint64_t kVerifiedEffectsShare = 32;
 
+// The extra key argument of a graph run's launch (begin()); any value would do, as no cold key
+// of the same program has the same number of arguments.
+constexpr uint64_t kGraphRunKeyMark = 0x4c3252554e000000ull;  // "L2RUN"
+
 int replay_thread_count(const SimOptions& o) {
   if (o.replay == SimOptions::Replay::off) return 1;
   if (o.replay_threads > 0) return o.replay_threads;
@@ -106,13 +110,16 @@ bool ChipLauncher::detail_wanted() const {
 
 bool ChipLauncher::verify(RecordedLaunch& rec, const KernelLaunch& launch,
                           std::vector<GmAccess>* writes, VerifiedEffects* effects) {
-  if (m_cfg.l2_keep_across_launches)
-    *m_verify_l2 = m_chip.memory().l2();
-  else
+  // The L2 and the placement the launch starts with (MemorySystem::select_l2): copies of a
+  // kept L2's (across launches, or the graph run's), which a replay then installs.
+  const MemorySystem& memory = m_chip.memory();
+  if (memory.l2_carried()) {
+    *m_verify_l2 = memory.l2();
+    *m_verify_placement = memory.placement();
+  } else {
     m_verify_l2->invalidate_all();
-  // As the memory system files them (MemorySystem::begin_launch).
-  m_verify_placement->begin_launch(m_cfg.l2_keep_across_launches ? GmBlockLookup()
-                                                                 : launch.gm_blocks);
+    m_verify_placement->begin_launch(launch.gm_blocks);
+  }
   return verify_translation(rec, *launch.program, launch.args, launch.block_dim, m_chip.cores(),
                             m_gm, m_cfg, m_store.pool, *m_verify_l2, *m_verify_placement, writes,
                             effects, m_store.opts.replay_memo_bytes / kVerifiedEffectsShare);
@@ -159,7 +166,11 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // A launch run before is replayed unless an observer wants to see its instructions, and only
   // one that runs alone (see `alone` in the header). A timing-only run with a cold L2 also
   // replays by translation (SimOptions::replay_translated), even with `replay` off.
-  const bool keep_l2 = m_cfg.l2_keep_across_launches;
+  // A kept L2 (across launches, or a graph run's): every replay is checked against the L2 and
+  // placement the launch starts with, and leaves them as simulating would have.
+  MemorySystem& memory = m_chip.memory();
+  memory.select_l2(launch.l2_run, launch.gm_blocks);
+  const bool keep_l2 = memory.l2_carried();
   // A functional run replays a translated launch by walking its blocks at its own arguments
   // (the translation stands in for the check, not for the effects), so only with `walk`.
   const bool walk = opts.replay != SimOptions::Replay::off;  // replays that walk the program
@@ -211,6 +222,11 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       append_block_extents(launch.gm_blocks, launch.args, &k->args);
       append_block_sharing(launch.gm_blocks, launch.args, &k->args);
     }
+  // A graph run's launch, which starts with the run's L2, is recorded apart from the cold
+  // launches (which replay their own key unchecked): its key gets one more argument than any
+  // cold key of the program can have (those get four per argument in a block, or none).
+  if (replayable && keep_l2 && !m_cfg.l2_keep_across_launches)
+    for (LaunchKey* k : {&P->key, &P->similar}) k->args.push_back(kGraphRunKeyMark);
   RecordedLaunch* found = replayable ? memo.find(P->key) : nullptr;
   const bool detail = detail_wanted();
   const auto in_time = [&](const RecordedLaunch& r) {
@@ -393,8 +409,11 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
         b.result.start_cycle = time_ps(start) / kPsPerCycle;
         return b;
       }
-      // The L2 as the simulated launch would have left it (verified above).
-      if (keep_l2) std::swap(m_chip.memory().l2(), *m_verify_l2);
+      // The L2 and its placement as the simulated launch would have left them (verified above).
+      if (keep_l2) {
+        std::swap(memory.l2(), *m_verify_l2);
+        std::swap(memory.placement(), *m_verify_placement);
+      }
       m_counters.restart_windows();  // what the snapshot before a simulated launch does
       m_replay_note = std::move(P->note);
       b.busy_ps = recorded->quiescent_ps;
@@ -419,7 +438,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   P->ordered = translation_only && !P->lean;
   m_chip.begin_launch(*launch.program, launch.args, launch.block_dim, opts.functional,
                       watchdog_budget(opts, *launch.program, launch.args), P->record,
-                      opts.replay_record_max_bytes, launch.gm_blocks, P->lean, P->ordered);
+                      opts.replay_record_max_bytes, P->lean, P->ordered);
   m_pending = std::move(P);
   return Begun{};
 }

@@ -239,8 +239,7 @@ HdcResult SystemSimulator::copy_host_to_device(int chip, uint64_t dev_addr, cons
   DeviceMemory& g = gm_range(chip, dev_addr, bytes, "copy_host_to_device");
   if (bytes) g.write(dev_addr, src, bytes);
   // As Simulator::copy_host_to_device: a kept L2 drops the lines the host overwrote.
-  if (m_impl->cfg.chip.l2_keep_across_launches)
-    m_impl->chip(chip).memory().l2().invalidate_range(dev_addr, bytes);
+  m_impl->chip(chip).memory().drop_host_write(dev_addr, bytes);
   return m_impl->hdc_copy(chip, true, bytes);
 }
 

@@ -113,6 +113,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.l2_write_bytes_per_cycle == b.l2_write_bytes_per_cycle);
   CHECK(a.l2_ub_write_bytes_per_cycle == b.l2_ub_write_bytes_per_cycle);
   CHECK(a.l2_keep_across_launches == b.l2_keep_across_launches);
+  CHECK(a.l2_keep_within_graph_run == b.l2_keep_within_graph_run);
   CHECK(a.l2_write_back == b.l2_write_back);
   CHECK(a.l2_write_back_waits == b.l2_write_back_waits);
   CHECK(a.hdc_gbps == b.hdc_gbps);
@@ -500,6 +501,15 @@ TEST_CASE("the dump reads back to an equal config") {
     check_same(r, c);
     CHECK(r.hbm_turnaround_loss == 0.25);
     CHECK(r.l2_ub_write_bytes_per_cycle == 48);
+  }
+  SECTION("the L2 kept within a graph run: dumped only when set (compiled caches keep their key)") {
+    CHECK(dump_chip_config_yaml(load_chip_config("910b")).find("keep_within_graph_run") ==
+          std::string::npos);
+    ChipConfig c = load_chip_config("910b", {"memory.l2.keep_within_graph_run=true"});
+    ChipConfig r = reload_dump(c);
+    check_same(r, c);
+    CHECK(r.l2_keep_within_graph_run);
+    CHECK_FALSE(r.l2_keep_across_launches);
   }
   SECTION("the unit-test chip built in code") {
     ChipConfig c = test::coupled_test_chip();

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -82,6 +84,47 @@ inline KernelResult run_aiv_body(Simulator& sim, const std::string& body, uint64
           "    end\n",
       "body.s");
   return launch(sim, p, {a}, 1);
+}
+
+// A lookup over a fixed set of allocation blocks (start -> bytes), as the runtime's allocator
+// answers (KernelLaunch::gm_blocks).
+inline GmBlockLookup lookup_of(std::map<uint64_t, uint64_t> blocks) {
+  return [blocks](uint64_t addr, uint64_t* start, uint64_t* bytes) {
+    auto it = blocks.upper_bound(addr);
+    if (it == blocks.begin()) return false;
+    --it;
+    if (addr - it->first >= it->second) return false;
+    *start = it->first;
+    *bytes = it->second;
+    return true;
+  };
+}
+
+// Runs `program` with one argument `a` and its blocks, as a launch of graph run `l2_run`
+// (0: none); the launch must succeed.
+inline KernelResult run_in_graph_run(Simulator& sim, const isa::Program& program, uint64_t a,
+                                     uint64_t l2_run, const GmBlockLookup& blocks) {
+  KernelLaunch l;
+  l.program = &program;
+  l.args = {a};
+  l.gm_blocks = blocks;
+  l.l2_run = l2_run;
+  KernelResult r = sim.run(l);
+  if (!r.ok) throw std::runtime_error("launch failed: " + r.error);
+  return r;
+}
+
+// A vector-core kernel moving `lines` L2 lines of 512 bytes (16 blocks of 32 B each) between
+// UB and argument `a` (a typed tensor of those bytes, so a recording may time the launch at
+// other addresses after a check): a write (UB -> GM) if `write`, else a read.
+inline isa::Program move_lines(int lines, bool write) {
+  const std::string n = std::to_string(16 * lines);
+  return isa::assemble(".arg a, f16[" + std::to_string(256 * lines) +
+                           "]\n.section aiv\n    ldarg x1, a\n    movi x2, 0\n" +
+                           (write ? "    copy_ub2gm x1, x2, 1, " + n + ", 0, 0\n"
+                                  : "    copy_gm2ub x2, x1, 1, " + n + ", 0, 0\n") +
+                           "    end\n",
+                       write ? "producer.s" : "consumer.s");
 }
 
 template <typename T>

@@ -6,7 +6,6 @@
 // not; filed by block, both placements give the second read of A a hit.
 #include <catch2/catch.hpp>
 
-#include <map>
 #include <string>
 #include <vector>
 
@@ -16,21 +15,9 @@
 
 using namespace npusim;
 using npusim::test::counter;
+using npusim::test::lookup_of;
 
 namespace {
-
-// A lookup over a fixed set of blocks (start -> bytes), as the runtime's allocator answers.
-GmBlockLookup lookup_of(std::map<uint64_t, uint64_t> blocks) {
-  return [blocks](uint64_t addr, uint64_t* start, uint64_t* bytes) {
-    auto it = blocks.upper_bound(addr);
-    if (it == blocks.begin()) return false;
-    --it;
-    if (addr - it->first >= it->second) return false;
-    *start = it->first;
-    *bytes = it->second;
-    return true;
-  };
-}
 
 Simulator& sim() {
   static Simulator s(load_chip_config("tiny", {"memory.l2.bytes=4 KiB", "memory.l2.ways=1"}),

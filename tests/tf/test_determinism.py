@@ -133,6 +133,29 @@ def test_keras_fit_overflowing_the_l2_gives_the_same_report_wherever_its_tensors
     assert_same_report(tmp_path, CHILD_RESIDUAL, SMALL_L2, pad_b=PAD)
 
 
+# The L2 kept from launch to launch within each graph run (memory.l2.keep_within_graph_run) on
+# the same overflowed, write-back L2: a run's lines are filed by block with one placement for
+# the whole run (sim/chip/l2_placement.h), in the order the run first touches its blocks, so the
+# report does not depend on where the allocator put the tensors either. Kept at device
+# addresses (keep_across_launches) the same pair of processes gives differing reports
+# (docs/chip_model.md, "L2 state between launches").
+KEPT_IN_RUN = {"NPUSIM_CHIP_OVERRIDES": "memory.l2.bytes=128 KiB;memory.l2.ways=2;"
+                                        "memory.l2.write_back=true;"
+                                        "memory.l2.keep_within_graph_run=true"}
+
+
+def test_l2_kept_within_graph_runs_gives_the_same_report_wherever_its_tensors_lie(tmp_path):
+    assert_same_report(tmp_path, CHILD_RESIDUAL, KEPT_IN_RUN, pad_b=PAD)
+    # The key took effect: the run's launches hit on lines earlier launches of the run left
+    # (a cold L2 at every launch gives other counters).
+    with open(tmp_path / "a" / "op_summary.csv", newline="", encoding="utf-8") as f:
+        kept = list(csv.DictReader(f))
+    _, cold, _ = fit_report(tmp_path / "c", CHILD_RESIDUAL,
+                            {"NPUSIM_CHIP_OVERRIDES": "memory.l2.bytes=128 KiB;memory.l2.ways=2;"
+                                                      "memory.l2.write_back=true"})
+    assert by_task_identity(kept) != by_task_identity(cold)
+
+
 # A step run node by node (graph_mode=False) where six MatMuls read one activation `h` (each
 # casts it to fp16) and the weights change every step; prints every step's launches.
 CHILD_SHARED_ACTIVATION = r'''
