@@ -133,8 +133,8 @@ TEST_CASE("stream L2 policy: noalloc streams larger than a kept L2, normal ones 
 TEST_CASE("staggered first tiles: the blocks' phases spread evenly over a tile") {
   const ChipConfig& cfg = test_sim().config();
   const int64_t unit = 256;
-  for (const auto& [blocks, units] :
-       std::vector<std::pair<int64_t, int64_t>>{{48, 32}, {48, 30}, {24, 64}, {4, 7}, {40, 40}, {44, 2}, {48, 36}}) {
+  for (const auto& [blocks, units] : std::vector<std::pair<int64_t, int64_t>>{
+           {48, 32}, {48, 30}, {24, 64}, {4, 7}, {40, 40}, {44, 2}, {48, 36}}) {
     INFO(blocks << " blocks, " << units << " units a tile");
     compiler::KernelBuilder b("stagger", "Stagger", cfg);
     b.declare_arg("out");
