@@ -123,17 +123,18 @@ TEST_CASE("stream L2 policy: noalloc streams larger than a kept L2, normal ones 
 }
 
 // emit_staggered_first_tile (the stream kernels' and the channel sums' staggered first tiles),
-// run on the scalar unit for every block b of B: max(1, (b + 1) * units / B) units, so
+// run on the scalar unit for every block b of B: ceil((b + 1) * units / B) units, so
 // nondecreasing, at least one unit, the last block a whole tile, and the phases spread evenly
-// over the tile: at most ceil(B / units) blocks a phase (one more at the one-unit floor). E.g.
+// over the tile: every phase of min(units, B) taken, by floor or ceil(B / units) blocks. E.g.
 // the 910b's BNTrainingReduceGrad of 8x56x56x256 f16: 48 blocks, tiles of 32 periods of 256
-// channels (the rule before, (b + 1) * max(1, units / B) units, left blocks 31 to 47 at a whole
-// tile, 17 blocks in phase).
+// channels (the rule before the even spread, (b + 1) * max(1, units / B) units, left blocks 31
+// to 47 at a whole tile, 17 blocks in phase), and of 8x7x7x2048 f16: 44 blocks, tiles of 2
+// periods (rounding down with a one-unit floor gave 43 blocks one unit, in step).
 TEST_CASE("staggered first tiles: the blocks' phases spread evenly over a tile") {
   const ChipConfig& cfg = test_sim().config();
   const int64_t unit = 256;
-  for (const auto& [blocks, units] :
-       std::vector<std::pair<int64_t, int64_t>>{{48, 32}, {48, 30}, {24, 64}, {4, 7}, {40, 40}}) {
+  for (const auto& [blocks, units] : std::vector<std::pair<int64_t, int64_t>>{
+           {48, 32}, {48, 30}, {24, 64}, {4, 7}, {40, 40}, {44, 2}, {48, 36}}) {
     INFO(blocks << " blocks, " << units << " units a tile");
     compiler::KernelBuilder b("stagger", "Stagger", cfg);
     b.declare_arg("out");
@@ -158,9 +159,11 @@ TEST_CASE("staggered first tiles: the blocks' phases spread evenly over a tile")
       ++phases[first];
     }
     CHECK(v.back() == units * unit);
+    CHECK(static_cast<int64_t>(phases.size()) == std::min(units, blocks));
     for (const auto& [first, n] : phases) {
       INFO("first tile " << first);
-      CHECK(n <= (first == unit ? most + 1 : most));
+      CHECK(n <= most);
+      CHECK(n >= blocks / units);
     }
   }
 }

@@ -821,7 +821,7 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
   if (!m_pingpong) exit[1] = exit[0];
   const int64_t raw = m_tp * m_rt;
   if (m_stagger) {
-    // this block's share of a raw tile first: max(1, (blk + 1) * raw / blocks) pixels
+    // this block's share of a raw tile first: ceil((blk + 1) * raw / blocks) pixels
     // (emit_staggered_first_tile).
     // blk is the block among m_blocks that owns pixels [p0, p1) (in a mix kernel's section the
     // vector core's index, not the cube block's get_block_id), so the phases run 0 .. m_blocks

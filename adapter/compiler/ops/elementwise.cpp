@@ -828,8 +828,8 @@ void StreamEmitter::store_resident_results() {
 }
 
 // StreamSpec::stagger_first_tiles: this block's first tile limit, (id + 1) / block_dim of a
-// tile in whole periods (emit_staggered_first_tile: at least one period, block_dim - 1 a whole
-// tile). Only where it can pay: the blocks' round trips leave HBM idle
+// tile rounded up to whole periods (emit_staggered_first_tile: at least one period, block_dim - 1
+// a whole tile). Only where it can pay: the blocks' round trips leave HBM idle
 // (load_round_trips_idle_hbm) and a block's range holds at least two tiles (else its one tile
 // would only be cut in two, a round trip more).
 void StreamEmitter::init_stagger() {
@@ -1422,8 +1422,8 @@ void emit_staggered_first_tile(KernelBuilder& b, const Reg& limit, const Reg& bl
                                int64_t units, int64_t unit) {
   b.add(limit, block, 1);
   b.mul(limit, limit, units);
-  b.div(limit, limit, blocks);
-  b.max(limit, limit, 1);
+  b.add(limit, limit, blocks - 1);
+  b.div(limit, limit, blocks);  // ceil((block + 1) * units / blocks): 1 .. units
   b.mul(limit, limit, unit, "this block's first tile");
 }
 

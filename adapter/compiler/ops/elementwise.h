@@ -208,10 +208,13 @@ bool load_round_trips_idle_hbm(const ChipConfig& cfg, int64_t vector_cores);
 
 // The staggered first tile (StreamSpec::stagger_first_tiles, ChannelSumSpec::
 // stagger_first_tiles) of block `block` (a register, 0 .. blocks - 1) of `blocks`, a tile
-// being `units` units of `unit` elements (or pixels): into `limit`, max(1, (block + 1) * units
-// / blocks) units, in elements: the blocks' first tiles spread evenly over a tile, the last
-// block's a whole tile (where there are fewer units than blocks, neighbouring blocks share a
-// phase rather than the later blocks all taking a whole tile).
+// being `units` units of `unit` elements (or pixels): into `limit`, ceil((block + 1) * units
+// / blocks) units, in elements: the blocks' first tiles spread evenly over a tile, 1 .. units
+// units, the last block's a whole tile; where there are fewer units than blocks, every phase
+// is taken by floor or ceil(blocks / units) neighbouring blocks (rounding down instead, with a
+// floor of one unit, would put the blocks below one unit into the first phase as well and leave
+// the last phase to the last block alone: with 2 units over 44 blocks, 43 blocks a one-unit
+// first tile, i.e. in step with a tile more).
 void emit_staggered_first_tile(KernelBuilder& b, const Reg& limit, const Reg& block, int64_t blocks,
                                int64_t units, int64_t unit);
 
