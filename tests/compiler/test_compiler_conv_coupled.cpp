@@ -203,8 +203,9 @@ std::string conv_bn_listing(const ConvCase& c, bool relu6, const char* add_relu_
 
 TEST_CASE("coupled chip: AddReluCast takes + shift, ReLU and the rounding to f16 in one pass") {
   // tiny_coupled has the 310p's vaddreluconv (vector.add_relu_conv): an f16 way out with ReLU6
-  // or ReLU takes it (ReLU6 then clamps at 6 only); NPUSIM_FUSION_ADD_RELU_CAST=0 keeps the
-  // f32 + shift, the rounding and the clamps. Both against the reference.
+  // takes it (then clamps at 6 only); NPUSIM_FUSION_ADD_RELU_CAST=0 keeps the f32 + shift, the
+  // rounding and the clamps. ReLU keeps them either way (vaddreluconv saturates where the
+  // rounding gives +inf). All against the reference.
   REQUIRE(test_sim().config().vector_add_relu_conv);
   ConvCase groups{2, 8, 8, 32, 3, 3, 32};
   groups.groups = 2;
@@ -215,7 +216,7 @@ TEST_CASE("coupled chip: AddReluCast takes + shift, ReLU and the rounding to f16
   } cases[] = {
       {ConvCase{2, 7, 7, 16, 1, 1, 96}, true, "96 channels: tiles of 48, periodic tables"},
       {ConvCase{3, 5, 5, 24, 1, 1, 150}, true, "150 channels: column groups, a masked last"},
-      {ConvCase{1, 9, 9, 20, 3, 3, 64}, false, "ReLU, 3x3, 64 channels: one column group"},
+      {ConvCase{1, 9, 9, 20, 3, 3, 64}, false, "ReLU, 3x3, 64 channels: not fused"},
       {groups, true, "groups of 16: one dense run"},
   };
   uint32_t seed = 60;
@@ -223,7 +224,7 @@ TEST_CASE("coupled chip: AddReluCast takes + shift, ReLU and the rounding to f16
     INFO(t.what);
     const std::string on = conv_bn_listing(t.c, t.relu6, "1"),
                       off = conv_bn_listing(t.c, t.relu6, "0");
-    CHECK(on.find("vaddreluconv.f16.f32") != std::string::npos);
+    CHECK((on.find("vaddreluconv.f16.f32") != std::string::npos) == t.relu6);
     CHECK(off.find("vaddreluconv") == std::string::npos);
     for (const char* fused : {"1", "0"}) {
       setenv("NPUSIM_FUSION_ADD_RELU_CAST", fused, 1);

@@ -366,29 +366,39 @@ void CubePipeline::count_output_lanes(const Store& s, const Reg& row_blocks, con
 }
 
 bool CubePipeline::add_relu_conv_enabled() const {
-  if (!m_b.config().vector_add_relu_conv) return false;
+  // The value is checked on every chip, with the instruction or not.
   const char* v = std::getenv("NPUSIM_FUSION_ADD_RELU_CAST");
-  if (!v || std::string_view(v) == "1") return true;
+  if (!v || std::string_view(v) == "1") return m_b.config().vector_add_relu_conv;
   if (std::string_view(v) == "0") return false;
   m_b.fail(fmt::format("NPUSIM_FUSION_ADD_RELU_CAST='{}' is neither '0' nor '1'", v));
 }
 
 bool CubePipeline::add_relu_conv(const Store& s) const {
+  // ReLU6 only: vaddreluconv saturates a sum past the f16 range to 65504 where the rounding
+  // (vconv) and TensorFlow give +inf; the clamp at 6 hides that (6 either way), ReLU would not.
   return m_add_relu_conv && s.out_type == Dtype::F16 && !m_residual && !m_aff.packed &&
-         (m_aff.act == Activation::kRelu || m_aff.act == Activation::kRelu6);
+         m_aff.act == Activation::kRelu6;
 }
 
-uint64_t CubePipeline::relu6_scratch_at(int q) const {
+uint64_t CubePipeline::clamp_scratch_span() const {
   const ChipConfig& cfg = m_b.config();
   const uint64_t span = cfg.ub_banks > 0 && cfg.ub_bank_width_bytes > 0
                             ? static_cast<uint64_t>(cfg.ub_banks) * cfg.ub_bank_width_bytes
                             : layout::kBlockBytes;
+  // The vector operands' UB alignment (as the simulator checks it: alignment.ub, default 1).
+  const auto it = cfg.align_bytes.find(Buf::UB);
+  const uint64_t align = it == cfg.align_bytes.end() || it->second == 0 ? 1 : it->second;
+  return span % (2 * align) == 0 ? span : 0;
+}
+
+uint64_t CubePipeline::relu6_scratch_at(int q) const {
+  const uint64_t span = clamp_scratch_span();
   const uint64_t want = (m_aff.out[q] + span / 2) % span, at = m_aff.result32_at % span;
   return m_aff.result32_at + (want + span - at) % span;
 }
 
 Twin CubePipeline::add_relu_conv_dst() const {
-  if (m_aff.act != Activation::kRelu6 || !m_aff.result32) return m_aff.out;
+  if (!m_aff.result32 || clamp_scratch_span() == 0) return m_aff.out;
   if (!m_aff.shift_only) {
     // y * a went into the result tile as one run (dense) before vaddreluconv reads it: the f32
     // tile is free, and affine_relu6_via_scratch's scratch in it serves (the column groups and
@@ -422,7 +432,6 @@ void CubePipeline::affine_output_activation(const Store& s, const Reg& pt, const
     // columns; the others as below): ReLU6 clamps at 6 from where it wrote the f16 result
     // (add_relu_conv_dst: a scratch, or the output tile itself) into the output tile.
     const auto clamp6 = [&] {
-      if (m_aff.act != Activation::kRelu6) return;
       KernelBuilder& b = m_b;
       Reg n = b.reg("affine: output lanes"), out = b.reg("affine: output tile"),
           from = b.reg("affine: the f16 result");
@@ -796,15 +805,13 @@ void CubePipeline::affine_activation(Dtype t, Opnd y, Opnd repeat, int64_t rep_s
 // starts half the bank span after the output tile modulo the span, so a repeat's source and
 // destination blocks fall in disjoint banks.
 uint64_t CubePipeline::clamp_scratch_offset(int q) const {
-  const ChipConfig& cfg = m_b.config();
-  const uint64_t span = cfg.ub_banks > 0 && cfg.ub_bank_width_bytes > 0
-                            ? static_cast<uint64_t>(cfg.ub_banks) * cfg.ub_bank_width_bytes
-                            : layout::kBlockBytes;
+  const uint64_t span = clamp_scratch_span();
   const uint64_t want = (m_aff.out[q] + span / 2) % span, at = m_aff.tile32[q] % span;
   return (want + span - at) % span;
 }
 
 bool CubePipeline::clamp_scratch_fits() const {
+  if (clamp_scratch_span() == 0) return false;
   // The f32 tile holds rows x max_cols x 4 bytes, the output tile at most rows x max_cols x 2.
   const uint64_t out_bytes = static_cast<uint64_t>(m_aff.max_rows * m_aff.max_cols * 2),
                  f32_bytes = static_cast<uint64_t>(m_aff.max_rows * m_aff.row_blocks32) *

@@ -339,6 +339,11 @@ class CubePipeline {
   // (clamp_scratch_fits); clamp_scratch_offset(q): the scratch's offset in f32 tile q.
   bool clamp_scratch_fits() const;
   uint64_t clamp_scratch_offset(int q) const;
+  // The UB bank span (banks x bank width, bytes; one block without bank geometry) the clamp
+  // scratches are placed in (half a span from the output tile modulo it); 0 when half a span
+  // is not a multiple of the UB alignment (a scratch there would be a misaligned operand): the
+  // clamps then run in place.
+  uint64_t clamp_scratch_span() const;
   void affine_relu6_via_scratch(isa::Dtype t, const Reg& out, const Reg& pt, const Reg& scalar);
   // residual_via_ub: MTE2 loads the tile's residual rows (rows of row_blocks blocks); the
   // vector unit adds them to the output tile of parity pt.
@@ -349,7 +354,7 @@ class CubePipeline {
   // NPUSIM_FUSION_ADD_RELU_CAST is not "0" (read at every compile; anything but unset, "0" or
   // "1" fails the compile naming the variable).
   bool add_relu_conv_enabled() const;
-  // Whether the way out of an f16 tile with ReLU / ReLU6 (no residual) takes the last f32 pass
+  // Whether the way out of an f16 tile with ReLU6 (no residual) takes the last f32 pass
   // (+ shift), the ReLU and the rounding in one vaddreluconv into the output tile (Ascend's
   // AddReluCast): the dense run, the periodic runs when the tile's columns are whole_cols, the
   // column groups. ReLU6 then clamps at 6 only, on the f16 lanes (min(round(x), 6) =
