@@ -197,9 +197,9 @@ TEST_CASE("Transpose: rows not whole blocks, gathered per row") {
     check_transpose(dt, {3, 5, epb + 1}, {1, 0, 2}, seed++, g);
     check_transpose(dt, {2, 7, 3, 67}, {0, 2, 1, 3}, seed++, g);
     check_transpose(dt, {4, 3, 2, 3 * epb - 1}, {2, 1, 0, 3}, seed++, g);
-    // A last tile of a single (even) row: 9 rows of 67.
-    check_transpose(dt, {9, 67}, {0, 1}, seed++);
+    // Last tiles of a single (even) row and of two: 9 and 34 rows of 67 (f32: 8 rows a tile).
     check_transpose(dt, {3, 3, 67}, {1, 0, 2}, seed++, g);
+    check_transpose(dt, {2, 17, 67}, {1, 0, 2}, seed++, g);
     // Inner dim moved: CANN-Bench's shapes, smaller (output rows padded by the transposer,
     // then the padding dropped; the full reversal's keep-inner copy first).
     check_transpose(dt, {3, 7, 13, 41}, {0, 3, 1, 2}, seed++, g);
