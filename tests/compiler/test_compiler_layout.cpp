@@ -191,15 +191,17 @@ TEST_CASE("Transpose: inner dim moved, vtranspose blocks (2- and 4-byte)") {
 TEST_CASE("Transpose: rows not whole blocks, gathered per row") {
   uint32_t seed = 70;
   const char* g = "row_gather";
+  // Most shapes here have fewer rows than the chip has vector cores: the gather is forced.
+  setenv("NPUSIM_TRANSPOSE_ROW_GATHER", "1", 1);
   for (DataType dt : {DataType::F16, DataType::BF16, DataType::F32}) {
     const int64_t epb = 32 / static_cast<int64_t>(compiler::data_type_bytes(dt));
     // Inner dim kept: rows of one block + 1, 67 and 3 blocks - 1 elements.
     check_transpose(dt, {3, 5, epb + 1}, {1, 0, 2}, seed++, g);
     check_transpose(dt, {2, 7, 3, 67}, {0, 2, 1, 3}, seed++, g);
     check_transpose(dt, {4, 3, 2, 3 * epb - 1}, {2, 1, 0, 3}, seed++, g);
-    // A last tile of a single (even) row: 9 rows of 67.
-    check_transpose(dt, {9, 67}, {0, 1}, seed++);
+    // Last tiles of a single (even) row and of two: 9 and 34 rows of 67 (f32: 8 rows a tile).
     check_transpose(dt, {3, 3, 67}, {1, 0, 2}, seed++, g);
+    check_transpose(dt, {2, 17, 67}, {1, 0, 2}, seed++, g);
     // Inner dim moved: CANN-Bench's shapes, smaller (output rows padded by the transposer,
     // then the padding dropped; the full reversal's keep-inner copy first).
     check_transpose(dt, {3, 7, 13, 41}, {0, 3, 1, 2}, seed++, g);
@@ -214,6 +216,7 @@ TEST_CASE("Transpose: rows not whole blocks, gathered per row") {
   // A row of 4001 f32 (16 KB; eight rows make a tile of whole blocks: 128 KB, more than the
   // UB's share) takes the assembly kernel's runs.
   check_transpose(DataType::F32, {2, 3, 4001}, {1, 0, 2}, seed++, "Transpose_f32:");
+  unsetenv("NPUSIM_TRANSPOSE_ROW_GATHER");
 }
 
 TEST_CASE("Transpose: NPUSIM_TRANSPOSE_ROW_GATHER switches the row gather") {
@@ -225,6 +228,7 @@ TEST_CASE("Transpose: NPUSIM_TRANSPOSE_ROW_GATHER switches the row gather") {
       all += l.summary + "\n";
     return all;
   };
+  setenv("NPUSIM_TRANSPOSE_ROW_GATHER", "1", 1);  // 15 rows: fewer than the vector cores
   CHECK(summaries().find("row_gather") != std::string::npos);
   setenv("NPUSIM_TRANSPOSE_ROW_GATHER", "0", 1);
   const std::string off = summaries();
@@ -234,6 +238,29 @@ TEST_CASE("Transpose: NPUSIM_TRANSPOSE_ROW_GATHER switches the row gather") {
   INFO(off);
   CHECK(off.find("row_gather") == std::string::npos);
   CHECK(off.find("Transpose_f16") != std::string::npos);
+}
+
+// Unset, the gather takes a tensor only when it has more rows than the chip has vector cores
+// (fewer make fewer tiles than cores; the assembly kernel's runs spread over all of them).
+TEST_CASE("Transpose: the row gather takes tensors of more rows than vector cores") {
+  const ChipConfig& cfg = test_sim().config();
+  const isa::CoreKind vector_kind = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
+  const int64_t cores = cfg.core_kind(vector_kind)->count;
+  // [n / 2, 2, 67] -> [2, n / 2, 67]: n rows of 67.
+  auto rows = [&](int64_t n) {
+    const compiler::TensorDesc x{DataType::F16, {n / 2, 2, 67}};
+    std::string all;
+    const compiler::OpDesc op = make_op("Transpose", {x}, {{"perm", Index{1, 0, 2}}});
+    for (const compiler::Launch& l : compiler::compile(op, cfg).launches) all += l.summary + "\n";
+    return all;
+  };
+  const int64_t even = cores / 2 * 2;
+  INFO(cores << " vector cores");
+  CHECK(rows(even).find("row_gather") == std::string::npos);
+  CHECK(rows(even + 2).find("row_gather") != std::string::npos);
+  uint32_t seed = 95;
+  check_transpose(DataType::F16, {even / 2 + 1, 2, 67}, {1, 0, 2}, seed++, "row_gather");
+  check_transpose(DataType::F16, {even / 2, 2, 67}, {1, 0, 2}, seed++, "Transpose_f16:");
 }
 
 TEST_CASE("ConcatV2 and Pack") {

@@ -282,6 +282,15 @@ TEST_CASE("Softmax and LogSoftmax on rows inside 32-byte blocks, one row residen
   CHECK_THROWS_WITH(summary("Softmax", DataType::F16, {7, 1021}),
                     Catch::Contains("NPUSIM_SOFTMAX_RAGGED_RESIDENT='yes'") &&
                         Catch::Contains("Softmax"));
+  // The switch is read only where it applies: rows of whole blocks and the cross-entropy ops
+  // compile whatever it holds.
+  CHECK_NOTHROW(summary("Softmax", DataType::F16, {37, 8192}));
+  const compiler::TensorDesc logits{DataType::F16, {5, 40003}};
+  CHECK_NOTHROW(compiler::compile(make_op("SoftmaxCrossEntropyWithLogits", {logits, logits}), cfg));
+  // An empty value is unset.
+  setenv("NPUSIM_SOFTMAX_RAGGED_RESIDENT", "", 1);
+  CHECK_THAT(summary("Softmax", DataType::F16, {7, 1021}),
+             Catch::Contains("one row resident at a time (rows inside blocks)"));
   unsetenv("NPUSIM_SOFTMAX_RAGGED_RESIDENT");
   // Rows of whole blocks keep their kernel.
   CHECK_THAT(summary("Softmax", DataType::F16, {37, 8192}),

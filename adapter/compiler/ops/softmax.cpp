@@ -620,22 +620,23 @@ LongRowBuffers long_row_buffers(const Spec& s, bool ragged) {
 }
 
 // Whether ragged rows that fit the UB take the long-rows kernel: unless
-// NPUSIM_SOFTMAX_RAGGED_RESIDENT=0 (the streamed kernel, for comparison), read at every compile.
-// Unset, "0" or "1"; anything else is a CompileError naming op.
+// NPUSIM_SOFTMAX_RAGGED_RESIDENT=0 (the streamed kernel, for comparison), read at every compile
+// of an op it applies to (plan_long_rows on ragged rows). Unset, empty, "0" or "1"; anything else
+// is a CompileError naming op.
 bool ragged_rows_resident(const OpDesc& op) {
   const char* v = std::getenv("NPUSIM_SOFTMAX_RAGGED_RESIDENT");
-  if (!v || std::string_view(v) == "1") return true;
+  if (!v || !*v || std::string_view(v) == "1") return true;
   if (std::string_view(v) == "0") return false;
   op.fail(fmt::format("NPUSIM_SOFTMAX_RAGGED_RESIDENT='{}' is neither '0' nor '1'", v));
 }
 
 std::optional<LongRowPlan> plan_long_rows(const Spec& s, const ChipConfig& cfg,
-                                          bool ragged_resident) {
+                                          const OpDesc& op) {
   if (s.xent()) return std::nullopt;
   LongRowPlan p;
   p.ragged = (s.C * s.size()) % kBlock != 0;
   // A ragged row's head lanes must all be the previous row's: C >= og.
-  if (p.ragged && (!ragged_resident || s.C < kBlock / s.size())) return std::nullopt;
+  if (p.ragged && (s.C < kBlock / s.size() || !ragged_rows_resident(op))) return std::nullopt;
   const VectorCores cores = VectorCores::of(cfg);
   if (long_row_buffers(s, p.ragged).plan.fit(cfg, cores.kind, 1, 1) == 0) return std::nullopt;
   p.split = BlockSplit::make(s.rows, cores.count);
@@ -1350,7 +1351,7 @@ void append_softmax(LaunchPlan& plan, const CompileContext& ctx, const Spec& s,
     plan.add(build_rows(s, *p, cfg), args);
     return;
   }
-  if (auto p = plan_long_rows(s, cfg, ragged_rows_resident(ctx.op))) {
+  if (auto p = plan_long_rows(s, cfg, ctx.op)) {
     plan.add(build_long_rows(s, *p, cfg), args);
     return;
   }

@@ -766,14 +766,18 @@ std::optional<Launch> build_row_copy(const std::string& op, DataType dt,
 
 namespace {
 
-// Whether the row gather is switched off (NPUSIM_TRANSPOSE_ROW_GATHER=0: the assembly kernel's
-// runs instead, for comparison). Anything but unset, empty, "0" or "1" is a CompileError.
-bool row_gather_enabled(const std::string& op) {
+// When the row gather is taken (NPUSIM_TRANSPOSE_ROW_GATHER): unset or empty, where it applies
+// and the tensor has more rows than vector cores (RowGather::plan_tiles); "1", wherever it
+// applies; "0", never (the assembly kernel's runs instead, for comparison). Anything else is a
+// CompileError.
+enum class RowGatherMode { kMoreRowsThanCores, kAlways, kNever };
+
+RowGatherMode row_gather_mode(const std::string& op) {
   const char* v = std::getenv("NPUSIM_TRANSPOSE_ROW_GATHER");
-  if (!v || !*v) return true;
+  if (!v || !*v) return RowGatherMode::kMoreRowsThanCores;
   const std::string_view value(v);
-  if (value == "0") return false;
-  if (value == "1") return true;
+  if (value == "0") return RowGatherMode::kNever;
+  if (value == "1") return RowGatherMode::kAlways;
   throw CompileError(
       fmt::format("{}: NPUSIM_TRANSPOSE_ROW_GATHER='{}' is neither '0' nor '1'", op, v));
 }
@@ -791,8 +795,9 @@ class RowGather {
  public:
   RowGather(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
             const StridedView& v, const ChipConfig& cfg);
-  // False when two rows' tile does not fit the UB (the caller takes another path).
-  bool plan_tiles();
+  // False when two rows' tile does not fit the UB, or under kMoreRowsThanCores when the tensor
+  // has no more rows than vector cores (the caller takes another path).
+  bool plan_tiles(RowGatherMode mode);
   Launch build();
 
  private:
@@ -835,10 +840,16 @@ RowGather::RowGather(const std::string& op, DataType dt, const std::vector<int64
     m_inner = RowDim{v.dims[v.dims.size() - 2], v.strides[v.dims.size() - 2], 0};
 }
 
-bool RowGather::plan_tiles() {
+bool RowGather::plan_tiles(RowGatherMode mode) {
   KernelBuilder& b = m_b;
   b.begin_section(m_kind);
   const int64_t cores = b.core().count;
+  // Tiles are whole output blocks, so a small tensor makes few tiles (16 rows of an odd number
+  // of f16 make one) and leaves cores idle, each tile's rows copied one after another on its
+  // core; the assembly kernel's runs spread the elements over every core. Up to one row per
+  // core those runs are one row's work per core, done in parallel, and the gather cannot be
+  // faster; from two rows per core the runs' per-element work grows with the rows.
+  if (mode == RowGatherMode::kMoreRowsThanCores && m_rows <= cores) return false;
   const int64_t row_bytes = m_r * m_esize;
   const int64_t repeat_bytes = 256;  // one vector repeat
   // Rows per tile: a multiple of kq, so that a tile is whole 32-byte blocks.
@@ -1044,9 +1055,11 @@ std::optional<Launch> build_row_gather(const std::string& op, DataType dt,
                                        const ChipConfig& cfg) {
   const int64_t esize = data_type_bytes(dt);
   if ((esize != 2 && esize != 4) || v.dims.empty() || v.strides.back() != 1) return std::nullopt;
-  if (v.dims.back() < kBlock / esize || !row_gather_enabled(op)) return std::nullopt;
+  if (v.dims.back() < kBlock / esize) return std::nullopt;
+  const RowGatherMode mode = row_gather_mode(op);
+  if (mode == RowGatherMode::kNever) return std::nullopt;
   RowGather k(op, dt, in_shape, v, cfg);
-  if (!k.plan_tiles()) return std::nullopt;
+  if (!k.plan_tiles(mode)) return std::nullopt;
   return k.build();
 }
 
