@@ -54,6 +54,10 @@ struct ChipConfig {
   int vector_latency_cycles = 0;              // pipeline fill per instruction
   int vector_reduce_factor = 2;               // reductions take N x an element-wise repeat
   int vector_transcendental_factor = 1;       // exp/ln/sqrt/div take N x an add repeat
+  // Whether the vector unit computes on bf16 operands (arithmetic, compares, reductions);
+  // false: bf16 only moves (vcopy, vsel, vdup) and converts (vconv), and the compiler widens
+  // bf16 arithmetic to f32 where it has been taught to (docs/compiler.md).
+  bool vector_bf16_arithmetic = true;
 
   // scalar
   int scalar_cycles_per_insn = 1;
