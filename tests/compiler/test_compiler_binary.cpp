@@ -122,7 +122,8 @@ TEST_CASE("bf16 arithmetic widened to f32 where the vector unit has none") {
   REQUIRE_FALSE(test_sim().config().vector_bf16_arithmetic);  // the presets' value
   const std::pair<const char*, const char*> ops[] = {{"AddV2", "vadd"}, {"Sub", "vsub"},
                                                       {"Mul", "vmul"},   {"RealDiv", "vdiv"},
-                                                      {"Maximum", "vmax"}, {"Minimum", "vmin"}};
+                                                      {"Maximum", "vmax"}, {"Minimum", "vmin"},
+                                                      {"SquaredDifference", "vsub"}};
   for (const auto& [op, mnemonic] : ops) {
     const std::string bf16_insn = std::string(mnemonic) + ".bf16";
     const std::string f32_insn = std::string(mnemonic) + ".f32";

@@ -284,9 +284,27 @@ void widened_arith_spec(StreamSpec& spec, Opcode vop) {
   };
 }
 
+// SquaredDifference on bf16 without bf16 arithmetic: as widened_arith_spec, the difference
+// rounded to bf16 and back before the square, so both steps round as the native kernel's do.
+void widened_squared_difference_spec(StreamSpec& spec) {
+  enum { kX, kY };
+  spec.temps = {TempSpec{"x in f32", 4, 0}, TempSpec{"y in f32", 4, 0}};
+  spec.compute = [](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    const Dtype f = Dtype::F32, h = Dtype::BF16;
+    vec_convert(b, f, h, t.temp[kX], t.in[0], RoundMode::kRint, n);
+    vec_convert(b, f, h, t.temp[kY], t.in[1], RoundMode::kRint, n);
+    vec_binary(b, Opcode::op_vsub, f, t.temp[kX], t.temp[kX], t.temp[kY], n);
+    vec_convert(b, h, f, t.out, t.temp[kX], RoundMode::kRint, n);
+    vec_convert(b, f, h, t.temp[kX], t.out, RoundMode::kRint, n);
+    vec_binary(b, Opcode::op_vmul, f, t.temp[kX], t.temp[kX], t.temp[kX], n);
+    vec_convert(b, h, f, t.out, t.temp[kX], RoundMode::kRint, n);
+  };
+}
+
 // Sets spec.temps, prologue and compute: the vector work of one tile of `kind` at `type`;
-// `bf16_arithmetic`: whether the vector unit computes on bf16 (else kArith and kCompare widen
-// bf16).
+// `bf16_arithmetic`: whether the vector unit computes on bf16 (else kArith, kSquaredDifference
+// and kCompare widen bf16).
 void tile_work(const BinaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpec& spec) {
   switch (kind.kind) {
     case Kind::kArith:
@@ -299,6 +317,10 @@ void tile_work(const BinaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpe
       };
       break;
     case Kind::kSquaredDifference:
+      if (type == Dtype::BF16 && !bf16_arithmetic) {
+        widened_squared_difference_spec(spec);
+        break;
+      }
       spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
         vec_binary(b, Opcode::op_vsub, type, t.out, t.in[0], t.in[1], *t.count);
         vec_binary(b, Opcode::op_vmul, type, t.out, t.out, t.out, *t.count);
