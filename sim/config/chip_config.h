@@ -57,6 +57,10 @@ struct ChipConfig {
   // The vector unit has Ascend's AddReluCast (vaddreluconv: add, max 0, f32 -> f16 in one
   // instruction); chips whose arch the API reference lists (docs/assembly.md).
   bool vector_add_relu_conv = false;
+  // Whether the vector unit computes on bf16 operands (arithmetic, compares, reductions);
+  // false: bf16 only moves (vcopy, vsel, vdup) and converts (vconv), and the compiler widens
+  // bf16 arithmetic to f32 where it has been taught to (docs/compiler.md).
+  bool vector_bf16_arithmetic = true;
 
   // scalar
   int scalar_cycles_per_insn = 1;

@@ -49,9 +49,12 @@ const Case& find_case(const std::string& op) {
   return kCases[0];
 }
 
-// Compiles op(a, b) for tiny, runs it and compares with the reference.
-void check_binary(const std::string& op_name, DataType dt, const std::vector<int64_t>& sa,
-                  const std::vector<int64_t>& sb, uint32_t seed) {
+// Compiles op(a, b) for tiny (or `cfg`: a config differing from the test chip's in compiler-only
+// keys), runs it on the test chip and compares with the reference. Returns the compiled kernel.
+compiler::CompiledKernel check_binary(const std::string& op_name, DataType dt,
+                                      const std::vector<int64_t>& sa,
+                                      const std::vector<int64_t>& sb, uint32_t seed,
+                                      const ChipConfig* cfg = nullptr) {
   const Case& c = find_case(op_name);
   INFO(op_name << " " << compiler::data_type_name(dt) << " " << compiler::shape_str(sa) << " op "
                << compiler::shape_str(sb));
@@ -64,7 +67,7 @@ void check_binary(const std::string& op_name, DataType dt, const std::vector<int
     for (size_t i = 0; i < b.values.size(); ++i)
       if (i % 3 == 0 && !a.values.empty()) b.values[i] = a.values[i % a.values.size()];
   compiler::OpDesc op = make_op(op_name, {a.desc, b.desc});
-  compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
+  compiler::CompiledKernel k = compiler::compile(op, cfg ? *cfg : test_sim().config());
   RunResult r = run_compiled(test_sim(), k, {a, b});
   auto shape = compiler::broadcast_shapes(sa, sb);
   REQUIRE(shape);
@@ -84,6 +87,7 @@ void check_binary(const std::string& op_name, DataType dt, const std::vector<int
   }
   check_close(r.outputs[0].values, want, 0, 0, op_name);
   if (shape->size() && ia.empty()) CHECK(k.launches.empty());
+  return k;
 }
 
 }  // namespace
@@ -101,6 +105,56 @@ TEST_CASE("s32 and bf16") {
     check_binary(op, DataType::S32, {2, 45}, {45}, 3);
   for (const char* op : {"AddV2", "Mul", "RealDiv", "Minimum"})
     check_binary(op, DataType::BF16, {33, 7}, {33, 1}, 4);
+}
+
+// A chip whose vector unit has no bf16 arithmetic (vector.bf16_arithmetic false: the 910b, 910
+// and 310p presets, so tiny and tiny_coupled too) gets bf16 Add/Sub/Mul/RealDiv/Maximum/Minimum
+// and the comparisons widened to f32: vconv to f32, the instruction in f32, vconv back; the
+// results stay correctly rounded (the reference's single rounding), the same bits as the native
+// bf16 instruction of a chip with the key true.
+TEST_CASE("bf16 arithmetic widened to f32 where the vector unit has none") {
+  const ChipConfig no_bf16 =
+      load_chip_config(test_chip_name(), {"vector.bf16_arithmetic=false"});
+  const ChipConfig with_bf16 =
+      load_chip_config(test_chip_name(), {"vector.bf16_arithmetic=true"});
+  REQUIRE_FALSE(no_bf16.vector_bf16_arithmetic);
+  REQUIRE(with_bf16.vector_bf16_arithmetic);
+  REQUIRE_FALSE(test_sim().config().vector_bf16_arithmetic);  // the presets' value
+  const std::pair<const char*, const char*> ops[] = {{"AddV2", "vadd"}, {"Sub", "vsub"},
+                                                      {"Mul", "vmul"},   {"RealDiv", "vdiv"},
+                                                      {"Maximum", "vmax"}, {"Minimum", "vmin"},
+                                                      {"SquaredDifference", "vsub"}};
+  for (const auto& [op, mnemonic] : ops) {
+    const std::string bf16_insn = std::string(mnemonic) + ".bf16";
+    const std::string f32_insn = std::string(mnemonic) + ".f32";
+    for (auto [sa, sb] : {std::pair<std::vector<int64_t>, std::vector<int64_t>>{{33, 7}, {33, 7}},
+                          {{5, 131}, {131}},
+                          {{1}, {3, 67}}}) {
+      compiler::CompiledKernel widened = check_binary(op, DataType::BF16, sa, sb, 5, &no_bf16);
+      compiler::CompiledKernel native =
+          check_binary(op, DataType::BF16, sa, sb, 5, &with_bf16);
+      REQUIRE(widened.launches.size() == 1);
+      REQUIRE(native.launches.size() == 1);
+      const std::string& w = widened.launches[0].kernel.listing;
+      const std::string& n = native.launches[0].kernel.listing;
+      CHECK(w.find(bf16_insn) == std::string::npos);
+      CHECK(w.find(f32_insn) != std::string::npos);
+      CHECK(w.find("vconv.f32.bf16") != std::string::npos);
+      CHECK(w.find("vconv.bf16.f32") != std::string::npos);
+      CHECK(n.find(bf16_insn) != std::string::npos);
+    }
+  }
+  for (const char* op : {"Less", "Equal", "GreaterEqual"}) {
+    compiler::CompiledKernel widened = check_binary(op, DataType::BF16, {5, 131}, {131}, 7,
+                                                    &no_bf16);
+    const std::string& w = widened.launches.at(0).kernel.listing;
+    CHECK(w.find("vcmp.bf16") == std::string::npos);
+    CHECK(w.find("vcmp.f32") != std::string::npos);
+  }
+  // f16 and f32 are untouched by the key.
+  compiler::CompiledKernel f16 = check_binary("Maximum", DataType::F16, {5, 40}, {5, 40}, 6,
+                                              &no_bf16);
+  CHECK(f16.launches.at(0).kernel.listing.find("vconv") == std::string::npos);
 }
 
 TEST_CASE("comparisons give bool") {

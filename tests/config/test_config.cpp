@@ -95,6 +95,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.vector_reduce_factor == b.vector_reduce_factor);
   CHECK(a.vector_transcendental_factor == b.vector_transcendental_factor);
   CHECK(a.vector_add_relu_conv == b.vector_add_relu_conv);
+  CHECK(a.vector_bf16_arithmetic == b.vector_bf16_arithmetic);
   CHECK(a.scalar_cycles_per_insn == b.scalar_cycles_per_insn);
   CHECK(a.issue_queue_depth == b.issue_queue_depth);
   CHECK(a.path_bytes_per_cycle == b.path_bytes_per_cycle);
@@ -510,6 +511,16 @@ TEST_CASE("the dump reads back to an equal config") {
     check_same(r, c);
     CHECK(r.l2_keep_within_graph_run);
     CHECK_FALSE(r.l2_keep_across_launches);
+  }
+  SECTION("bf16 arithmetic on the vector unit: false on the presets (Ascend C's type tables), "
+          "dumped only when false") {
+    for (const auto& name : kPresets) CHECK_FALSE(load_chip_config(name).vector_bf16_arithmetic);
+    ChipConfig c = load_chip_config("tiny", {"vector.bf16_arithmetic=true"});
+    CHECK(c.vector_bf16_arithmetic);
+    CHECK(dump_chip_config_yaml(c).find("bf16_arithmetic") == std::string::npos);
+    check_same(reload_dump(c), c);
+    CHECK(dump_chip_config_yaml(load_chip_config("910b")).find("bf16_arithmetic: false") !=
+          std::string::npos);
   }
   SECTION("the unit-test chip built in code") {
     ChipConfig c = test::coupled_test_chip();

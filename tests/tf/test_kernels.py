@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("tensorflow")
 
 import ml_dtypes  # noqa: E402  (a tensorflow dependency)
+from conftest import chip_config  # noqa: E402  pylint: disable=wrong-import-position
 
 BF16 = ml_dtypes.bfloat16
 FLOAT_TYPES = [np.float32, np.float16, BF16]
@@ -62,6 +63,26 @@ def test_binary_op_runs_on_npu(npusim, tf, strict_placement, op, dtype):
     got, records = _on_npu(npusim, tf, lambda x, y: getattr(tf.raw_ops, op)(x=x, y=y), a, b)
     want = BINARY[op](a.astype(np.float32), b.astype(np.float32)).astype(dtype)
     assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, want)
+    _assert_ran_on_chip(records, op)
+
+
+@pytest.mark.parametrize("op", ["AddV2", "Sub", "Mul", "Maximum", "Minimum",
+                                "SquaredDifference", "Less", "Equal"])
+def test_bf16_binary_op_matches_tf_cpu(npusim, tf, strict_placement, op):
+    """bf16 on a chip whose vector unit has no bf16 arithmetic (vector.bf16_arithmetic false:
+    the 910b / 310p presets the test chips derive from): the kernel widens to f32 and rounds
+    back once per TF op; bit-identical to TF's own CPU kernel, at an odd broadcast shape with
+    ties."""
+    assert chip_config()["vector"].get("bf16_arithmetic", True) is False
+    a = _random((7, 131), BF16, 11)
+    b = _random((131,), BF16, 12)
+    a[0, :9] = b[:9]
+    fn = lambda x, y: getattr(tf.raw_ops, op)(x=x, y=y)  # noqa: E731
+    got, records = _on_npu(npusim, tf, fn, a, b)
+    with tf.device("/CPU:0"):
+        want = fn(tf.constant(a), tf.constant(b)).numpy()
+    assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
     _assert_ran_on_chip(records, op)
 

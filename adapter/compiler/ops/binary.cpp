@@ -84,7 +84,7 @@ const BinaryOp kOps[] = {
 // Comparisons: vcmp writes one bit per element; vsel turns bits into f16 1.0 / 0.0 (from two
 // one-repeat constant buffers read with repeat stride 0), and vconv narrows those to the
 // bool bytes 1 / 0.
-enum CompareTemp { kBits, kHalf, kOnes, kZeros };
+enum CompareTemp { kBits, kHalf, kOnes, kZeros, kX, kY };
 constexpr int kF16RepeatBytes = 256;  // one repeat of f16 constants (128 lanes)
 
 void compare_prologue(KernelBuilder& b, const std::vector<uint64_t>& temp) {
@@ -97,10 +97,20 @@ void compare_prologue(KernelBuilder& b, const std::vector<uint64_t>& temp) {
   b.emit(Opcode::op_vdup, {Dtype::F16, temp[kZeros], bits, 0, 1, 8}, "f16 zeros");
 }
 
-void compare_tile(KernelBuilder& b, const TileOperands& t, Dtype type, isa::Cmp cmp) {
+// `widen`: bf16 operands compared in f32 (temps kX, kY; exact, the same bits).
+void compare_tile(KernelBuilder& b, const TileOperands& t, Dtype type, isa::Cmp cmp,
+                  bool widen) {
   const Reg& count = *t.count;
+  uint64_t x = t.in[0], y = t.in[1];
+  if (widen) {
+    x = t.temp[kX];
+    y = t.temp[kY];
+    vec_convert(b, Dtype::F32, type, x, t.in[0], RoundMode::kRint, count);
+    vec_convert(b, Dtype::F32, type, y, t.in[1], RoundMode::kRint, count);
+    type = Dtype::F32;
+  }
   b.emit(Opcode::op_set_mask_count, {count});
-  b.emit(Opcode::op_vcmp, {type, cmp, t.temp[kBits], t.in[0], t.in[1], 0, 1, 1, 8, 8},
+  b.emit(Opcode::op_vcmp, {type, cmp, t.temp[kBits], x, y, 0, 1, 1, 8, 8},
          "compare: one bit per element");
   b.emit(Opcode::op_vsel, {Dtype::F16, t.temp[kHalf], t.temp[kOnes], t.temp[kZeros],
                            t.temp[kBits], 0, 1, 1, 1, 8, 0, 0},
@@ -256,15 +266,61 @@ CompiledKernel logical_broadcast(const CompileContext& ctx, const TensorDesc& ou
   return std::move(plan).finish();
 }
 
-// Sets spec.temps, prologue and compute: the vector work of one tile of `kind` at `type`.
-void tile_work(const BinaryOp& kind, Dtype type, StreamSpec& spec) {
+// kArith on bf16 where the chip's vector unit has no bf16 arithmetic
+// (ChipConfig::vector_bf16_arithmetic false): both operands widened to f32 (exact), the
+// instruction in f32, the result rounded once to bf16 (nearest even), as ops-nn's bf16 kernels
+// do on such chips (Cast, compute in float, Cast back). Bit-identical to the native bf16
+// instruction, which also computes in fp32 and rounds once (sim/exec/vector_ops.h).
+void widened_arith_spec(StreamSpec& spec, Opcode vop) {
+  enum { kX, kY };
+  spec.temps = {TempSpec{"x in f32", 4, 0}, TempSpec{"y in f32", 4, 0}};
+  spec.compute = [vop](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    const Dtype f = Dtype::F32;
+    vec_convert(b, f, Dtype::BF16, t.temp[kX], t.in[0], RoundMode::kRint, n);
+    vec_convert(b, f, Dtype::BF16, t.temp[kY], t.in[1], RoundMode::kRint, n);
+    vec_binary(b, vop, f, t.temp[kX], t.temp[kX], t.temp[kY], n);
+    vec_convert(b, Dtype::BF16, f, t.out, t.temp[kX], RoundMode::kRint, n);
+  };
+}
+
+// SquaredDifference on bf16 without bf16 arithmetic: as widened_arith_spec, the difference
+// rounded to bf16 and back before the square, so both steps round as the native kernel's do.
+void widened_squared_difference_spec(StreamSpec& spec) {
+  enum { kX, kY };
+  spec.temps = {TempSpec{"x in f32", 4, 0}, TempSpec{"y in f32", 4, 0}};
+  spec.compute = [](KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    const Dtype f = Dtype::F32, h = Dtype::BF16;
+    vec_convert(b, f, h, t.temp[kX], t.in[0], RoundMode::kRint, n);
+    vec_convert(b, f, h, t.temp[kY], t.in[1], RoundMode::kRint, n);
+    vec_binary(b, Opcode::op_vsub, f, t.temp[kX], t.temp[kX], t.temp[kY], n);
+    vec_convert(b, h, f, t.out, t.temp[kX], RoundMode::kRint, n);
+    vec_convert(b, f, h, t.temp[kX], t.out, RoundMode::kRint, n);
+    vec_binary(b, Opcode::op_vmul, f, t.temp[kX], t.temp[kX], t.temp[kX], n);
+    vec_convert(b, h, f, t.out, t.temp[kX], RoundMode::kRint, n);
+  };
+}
+
+// Sets spec.temps, prologue and compute: the vector work of one tile of `kind` at `type`;
+// `bf16_arithmetic`: whether the vector unit computes on bf16 (else kArith, kSquaredDifference
+// and kCompare widen bf16).
+void tile_work(const BinaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpec& spec) {
   switch (kind.kind) {
     case Kind::kArith:
+      if (type == Dtype::BF16 && !bf16_arithmetic) {
+        widened_arith_spec(spec, kind.vop);
+        break;
+      }
       spec.compute = [type, vop = kind.vop](KernelBuilder& b, const TileOperands& t) {
         vec_binary(b, vop, type, t.out, t.in[0], t.in[1], *t.count);
       };
       break;
     case Kind::kSquaredDifference:
+      if (type == Dtype::BF16 && !bf16_arithmetic) {
+        widened_squared_difference_spec(spec);
+        break;
+      }
       spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
         vec_binary(b, Opcode::op_vsub, type, t.out, t.in[0], t.in[1], *t.count);
         vec_binary(b, Opcode::op_vmul, type, t.out, t.out, t.out, *t.count);
@@ -276,9 +332,12 @@ void tile_work(const BinaryOp& kind, Dtype type, StreamSpec& spec) {
                     TempSpec{"compare f16", 2, 0},
                     TempSpec{"f16 ones", 0, kF16RepeatBytes},
                     TempSpec{"f16 zeros", 0, kF16RepeatBytes}};
+      if (type == Dtype::BF16 && !bf16_arithmetic)
+        for (const char* name : {"x in f32", "y in f32"}) spec.temps.push_back({name, 4, 0});
       spec.prologue = compare_prologue;
-      spec.compute = [type, cmp = kind.cmp](KernelBuilder& b, const TileOperands& t) {
-        compare_tile(b, t, type, cmp);
+      spec.compute = [type, cmp = kind.cmp, widen = type == Dtype::BF16 && !bf16_arithmetic](
+                         KernelBuilder& b, const TileOperands& t) {
+        compare_tile(b, t, type, cmp, widen);
       };
       break;
     case Kind::kDivNoNan: div_no_nan_spec(spec, type); break;
@@ -297,12 +356,13 @@ const BinaryOp* find_binary(const std::string& tf_op) {
 
 }  // namespace
 
-bool binary_tile_work(const std::string& tf_op, Dtype type, StreamSpec& spec) {
+bool binary_tile_work(const std::string& tf_op, Dtype type, bool bf16_arithmetic,
+                      StreamSpec& spec) {
   const BinaryOp* kind = find_binary(tf_op);
   if (!kind || !isa::dtype_is_float(type) || kind->kind == Kind::kCompare ||
       kind->kind == Kind::kLogical)
     return false;
-  tile_work(*kind, type, spec);
+  tile_work(*kind, type, bf16_arithmetic, spec);
   return true;
 }
 
@@ -347,7 +407,7 @@ CompiledKernel compile_binary(const CompileContext& ctx) {
   spec.inputs = stream_inputs(op.inputs, out.shape);
   spec.out_type = device_dtype(out.dtype);
   spec.out_shape = out.shape;
-  tile_work(*kind, device_dtype(dt), spec);
+  tile_work(*kind, device_dtype(dt), ctx.cfg.vector_bf16_arithmetic, spec);
   return stream_kernel(ctx, out, spec);
 }
 

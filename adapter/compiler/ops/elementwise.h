@@ -183,7 +183,10 @@ inline constexpr int64_t kResidentPart = 64;
 // The compute writes TileOperands::out (a tile of `type` that no operand shares) and reads the
 // operands only. False, spec untouched, if the op is not of the family or its kernel is not
 // such a stream (a bool result, the s64 scalar unit, LogicalAnd / LogicalOr, LogicalNot).
-bool binary_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec);
+// `bf16_arithmetic`: the chip's ChipConfig::vector_bf16_arithmetic (false: bf16 Add, Sub, Mul,
+// RealDiv, Maximum, Minimum widen to f32).
+bool binary_tile_work(const std::string& tf_op, isa::Dtype type, bool bf16_arithmetic,
+                      StreamSpec& spec);
 bool unary_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec);
 // The same for the activations of ops/activation.cpp taken as FusedElementwise steps: ReluGrad
 // (operands in[0] = the gradients, in[1] = the features; float types). Returns the op's number

@@ -41,16 +41,18 @@ struct Step {
 };
 
 // The step's tile work at `type` and its number of operands; 0 if not fusible. (Cast is
-// parsed by parse_step: its work depends on its operand's type.)
-size_t tile_work(const std::string& tf_op, Dtype type, StreamSpec& work) {
+// parsed by parse_step: its work depends on its operand's type.) `bf16_arithmetic`: the chip's
+// ChipConfig::vector_bf16_arithmetic.
+size_t tile_work(const std::string& tf_op, Dtype type, bool bf16_arithmetic, StreamSpec& work) {
   if (tf_op == kSelectStep) return select_tile_work(type, work) ? 3 : 0;
-  if (binary_tile_work(tf_op, type, work)) return 2;
+  if (binary_tile_work(tf_op, type, bf16_arithmetic, work)) return 2;
   if (unary_tile_work(tf_op, type, work)) return 1;
   return static_cast<size_t>(activation_tile_work(tf_op, type, work));
 }
 
 // Parses step k, "<TfOp> <operand>[ <operand>]" (single spaces), over op.inputs; T = `dt`.
-Step parse_step(const OpDesc& op, size_t k, const std::string& text, DataType dt) {
+Step parse_step(const OpDesc& op, size_t k, const std::string& text, DataType dt,
+                bool bf16_arithmetic) {
   const size_t n_inputs = op.inputs.size();
   const Dtype type = device_dtype(dt);
   auto invalid = [&](const std::string& what) {
@@ -67,7 +69,7 @@ Step parse_step(const OpDesc& op, size_t k, const std::string& text, DataType dt
   Step s;
   s.cast = words[0] == kCastStep;
   s.select = words[0] == kSelectStep;
-  const size_t arity = s.cast ? 1 : tile_work(words[0], type, s.work);
+  const size_t arity = s.cast ? 1 : tile_work(words[0], type, bf16_arithmetic, s.work);
   if (arity == 0)
     op.fail(
         fmt::format("step {} '{}': {} is not a fusible element-wise op (one of the float ops "
@@ -116,7 +118,8 @@ Step parse_step(const OpDesc& op, size_t k, const std::string& text, DataType dt
 
 bool fusible_elementwise(const std::string& tf_op) {
   StreamSpec work;
-  return binary_tile_work(tf_op, Dtype::F32, work) || unary_tile_work(tf_op, Dtype::F32, work);
+  return binary_tile_work(tf_op, Dtype::F32, true, work) ||
+         unary_tile_work(tf_op, Dtype::F32, work);
 }
 
 bool fusible_cast(DataType src, DataType dst) {
@@ -157,8 +160,9 @@ constexpr StepsSchedule kChainSchedule{false, true};
 // The stream of `texts` (fused_elementwise.h's steps) over op.inputs: output j is the result of
 // step output_steps[j] (distinct steps, each of the inputs' broadcast shape). Steps that are
 // outputs write their output tile, the others a UB temporary; a later step reads either.
+// `bf16_arithmetic`: the chip's ChipConfig::vector_bf16_arithmetic.
 StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& texts,
-                            const std::vector<size_t>& output_steps,
+                            const std::vector<size_t>& output_steps, bool bf16_arithmetic,
                             const StepsSchedule& schedule = {}) {
   if (op.inputs.empty()) op.invalid("takes at least 1 input, 0 given");
   const DataType dt = steps_type(op);
@@ -177,7 +181,8 @@ StreamSpec fused_steps_spec(const OpDesc& op, const std::vector<std::string>& te
 
   const Dtype type = device_dtype(dt);
   std::vector<Step> steps;
-  for (size_t k = 0; k < texts.size(); ++k) steps.push_back(parse_step(op, k, texts[k], dt));
+  for (size_t k = 0; k < texts.size(); ++k)
+    steps.push_back(parse_step(op, k, texts[k], dt, bf16_arithmetic));
   // The inputs have type T, but for those read by Cast steps only (their own float type) and
   // the bool conditions of SelectV2 steps (read as such only).
   for (size_t n = 0; n < op.inputs.size(); ++n) {
@@ -372,7 +377,8 @@ CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<s
     if (ctx.op.inputs[n].dtype == DataType::BOOL && ctx.op.inputs[n].shape != shape)
       expanded.push_back(n);
   if (expanded.empty()) {
-    const StreamSpec spec = fused_steps_spec(ctx.op, texts, output_steps, schedule);
+    const StreamSpec spec =
+        fused_steps_spec(ctx.op, texts, output_steps, ctx.cfg.vector_bf16_arithmetic, schedule);
     const TensorDesc out{steps_type(ctx.op), spec.out_shape};
     CompiledKernel k = stream_kernel(ctx, out, spec);
     k.outputs.assign(output_steps.size(), out);
@@ -380,7 +386,8 @@ CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<s
   }
   OpDesc streamed = ctx.op;
   for (size_t n : expanded) streamed.inputs[n].shape = shape;
-  const StreamSpec spec = fused_steps_spec(streamed, texts, output_steps, schedule);
+  const StreamSpec spec =
+      fused_steps_spec(streamed, texts, output_steps, ctx.cfg.vector_bf16_arithmetic, schedule);
   const TensorDesc out{steps_type(ctx.op), spec.out_shape};
   LaunchPlan plan(std::vector<TensorDesc>(output_steps.size(), out));
   if (out.num_elements() == 0) return std::move(plan).finish();
@@ -515,7 +522,8 @@ CompiledKernel compile_fused_variable_update(const CompileContext& ctx) {
     StreamSpec spec;
     try {  // the member's own errors, named as the member's
       const std::vector<size_t> output_steps = update_output_steps(sub, per_m, updates, "");
-      spec = fused_steps_spec(sub, steps, output_steps, kUpdateSchedule);
+      spec = fused_steps_spec(sub, steps, output_steps, ctx.cfg.vector_bf16_arithmetic,
+                              kUpdateSchedule);
     } catch (const InvalidOpError& e) {
       op.invalid(where + e.what());
     } catch (const CompileError& e) {
