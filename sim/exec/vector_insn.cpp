@@ -99,6 +99,20 @@ const char* missing_capability(isa::Opcode op, const ChipConfig& cfg) {
   return nullptr;
 }
 
+// Ascend C's type tables (docs/validation.md "bf16 on the vector unit: what silicon has") give
+// the 910B (Atlas A2) bf16 in Cast (bf16 <-> f32) and Duplicate only; Add, Sub, Mul, Div, Max,
+// Min, the scalar forms, Exp, Ln, Sqrt, Rsqrt, Reciprocal, Abs, Relu, LeakyRelu, Compare and the
+// reductions take half / float (and integers), not bfloat16_t. So bf16 is allowed in vconv
+// (Cast) and vdup (Duplicate), and in the instructions that move bits without reading them as
+// numbers: vcopy (DataCopy / Copy), vsel and vtranspose (Ascend C kernels run Select and
+// Transpose on bf16 data through its 16-bit view, which moves the same bits).
+const char* missing_type_capability(isa::Opcode op, isa::Dtype type, const ChipConfig& cfg) {
+  if (type != Dtype::BF16 || cfg.vector_bf16_arithmetic) return nullptr;
+  bool computes = false;
+  visit_vector_op(op, [&](auto o) { computes = decltype(o)::computes; });
+  return computes ? "vector.bf16_arithmetic" : nullptr;
+}
+
 bool Lanes::all(int first, int n) const {
   auto range = [](int from, int to) -> uint64_t {  // bits [from, to) of one word, 0..64
     if (to <= from) return 0;
@@ -180,6 +194,12 @@ VecInsn decode_vector(const IssuedOp& op, const ChipConfig& cfg) {
             mn, isa::dtype_name(vi.src_type), isa::dtype_name(vi.type)));
     }
   }
+  for (Dtype t : {vi.type, vi.src_type})
+    if (const char* key = missing_type_capability(vi.op, t, cfg))
+      throw KernelFault(fmt::format("{}.{}: chip {} has no {} arithmetic on the vector unit ({} "
+                                    "is false in {}); widen to f32 with vconv",
+                                    mn, isa::dtype_name(t), cfg.name, isa::dtype_name(t), key,
+                                    cfg.source_file));
   const int dst_size = isa::dtype_size(vi.type), src_size = isa::dtype_size(vi.src_type);
   vi.lanes = kRepeatBytes / std::max(dst_size, src_size);
   if (f.cmp >= 0) {

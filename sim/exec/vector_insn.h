@@ -81,6 +81,11 @@ struct VecInsn {
 // The chip config key (configs/chips/*.yaml) that a V instruction needs and cfg lacks, or nullptr
 // if cfg has what it needs (only vaddreluconv needs one: vector.add_relu_conv).
 const char* missing_capability(isa::Opcode op, const ChipConfig& cfg);
+// The chip config key that a V instruction taking element type `type` (in any of its type
+// fields) needs and cfg lacks, or nullptr: "vector.bf16_arithmetic" for bf16 in an instruction
+// that computes on its elements (vec::OpTraits::computes; every V instruction but vconv, vcopy,
+// vsel, vdup and vtranspose) where that key is false.
+const char* missing_type_capability(isa::Opcode op, isa::Dtype type, const ChipConfig& cfg);
 // Decodes and checks operand values, data types and alignment (no buffer access). Throws
 // KernelFault naming the instruction and operand on any violation.
 VecInsn decode_vector(const IssuedOp& op, const ChipConfig& cfg);

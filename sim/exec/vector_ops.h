@@ -30,6 +30,8 @@
 //   vtranspose:                          2-byte elements, no type field
 //   vaddreluconv:                        f16 <- f32 only (dst_type, src_type; vector_pair_ok);
 //                                        on chips with vector.add_relu_conv only
+// bf16 in an instruction that computes (every one above but vconv, vcopy, vsel, vdup,
+// vtranspose): on chips with vector.bf16_arithmetic only (vector_insn.h).
 // 8-bit types are vconv-only: a 256-lane repeat cannot be addressed by the 128-bit mask.
 #pragma once
 
@@ -97,11 +99,17 @@ template <class T>
 inline constexpr bool kIsFloat = std::is_floating_point_v<T>;
 
 // Common traits of an op: family, accepted types, cost class.
+// `computes`: whether the instruction interprets its elements as numbers (arithmetic,
+// comparison, reduction); false for the conversions and the pure data moves (vconv, vcopy, vsel,
+// vdup, vtranspose), which chips without bf16 arithmetic still run on bf16 (vector_insn.h,
+// bf16_arithmetic_refused).
 template <Family F, TypeSet Types, CostClass C = CostClass::kElementwise>
 struct OpTraits {
   static constexpr Family family = F;
   static constexpr TypeSet types = Types;
   static constexpr CostClass cost = C;
+  static constexpr bool computes = F != Family::kConvert && F != Family::kSelect &&
+                                   F != Family::kDup && F != Family::kTranspose;
 };
 
 // Element functions on compute values (float for float types, the integer for integer types).
@@ -195,6 +203,7 @@ struct UnaryOp : OpTraits<Family::kUnary, Types, C> {
 };
 struct CopyOp : OpTraits<Family::kUnary, kMoveTypes> {
   static constexpr bool kMove = true;
+  static constexpr bool computes = false;
 };
 template <class Fn, TypeSet Types>
 struct ScalarOp : OpTraits<Family::kScalar, Types> { using Elementwise = Fn; };

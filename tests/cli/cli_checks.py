@@ -366,6 +366,21 @@ def _(d):
     assert "big.s:4:" in p.stderr, p.stderr
 
 
+@check("verify: bf16 arithmetic refused where vector.bf16_arithmetic is false")
+def _(d):
+    with open(f"{d}/bf16.s", "w") as f:
+        f.write(".section aiv\n    movi x1, 0\n    movi x2, 1024\n"
+                "    vconv.f32.bf16 x2, x1, 1, 1, 1, 8, 4, 0\n"
+                "    vmax.bf16 x2, x1, x1, 1, 1, 1, 1, 8, 8, 8\n    end\n")
+    p = run("verify", f"{d}/bf16.s", "--chip", "910b", expect_rc=1)
+    assert "bf16.s:5:" in p.stderr and "vmax.bf16 (@3)" in p.stderr, p.stderr
+    assert "vector.bf16_arithmetic is false" in p.stderr and "910b.yaml" in p.stderr, p.stderr
+    assert "bf16.s:4:" not in p.stderr, p.stderr  # vconv takes bf16 on the 910B
+    run("verify", f"{d}/bf16.s", "--chip", "910b", "--set", "vector.bf16_arithmetic=true")
+    for chip in ("910", "310p"):  # bf16 arithmetic on no preset (docs/validation.md)
+        run("verify", f"{d}/bf16.s", "--chip", chip, expect_rc=1)
+
+
 @check("every preset runs the vector-add smoke kernel")
 def _(d):
     out = run("chips").stdout

@@ -288,6 +288,52 @@ TEST_CASE("verifier: vaddreluconv only on chips with vector.add_relu_conv, f16 <
                {{3, 1, "vaddreluconv"}});
 }
 
+TEST_CASE("verifier: bf16 only in conversions and data moves without vector.bf16_arithmetic") {
+  // Every V instruction that computes, on bf16; then those Ascend C allows on bf16 (Cast,
+  // Duplicate) and the pure data moves.
+  const std::string computes = R"(
+    movi x1, 0
+    movi x2, 1024
+    movi x3, 2048
+    vadd.bf16 x3, x1, x2, 1, 1, 1, 1, 8, 8, 8
+    vmax.bf16 x3, x1, x2, 1, 1, 1, 1, 8, 8, 8
+    vexp.bf16 x3, x1, 1, 1, 1, 8, 8
+    vmuls.bf16 x3, x1, x2, 1, 1, 1, 8, 8
+    vcmp.bf16.lt x3, x1, x2, 1, 1, 1, 8, 8
+    vcadd.bf16 x3, x1, 1, 1, 8
+    end
+)";
+  const std::string moves = R"(
+    movi x1, 0
+    movi x2, 1024
+    movi x3, 2048
+    vconv.f32.bf16 x3, x1, 1, 1, 1, 8, 4, 0
+    vconv.bf16.f32 x3, x1, 1, 1, 1, 4, 8, 0
+    vdup.bf16 x3, x2, 1, 1, 8
+    vcopy.bf16 x3, x1, 1, 1, 1, 8, 8
+    vsel.bf16 x3, x1, x2, x1, 1, 1, 1, 1, 8, 8, 8
+    vadd.f16 x3, x1, x2, 1, 1, 1, 1, 8, 8, 8
+    end
+)";
+  ChipConfig without = test::coupled_test_chip();
+  without.vector_bf16_arithmetic = false;
+  auto refused = [](int line, const char* insn) {
+    return Expect{
+        static_cast<uint32_t>(line), 5,
+        std::string(insn) + " (@" + std::to_string(line - 2) +
+            "): chip unit-test has no bf16 arithmetic on the vector unit "
+            "(vector.bf16_arithmetic is false in tests/common/test_chip.h)"};
+  };
+  check_issues(issues_of(computes, without),
+               {refused(5, "vadd.bf16"), refused(6, "vmax.bf16"), refused(7, "vexp.bf16"),
+                refused(8, "vmuls.bf16"), refused(9, "vcmp.bf16"), refused(10, "vcadd.bf16")});
+  check_issues(issues_of(moves, without), {});
+  ChipConfig with = without;
+  with.vector_bf16_arithmetic = true;
+  check_issues(issues_of(computes, with), {});
+  check_issues(issues_of(moves, with), {});
+}
+
 TEST_CASE("verifier: flags") {
   check_issues(issues_of(R"(
     set_flag mte2, v, 8

@@ -73,9 +73,12 @@ CompiledKernel compile_bias_add(const CompileContext& ctx) {
   spec.inputs[1].shape = bias.shape;
   spec.out_type = device_dtype(value.dtype);
   spec.out_shape = value.shape;
-  spec.compute = [t = device_dtype(value.dtype)](KernelBuilder& b, const TileOperands& tile) {
-    vec_binary(b, isa::Opcode::op_vadd, t, tile.out, tile.in[0], tile.in[1], *tile.count);
-  };
+  // AddV2's tile work (bf16 widened where the vector unit has no bf16 arithmetic); s32 adds.
+  const isa::Dtype type = device_dtype(value.dtype);
+  if (!binary_tile_work("AddV2", type, ctx.cfg.vector_bf16_arithmetic, spec))
+    spec.compute = [type](KernelBuilder& b, const TileOperands& tile) {
+      vec_binary(b, isa::Opcode::op_vadd, type, tile.out, tile.in[0], tile.in[1], *tile.count);
+    };
   return stream_kernel(ctx, value, spec);
 }
 

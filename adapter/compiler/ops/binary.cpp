@@ -84,7 +84,7 @@ const BinaryOp kOps[] = {
 // Comparisons: vcmp writes one bit per element; vsel turns bits into f16 1.0 / 0.0 (from two
 // one-repeat constant buffers read with repeat stride 0), and vconv narrows those to the
 // bool bytes 1 / 0.
-enum CompareTemp { kBits, kHalf, kOnes, kZeros, kX, kY };
+enum CompareTemp { kBits, kHalf, kOnes, kZeros };
 constexpr int kF16RepeatBytes = 256;  // one repeat of f16 constants (128 lanes)
 
 void compare_prologue(KernelBuilder& b, const std::vector<uint64_t>& temp) {
@@ -97,20 +97,10 @@ void compare_prologue(KernelBuilder& b, const std::vector<uint64_t>& temp) {
   b.emit(Opcode::op_vdup, {Dtype::F16, temp[kZeros], bits, 0, 1, 8}, "f16 zeros");
 }
 
-// `widen`: bf16 operands compared in f32 (temps kX, kY; exact, the same bits).
-void compare_tile(KernelBuilder& b, const TileOperands& t, Dtype type, isa::Cmp cmp,
-                  bool widen) {
+void compare_tile(KernelBuilder& b, const TileOperands& t, Dtype type, isa::Cmp cmp) {
   const Reg& count = *t.count;
-  uint64_t x = t.in[0], y = t.in[1];
-  if (widen) {
-    x = t.temp[kX];
-    y = t.temp[kY];
-    vec_convert(b, Dtype::F32, type, x, t.in[0], RoundMode::kRint, count);
-    vec_convert(b, Dtype::F32, type, y, t.in[1], RoundMode::kRint, count);
-    type = Dtype::F32;
-  }
   b.emit(Opcode::op_set_mask_count, {count});
-  b.emit(Opcode::op_vcmp, {type, cmp, t.temp[kBits], x, y, 0, 1, 1, 8, 8},
+  b.emit(Opcode::op_vcmp, {type, cmp, t.temp[kBits], t.in[0], t.in[1], 0, 1, 1, 8, 8},
          "compare: one bit per element");
   b.emit(Opcode::op_vsel, {Dtype::F16, t.temp[kHalf], t.temp[kOnes], t.temp[kZeros],
                            t.temp[kBits], 0, 1, 1, 1, 8, 0, 0},
@@ -266,61 +256,31 @@ CompiledKernel logical_broadcast(const CompileContext& ctx, const TensorDesc& ou
   return std::move(plan).finish();
 }
 
-// kArith on bf16 where the chip's vector unit has no bf16 arithmetic
-// (ChipConfig::vector_bf16_arithmetic false): both operands widened to f32 (exact), the
-// instruction in f32, the result rounded once to bf16 (nearest even), as ops-nn's bf16 kernels
-// do on such chips (Cast, compute in float, Cast back). Bit-identical to the native bf16
-// instruction, which also computes in fp32 and rounds once (sim/exec/vector_ops.h).
-void widened_arith_spec(StreamSpec& spec, Opcode vop) {
-  enum { kX, kY };
-  spec.temps = {TempSpec{"x in f32", 4, 0}, TempSpec{"y in f32", 4, 0}};
-  spec.compute = [vop](KernelBuilder& b, const TileOperands& t) {
-    const Reg& n = *t.count;
-    const Dtype f = Dtype::F32;
-    vec_convert(b, f, Dtype::BF16, t.temp[kX], t.in[0], RoundMode::kRint, n);
-    vec_convert(b, f, Dtype::BF16, t.temp[kY], t.in[1], RoundMode::kRint, n);
-    vec_binary(b, vop, f, t.temp[kX], t.temp[kX], t.temp[kY], n);
-    vec_convert(b, Dtype::BF16, f, t.out, t.temp[kX], RoundMode::kRint, n);
-  };
-}
-
-// SquaredDifference on bf16 without bf16 arithmetic: as widened_arith_spec, the difference
-// rounded to bf16 and back before the square, so both steps round as the native kernel's do.
-void widened_squared_difference_spec(StreamSpec& spec) {
-  enum { kX, kY };
-  spec.temps = {TempSpec{"x in f32", 4, 0}, TempSpec{"y in f32", 4, 0}};
+// SquaredDifference's f32 work on widened bf16 operands (widen_bf16_tile_work): the difference
+// rounded to bf16 and back before the square, so that both steps round as the native bf16
+// kernel's do. The widened x tile (an f32 temporary of widen_bf16_tile_work's, not the op's
+// input) holds the rounded difference's bf16 bits in between.
+void squared_difference_of_bf16_spec(StreamSpec& spec) {
   spec.compute = [](KernelBuilder& b, const TileOperands& t) {
     const Reg& n = *t.count;
     const Dtype f = Dtype::F32, h = Dtype::BF16;
-    vec_convert(b, f, h, t.temp[kX], t.in[0], RoundMode::kRint, n);
-    vec_convert(b, f, h, t.temp[kY], t.in[1], RoundMode::kRint, n);
-    vec_binary(b, Opcode::op_vsub, f, t.temp[kX], t.temp[kX], t.temp[kY], n);
-    vec_convert(b, h, f, t.out, t.temp[kX], RoundMode::kRint, n);
-    vec_convert(b, f, h, t.temp[kX], t.out, RoundMode::kRint, n);
-    vec_binary(b, Opcode::op_vmul, f, t.temp[kX], t.temp[kX], t.temp[kX], n);
-    vec_convert(b, h, f, t.out, t.temp[kX], RoundMode::kRint, n);
+    vec_binary(b, Opcode::op_vsub, f, t.out, t.in[0], t.in[1], n);
+    vec_convert(b, h, f, t.in[0], t.out, RoundMode::kRint, n);
+    vec_convert(b, f, h, t.out, t.in[0], RoundMode::kRint, n);
+    vec_binary(b, Opcode::op_vmul, f, t.out, t.out, t.out, n);
   };
 }
 
-// Sets spec.temps, prologue and compute: the vector work of one tile of `kind` at `type`;
-// `bf16_arithmetic`: whether the vector unit computes on bf16 (else kArith, kSquaredDifference
-// and kCompare widen bf16).
-void tile_work(const BinaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpec& spec) {
+// Sets spec.temps, prologue and compute: the vector work of one tile of `kind` at `type`, on
+// the vector unit's own type (no widening).
+void native_tile_work(const BinaryOp& kind, Dtype type, StreamSpec& spec) {
   switch (kind.kind) {
     case Kind::kArith:
-      if (type == Dtype::BF16 && !bf16_arithmetic) {
-        widened_arith_spec(spec, kind.vop);
-        break;
-      }
       spec.compute = [type, vop = kind.vop](KernelBuilder& b, const TileOperands& t) {
         vec_binary(b, vop, type, t.out, t.in[0], t.in[1], *t.count);
       };
       break;
     case Kind::kSquaredDifference:
-      if (type == Dtype::BF16 && !bf16_arithmetic) {
-        widened_squared_difference_spec(spec);
-        break;
-      }
       spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
         vec_binary(b, Opcode::op_vsub, type, t.out, t.in[0], t.in[1], *t.count);
         vec_binary(b, Opcode::op_vmul, type, t.out, t.out, t.out, *t.count);
@@ -332,12 +292,9 @@ void tile_work(const BinaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpe
                     TempSpec{"compare f16", 2, 0},
                     TempSpec{"f16 ones", 0, kF16RepeatBytes},
                     TempSpec{"f16 zeros", 0, kF16RepeatBytes}};
-      if (type == Dtype::BF16 && !bf16_arithmetic)
-        for (const char* name : {"x in f32", "y in f32"}) spec.temps.push_back({name, 4, 0});
       spec.prologue = compare_prologue;
-      spec.compute = [type, cmp = kind.cmp, widen = type == Dtype::BF16 && !bf16_arithmetic](
-                         KernelBuilder& b, const TileOperands& t) {
-        compare_tile(b, t, type, cmp, widen);
+      spec.compute = [type, cmp = kind.cmp](KernelBuilder& b, const TileOperands& t) {
+        compare_tile(b, t, type, cmp);
       };
       break;
     case Kind::kDivNoNan: div_no_nan_spec(spec, type); break;
@@ -346,6 +303,19 @@ void tile_work(const BinaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpe
     case Kind::kBitwise: bitwise_spec(spec, type, kind.vop); break;
     case Kind::kGrad: unary_grad_spec(spec, type, kind.vop); break;
   }
+}
+
+// native_tile_work, where `bf16_arithmetic` (the chip's ChipConfig::vector_bf16_arithmetic) is
+// false with bf16 widened to f32 (widen_bf16_tile_work; Pow computes in f32 itself): bit-
+// identical to the native kernels, which compute in fp32 and round once, but SquaredDifference
+// (rounded twice as natively) and DivNoNan / ReciprocalGrad / SqrtGrad, which round once
+// instead of after every instruction.
+void tile_work(const BinaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpec& spec) {
+  if (type != Dtype::BF16 || bf16_arithmetic || kind.kind == Kind::kPow)
+    return native_tile_work(kind, type, spec);
+  if (kind.kind == Kind::kSquaredDifference) squared_difference_of_bf16_spec(spec);
+  else native_tile_work(kind, Dtype::F32, spec);
+  widen_bf16_tile_work(spec, 2, kind.kind != Kind::kCompare);
 }
 
 const BinaryOp* find_binary(const std::string& tf_op) {

@@ -1,6 +1,7 @@
 #include "adapter/compiler/ops/compose.h"
 
 #include <algorithm>
+#include <variant>
 
 #include <fmt/format.h>
 
@@ -120,6 +121,47 @@ ArgRef append_input_cast(CompiledKernel& k, const OpDesc& op, int input, DataTyp
   l.args = {ArgRef{ArgRef::Kind::kInput, input, 0}, derived};
   k.launches.push_back(std::move(l));
   return derived;
+}
+
+CompiledKernel compile_bf16_in_f32(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  auto cast = [&](const TensorDesc& from, DataType to) {
+    OpDesc c;
+    c.type = "Cast";
+    c.inputs = {from};
+    c.attrs = {{"DstT", std::string(data_type_name(to))}};
+    return compile(c, ctx.cfg, ctx.precision);
+  };
+  OpDesc wide = op;
+  for (TensorDesc& in : wide.inputs)
+    if (in.dtype == DataType::BF16) in.dtype = DataType::F32;
+  for (TensorDesc& out : wide.outputs)
+    if (out.dtype == DataType::BF16) out.dtype = DataType::F32;
+  for (auto& [name, value] : wide.attrs)  // type attributes (T)
+    if (auto* t = std::get_if<std::string>(&value); t && *t == data_type_name(DataType::BF16))
+      *t = data_type_name(DataType::F32);
+  const CompiledKernel sub = compile(wide, ctx.cfg, ctx.precision);
+  std::vector<TensorDesc> outputs = sub.outputs;
+  for (TensorDesc& out : outputs)
+    if (out.dtype == DataType::F32) out.dtype = DataType::BF16;
+  LaunchPlan plan(outputs);
+  std::vector<ArgRef> ins, outs;
+  for (size_t i = 0; i < op.inputs.size(); ++i) {
+    ins.push_back(LaunchPlan::input(static_cast<int>(i)));
+    if (op.inputs[i].dtype != DataType::BF16) continue;
+    ins.back() = plan.workspace(static_cast<uint64_t>(op.inputs[i].num_elements()) * 4);
+    plan.add(cast(op.inputs[i], DataType::F32), {LaunchPlan::input(static_cast<int>(i))},
+             {ins.back()}, fmt::format("input {} to f32", i));
+  }
+  for (const TensorDesc& out : sub.outputs)
+    outs.push_back(out.dtype == DataType::F32 ? plan.workspace(out.bytes())
+                                              : LaunchPlan::output(static_cast<int>(outs.size())));
+  plan.add(sub, ins, outs, "in f32");
+  for (size_t j = 0; j < sub.outputs.size(); ++j)
+    if (sub.outputs[j].dtype == DataType::F32)
+      plan.add(cast(sub.outputs[j], DataType::BF16), {outs[j]},
+               {LaunchPlan::output(static_cast<int>(j))}, fmt::format("output {} to bf16", j));
+  return std::move(plan).finish();
 }
 
 }  // namespace npusim::compiler::ops

@@ -43,6 +43,14 @@ class LaunchPlan {
 ArgRef append_input_cast(CompiledKernel& k, const OpDesc& op, int input, DataType to,
                          const ChipConfig& cfg);
 
+// The op compiled (compile()) on f32 copies of its bf16 inputs, its f32 outputs cast back to
+// bf16 (RNE): a Cast launch per bf16 input, the f32 op's launches, a Cast launch per output.
+// For kernels whose bf16 arithmetic a chip without it (widens_bf16, elementwise.h) runs in
+// f32, as ops-nn's bf16 kernels do (Cast in, compute in float, Cast back); bit-identical to the
+// bf16 kernel where the op's arithmetic is exact (a max), else rounded once at the end rather
+// than after every operation. The op's outputs must all be bf16 where its inputs are.
+CompiledKernel compile_bf16_in_f32(const CompileContext& ctx);
+
 // TF passes some shape operands (perm, axis, paddings, ...) as tensors; the compiler takes them
 // as attributes (docs/compiler.md). When the caller leaves those tensors in op.inputs as well
 // (TF's full input list), this compiles `fn` on the op without the inputs at positions `drop`

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -115,6 +116,49 @@ void vec_convert(KernelBuilder& b, Dtype dst_type, Dtype src_type, Opnd dst, Opn
   b.emit(Opcode::op_set_mask_count, {count});
   b.emit(Opcode::op_vconv, {dst_type, src_type, dst, src, 0, 1, 1, lanes * dsz / kBlockBytes,
                             lanes * ssz / kBlockBytes, static_cast<int64_t>(round)});
+}
+
+bool widens_bf16(Dtype type, const ChipConfig& cfg) {
+  return type == Dtype::BF16 && !cfg.vector_bf16_arithmetic;
+}
+
+void widen_bf16_tile_work(StreamSpec& spec, size_t inputs, bool bf16_result) {
+  if (spec.resident_compute) throw std::logic_error("widen_bf16_tile_work: resident_compute");
+  const size_t first = spec.temps.size();
+  for (size_t i = 0; i < inputs; ++i)
+    spec.temps.push_back(TempSpec{fmt::format("in{} in f32", i), 4, 0});
+  const bool round_out = bf16_result;
+  if (round_out) spec.temps.push_back(TempSpec{"result in f32", 4, 0});
+  spec.compute = [f32_work = std::move(spec.compute), first, inputs, round_out](
+                     KernelBuilder& b, const TileOperands& t) {
+    const Reg& n = *t.count;
+    TileOperands wide = t;
+    for (size_t i = 0; i < inputs; ++i) {
+      wide.in[i] = t.temp[first + i];
+      vec_convert(b, Dtype::F32, Dtype::BF16, wide.in[i], t.in[i], RoundMode::kRint, n);
+    }
+    if (round_out) {
+      wide.out = t.temp[first + inputs];
+      if (!wide.outs.empty()) wide.outs[0] = wide.out;
+    }
+    f32_work(b, wide);
+    if (round_out) vec_convert(b, Dtype::BF16, Dtype::F32, t.out, wide.out, RoundMode::kRint, n);
+  };
+}
+
+void vec_binary_bf16_in_f32(KernelBuilder& b, Opcode op, Opnd dst, Opnd src0, Opnd src1, Opnd wide0,
+                            Opnd wide1, const Reg& count) {
+  vec_convert(b, Dtype::F32, Dtype::BF16, wide0, src0, RoundMode::kRint, count);
+  vec_convert(b, Dtype::F32, Dtype::BF16, wide1, src1, RoundMode::kRint, count);
+  vec_binary(b, op, Dtype::F32, wide0, wide0, wide1, count);
+  vec_convert(b, Dtype::BF16, Dtype::F32, dst, wide0, RoundMode::kRint, count);
+}
+
+void vec_unary_bf16_in_f32(KernelBuilder& b, Opcode op, Opnd dst, Opnd src, Opnd wide0,
+                           const Reg& count) {
+  vec_convert(b, Dtype::F32, Dtype::BF16, wide0, src, RoundMode::kRint, count);
+  vec_unary(b, op, Dtype::F32, wide0, wide0, count);
+  vec_convert(b, Dtype::BF16, Dtype::F32, dst, wide0, RoundMode::kRint, count);
 }
 
 void vec_dup_bits(KernelBuilder& b, int elem_bytes, Opnd dst, Opnd bits, Opnd count) {

@@ -183,15 +183,31 @@ inline constexpr int64_t kResidentPart = 64;
 // The compute writes TileOperands::out (a tile of `type` that no operand shares) and reads the
 // operands only. False, spec untouched, if the op is not of the family or its kernel is not
 // such a stream (a bool result, the s64 scalar unit, LogicalAnd / LogicalOr, LogicalNot).
-// `bf16_arithmetic`: the chip's ChipConfig::vector_bf16_arithmetic (false: bf16 Add, Sub, Mul,
-// RealDiv, Maximum, Minimum widen to f32).
+// `bf16_arithmetic`: the chip's ChipConfig::vector_bf16_arithmetic (false: bf16 widens to f32,
+// widen_bf16_tile_work).
 bool binary_tile_work(const std::string& tf_op, isa::Dtype type, bool bf16_arithmetic,
                       StreamSpec& spec);
-bool unary_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec);
+bool unary_tile_work(const std::string& tf_op, isa::Dtype type, bool bf16_arithmetic,
+                     StreamSpec& spec);
 // The same for the activations of ops/activation.cpp taken as FusedElementwise steps: ReluGrad
 // (operands in[0] = the gradients, in[1] = the features; float types). Returns the op's number
 // of operands, 0 (spec untouched) for any other op or type.
 int activation_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& spec);
+
+// Whether a kernel computing on `type` must widen it to f32 on chip `cfg`: bf16 where the vector
+// unit has no bf16 arithmetic (ChipConfig::vector_bf16_arithmetic false; the verifier refuses
+// bf16 in every vector instruction but vconv, vcopy, vsel, vdup and vtranspose there).
+bool widens_bf16(isa::Dtype type, const ChipConfig& cfg);
+
+// Turns the tile work `spec` holds for f32 operands (temps, prologue and compute as the family
+// sets them for type F32; no resident_compute) into the same work on bf16 operands, as ops-nn's
+// bf16 kernels run on chips without bf16 arithmetic: per tile, the first `inputs` operands
+// converted to f32 (exact) into temporaries appended after the family's, the f32 work run on
+// them, and, with `bf16_result`, its f32 result rounded once to bf16 (nearest even) into the
+// output; without (a bool result), the f32 work writes the output itself.
+// Where the work is one instruction the result equals the native bf16 instruction's (which
+// also computes in fp32 and rounds once); a chain of instructions rounds once at its end.
+void widen_bf16_tile_work(StreamSpec& spec, size_t inputs, bool bf16_result = true);
 
 // Builds and verifies the kernel. Arguments: in0..in<n-1> (ArgRef kInput i) then out (kOutput 0),
 // out1, out2, ... (kOutput 1, 2, ...), then rout0, rout1, ... (StreamSpec::resident_stores).
@@ -321,6 +337,15 @@ void vec_compare(KernelBuilder& b, isa::Dtype t, isa::Cmp cmp, Opnd bits, Opnd s
 // dst = bit ? src0 : src1 per element (vsel); *_const as for vec_compare.
 void vec_select(KernelBuilder& b, isa::Dtype t, Opnd dst, Opnd src0, Opnd src1, Opnd bits,
                 const Reg& count, bool src0_const = false, bool src1_const = false);
+// vec_binary / vec_unary of bf16 operands computed in f32, as a chip without bf16 arithmetic
+// (widens_bf16) runs them: the sources converted to f32 (exact) into wide0 (and wide1), UB
+// scratch of `count` f32 elements each, the instruction in f32, the result rounded once to
+// bf16 (nearest even) into dst: the bits of the bf16 instruction, which computes in fp32 and
+// rounds once. dst may be a source.
+void vec_binary_bf16_in_f32(KernelBuilder& b, isa::Opcode op, Opnd dst, Opnd src0, Opnd src1,
+                            Opnd wide0, Opnd wide1, const Reg& count);
+void vec_unary_bf16_in_f32(KernelBuilder& b, isa::Opcode op, Opnd dst, Opnd src, Opnd wide0,
+                           const Reg& count);
 // One repeat (256 bytes) of `value` in type t at dst, for the *_const operands above.
 void vec_fill_repeat(KernelBuilder& b, isa::Dtype t, uint64_t dst, double value);
 // The register value a VSCL instruction or vdup needs for `value` in type t: fp32 bits for

@@ -313,11 +313,15 @@ CompiledKernel compile_add_relu(const CompileContext& ctx) {
   spec.inputs = stream_inputs(op.inputs, out.shape);
   spec.out_type = device_dtype(dt);
   spec.out_shape = out.shape;
-  const Dtype type = device_dtype(dt);
+  // bf16 without bf16 arithmetic: in f32, rounded once (the ReLU after the rounding of the sum
+  // or before it gives the same bits).
+  const bool widen = widens_bf16(device_dtype(dt), ctx.cfg);
+  const Dtype type = widen ? Dtype::F32 : device_dtype(dt);
   spec.compute = [type](KernelBuilder& b, const TileOperands& t) {
     vec_binary(b, Opcode::op_vadd, type, t.out, t.in[0], t.in[1], *t.count);
     vec_unary(b, Opcode::op_vrelu, type, t.out, t.out, *t.count);
   };
+  if (widen) widen_bf16_tile_work(spec, 2);
   return stream_kernel(ctx, out, spec);
 }
 

@@ -46,7 +46,7 @@ struct Step {
 size_t tile_work(const std::string& tf_op, Dtype type, bool bf16_arithmetic, StreamSpec& work) {
   if (tf_op == kSelectStep) return select_tile_work(type, work) ? 3 : 0;
   if (binary_tile_work(tf_op, type, bf16_arithmetic, work)) return 2;
-  if (unary_tile_work(tf_op, type, work)) return 1;
+  if (unary_tile_work(tf_op, type, bf16_arithmetic, work)) return 1;
   return static_cast<size_t>(activation_tile_work(tf_op, type, work));
 }
 
@@ -119,7 +119,7 @@ Step parse_step(const OpDesc& op, size_t k, const std::string& text, DataType dt
 bool fusible_elementwise(const std::string& tf_op) {
   StreamSpec work;
   return binary_tile_work(tf_op, Dtype::F32, true, work) ||
-         unary_tile_work(tf_op, Dtype::F32, work);
+         unary_tile_work(tf_op, Dtype::F32, true, work);
 }
 
 bool fusible_cast(DataType src, DataType dst) {

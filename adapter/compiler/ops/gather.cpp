@@ -631,6 +631,8 @@ CompiledKernel compile_unsorted_segment_sum(const CompileContext& ctx) {
   if (out.num_elements() == 0) return k;
   const int64_t inner = dims_product(data.shape, ids.shape.size(), data.shape.size());
   const int64_t rows = ids.num_elements();
+  // bf16 without bf16 arithmetic: summed in f32, rounded once (compile_bf16_in_f32).
+  if (widens_bf16(device_dtype(dt), ctx.cfg)) return compile_bf16_in_f32(ctx);
   if (dt == DataType::S64) {  // the scalar unit (ops/int64.h)
     k.launches.push_back(build_s64_segment_sum(op.str(), rows, inner, segments, ids.dtype,
                                                ctx.cfg));

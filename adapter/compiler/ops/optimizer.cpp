@@ -29,6 +29,8 @@
 // output per tile (several outputs, elementwise.h). Momentum computes accum' first and var'
 // from it; Adam computes m', v', then var' from them, in the UB (the scalar expressions are
 // recomputed per tile from the broadcast scalars: a few vector instructions per tile).
+#include <array>
+
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/elementwise.h"
@@ -86,26 +88,37 @@ const std::vector<Operand>& checked_inputs(const OpDesc& op, const std::string& 
   return *sig;
 }
 
-// The vector operations of the updates over `n` elements of UB tiles, in the variable's type.
+// The vector operations of the updates over `n` elements of UB tiles, in the variable's type;
+// bf16 on a chip without bf16 arithmetic (widens_bf16) computed in f32 through the scratch
+// tiles `wide` and rounded to bf16 after every operation, as the native instructions round.
 class UpdateMath {
  public:
-  explicit UpdateMath(Dtype type) : m_type(type) {}
+  UpdateMath(Dtype type, bool widen, std::array<uint64_t, 2> wide = {})
+      : m_type(type), m_widen(widen), m_wide(wide) {}
   void bin(KernelBuilder& b, Opcode o, uint64_t d, uint64_t x, uint64_t y, const Reg& n) const {
+    if (m_widen) return vec_binary_bf16_in_f32(b, o, d, x, y, m_wide[0], m_wide[1], n);
     vec_binary(b, o, m_type, d, x, y, n);
   }
   void sqrt(KernelBuilder& b, uint64_t d, uint64_t x, const Reg& n) const {
+    if (m_widen) return vec_unary_bf16_in_f32(b, Opcode::op_vsqrt, d, x, m_wide[0], n);
     vec_unary(b, Opcode::op_vsqrt, m_type, d, x, n);
   }
-  // 1 - x into dst (x a tile of the broadcast scalar).
+  // 1 - x into dst (x a tile of the broadcast scalar): -x exact, then + 1 rounded once.
   void one_minus(KernelBuilder& b, uint64_t dst, uint64_t x, const Reg& n) const {
-    Reg minus_one = b.reg_imm("-1", vector_scalar_bits(m_type, -1.0));
-    Reg one = b.reg_imm("1", vector_scalar_bits(m_type, 1.0));
-    vec_scalar(b, Opcode::op_vmuls, m_type, dst, x, minus_one, n);
-    vec_scalar(b, Opcode::op_vadds, m_type, dst, dst, one, n);
+    const Dtype t = m_widen ? Dtype::F32 : m_type;
+    Reg minus_one = b.reg_imm("-1", vector_scalar_bits(t, -1.0));
+    Reg one = b.reg_imm("1", vector_scalar_bits(t, 1.0));
+    const uint64_t w = m_widen ? m_wide[0] : dst;
+    if (m_widen) vec_convert(b, Dtype::F32, m_type, w, x, RoundMode::kRint, n);
+    vec_scalar(b, Opcode::op_vmuls, t, w, m_widen ? w : x, minus_one, n);
+    vec_scalar(b, Opcode::op_vadds, t, w, w, one, n);
+    if (m_widen) vec_convert(b, m_type, Dtype::F32, dst, w, RoundMode::kRint, n);
   }
 
  private:
   Dtype m_type;
+  bool m_widen;
+  std::array<uint64_t, 2> m_wide;
 };
 
 // One tile of an update: t.in[i] is TF input i, t.outs[j] output j, t.temp the temporaries.
@@ -216,9 +229,16 @@ CompiledKernel compile_optimizer(const CompileContext& ctx) {
   for (int i = 0; i < temps; ++i)
     spec.temps.push_back(
         TempSpec{fmt::format("temporary {}", i), static_cast<double>(data_type_bytes(dt)), 0});
-  const UpdateMath m(type);
+  const bool widen = widens_bf16(type, ctx.cfg);
+  if (widen)
+    for (const char* name : {"operand 0 in f32", "operand 1 in f32"})
+      spec.temps.push_back(TempSpec{name, 4, 0});
   const bool nesterov = op.attr_bool("use_nesterov", false);
-  spec.compute = [tile, m, nesterov](KernelBuilder& b, const TileOperands& t) {
+  spec.compute = [tile, type, widen, temps, nesterov](KernelBuilder& b, const TileOperands& t) {
+    const size_t w = static_cast<size_t>(temps);
+    const UpdateMath m(
+        type, widen,
+        widen ? std::array<uint64_t, 2>{t.temp[w], t.temp[w + 1]} : std::array<uint64_t, 2>{});
     tile(b, t, m, nesterov);
   };
   k.launches.push_back(build_stream_kernel(op.str(), spec, ctx.cfg));

@@ -1231,6 +1231,11 @@ CompiledKernel compile_pool(const CompileContext& ctx) {
   } else {
     op.fail("not a pooling op");
   }
+  // bf16 without bf16 arithmetic: MaxPool's and MaxPoolGrad's vmax / vcmp / vadd on f32
+  // copies (the average pools compute on f32 lanes already).
+  if ((s.kind == PoolKind::kMax || s.kind == PoolKind::kMaxGrad) &&
+      widens_bf16(device_dtype(dt), ctx.cfg))
+    return compile_bf16_in_f32(ctx);
   const ConvWindow cw = conv_window(op, x[1], x[2], 0, 0, true);
   if (cw.padding == "EXPLICIT") op.fail("padding EXPLICIT is not supported for pooling");
   const std::vector<int64_t> y{x[0], cw.h.out, cw.w.out, x[3]};

@@ -86,6 +86,9 @@ class ScanEmitter {
   const bool m_exclusive, m_reverse;
   const int m_esize;
   const Dtype m_type;
+  // bf16 without bf16 arithmetic (widens_bf16): each add in f32 through two f32 rows, rounded
+  // to bf16 (vec_binary_bf16_in_f32): the same bits.
+  const bool m_widen;
   const int64_t m_epb;     // elements per block
   const int64_t m_blocks;  // column blocks
   isa::CoreKind m_kind;
@@ -93,6 +96,7 @@ class ScanEmitter {
   int m_block_dim = 0;
   int64_t m_cw = 0;  // column blocks per chunk
   uint64_t m_xb[kSlots] = {}, m_ob[kSlots] = {};
+  uint64_t m_wide[2] = {};  // m_widen: the f32 rows
   int m_x_ready[kSlots] = {}, m_x_free[kSlots] = {}, m_o_ready[kSlots] = {}, m_o_free[kSlots] = {};
 };
 
@@ -107,6 +111,7 @@ ScanEmitter::ScanEmitter(const std::string& op, DataType dt, int64_t n, int64_t 
       m_reverse(reverse),
       m_esize(data_type_bytes(dt)),
       m_type(device_dtype(dt)),
+      m_widen(widens_bf16(m_type, cfg)),
       m_epb(kBlock / m_esize),
       m_blocks(m / m_epb),
       m_kind(m_b.vector_core_kind()) {
@@ -115,7 +120,8 @@ ScanEmitter::ScanEmitter(const std::string& op, DataType dt, int64_t n, int64_t 
   m_block_dim = static_cast<int>(ceil_div(m_blocks, m_per));
   const int64_t ub = static_cast<int64_t>(core.capacity(isa::Buf::UB));
   const int64_t burst_max = static_cast<int64_t>(isa::field_imm_max(isa::FieldKind::RU16));
-  m_cw = std::min({m_per, (ub - 512) / (2 * kSlots * kBlock), burst_max});
+  const int64_t wide_rows_per_block = m_widen ? 2 * m_epb * 4 : 0;  // bytes per column block
+  m_cw = std::min({m_per, (ub - 512) / (2 * kSlots * kBlock + wide_rows_per_block), burst_max});
 }
 
 void ScanEmitter::allocate() {
@@ -130,6 +136,10 @@ void ScanEmitter::allocate() {
     m_o_ready[q] = b.flag(Pipe::V, Pipe::MTE3, "out row computed");
     m_o_free[q] = b.flag(Pipe::MTE3, Pipe::V, "out row stored");
   }
+  if (m_widen)
+    for (int i = 0; i < 2; ++i)
+      m_wide[i] = b.alloc(isa::Buf::UB, static_cast<uint64_t>(m_cw * m_epb * 4),
+                          fmt::format("f32 row {}", i));
   b.alloc(isa::Buf::UB, vec::kRepeatBytes, "repeat overrun slack");
 }
 
@@ -265,7 +275,11 @@ void ScanEmitter::scan_step(int q, const ChunkRegs& cr, const GroupRegs& gr) {
   Label zero = b.label("exclusive_first"), computed = b.label("computed");
   if (zero_row) b.branch(eq(cr.k, 0), zero);
   b.wait_flag(Pipe::MTE2, Pipe::V, m_x_ready[q]);
-  vec_binary(b, Opcode::op_vadd, m_type, m_ob[q], m_ob[prev], m_xb[q], cr.cnt);
+  if (m_widen)
+    vec_binary_bf16_in_f32(b, Opcode::op_vadd, m_ob[q], m_ob[prev], m_xb[q], m_wide[0],
+                           m_wide[1], cr.cnt);
+  else
+    vec_binary(b, Opcode::op_vadd, m_type, m_ob[q], m_ob[prev], m_xb[q], cr.cnt);
   b.set_flag(Pipe::V, Pipe::MTE2, m_x_free[q]);
   if (zero_row) {
     b.jmp(computed);

@@ -163,11 +163,14 @@ CompiledKernel compile_clip(const CompileContext& ctx) {
   spec.inputs = stream_inputs(op.inputs, shape);
   spec.out_type = device_dtype(dt);
   spec.out_shape = shape;
-  const Dtype type = device_dtype(dt);
+  // bf16 without bf16 arithmetic: in f32 (min and max are exact, so the same bits).
+  const bool widen = widens_bf16(device_dtype(dt), ctx.cfg);
+  const Dtype type = widen ? Dtype::F32 : device_dtype(dt);
   spec.compute = [type](KernelBuilder& b, const TileOperands& o) {
     vec_binary(b, Opcode::op_vmin, type, o.out, o.in[0], o.in[2], *o.count);
     vec_binary(b, Opcode::op_vmax, type, o.out, o.out, o.in[1], *o.count);
   };
+  if (widen) widen_bf16_tile_work(spec, 3);
   return stream_kernel(ctx, out, spec);
 }
 

@@ -296,8 +296,9 @@ void logical_not_spec(StreamSpec& spec) {
   };
 }
 
-// Sets spec.temps, prologue and compute: the vector work of one tile of `kind` at `type`.
-void tile_work(const UnaryOp& kind, Dtype type, StreamSpec& spec) {
+// Sets spec.temps, prologue and compute: the vector work of one tile of `kind` at `type`, on
+// the vector unit's own type (no widening; Log1p, Sin and Cos compute in f32 themselves).
+void native_tile_work(const UnaryOp& kind, Dtype type, StreamSpec& spec) {
   switch (kind.kind) {
     case Kind::kUnary:
       spec.compute = [type, vop = kind.vop](KernelBuilder& b, const TileOperands& t) {
@@ -330,6 +331,18 @@ void tile_work(const UnaryOp& kind, Dtype type, StreamSpec& spec) {
   }
 }
 
+// native_tile_work, where `bf16_arithmetic` (the chip's ChipConfig::vector_bf16_arithmetic) is
+// false with bf16 widened to f32 (widen_bf16_tile_work): one instruction, or exact steps
+// (Floor, Ceil, Round, Sign, IsFinite), so bit-identical to the native kernels.
+void tile_work(const UnaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpec& spec) {
+  const bool f32_itself =
+      kind.kind == Kind::kLog1p || kind.kind == Kind::kSin || kind.kind == Kind::kCos;
+  if (type != Dtype::BF16 || bf16_arithmetic || f32_itself)
+    return native_tile_work(kind, type, spec);
+  native_tile_work(kind, Dtype::F32, spec);
+  widen_bf16_tile_work(spec, 1, kind.kind != Kind::kIsFinite);
+}
+
 const UnaryOp* find_unary(const std::string& tf_op) {
   for (const UnaryOp& k : kOps)
     if (tf_op == k.tf_op) return &k;
@@ -338,12 +351,13 @@ const UnaryOp* find_unary(const std::string& tf_op) {
 
 }  // namespace
 
-bool unary_tile_work(const std::string& tf_op, Dtype type, StreamSpec& spec) {
+bool unary_tile_work(const std::string& tf_op, Dtype type, bool bf16_arithmetic,
+                     StreamSpec& spec) {
   const UnaryOp* kind = find_unary(tf_op);
   if (!kind || !isa::dtype_is_float(type) || kind->kind == Kind::kIsFinite ||
       kind->kind == Kind::kLogicalNot)
     return false;
-  tile_work(*kind, type, spec);
+  tile_work(*kind, type, bf16_arithmetic, spec);
   return true;
 }
 
@@ -375,7 +389,7 @@ CompiledKernel compile_unary(const CompileContext& ctx) {
   spec.inputs = stream_inputs(op.inputs, out.shape);
   spec.out_type = device_dtype(out.dtype);
   spec.out_shape = out.shape;
-  tile_work(*kind, device_dtype(dt), spec);
+  tile_work(*kind, device_dtype(dt), ctx.cfg.vector_bf16_arithmetic, spec);
   return stream_kernel(ctx, out, spec);
 }
 
