@@ -9,7 +9,9 @@
 //   UnsortedSegmentSum (inputs data, segment_ids; attr num_segments): every output row starts
 //     at zero and each data row is added into its segment's row in order of the rows: the same
 //     sequence of roundings as TF's CPU kernel (output += data row by row, in the element
-//     type), so f16/bf16/f32 results are bit-identical and s32 wraps as TF. Negative ids are
+//     type), so f16/bf16/f32 results are bit-identical and s32 wraps as TF (bf16 where the
+//     vector unit has no bf16 arithmetic: summed in f32 between Casts, rounded once, closer to
+//     the exact sum than TF's per-add rounding; compile_bf16_in_f32). Negative ids are
 //     dropped (as TF); ids >= num_segments are dropped too (TF fails the op). Types f32, f16,
 //     bf16, s32; s64 by the scalar unit (build_s64_segment_sum, ops/int64.h: wrapping, same
 //     id rules). Three kernels: segment owners (build_segment_owner_sum: each core owns output

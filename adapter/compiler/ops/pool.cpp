@@ -5,7 +5,8 @@
 //   (orig_input_shape as an attribute, the tensor itself optional: docs/compiler.md).
 //
 // One kernel per op: MaxPool and MaxPoolGrad have their own (MaxPoolEmitter, MaxPoolGradEmitter,
-// below: in the tensor's type over -inf-padded, plane-split rows); AvgPool and AvgPoolGrad share
+// below: in the tensor's type over -inf-padded, plane-split rows; bf16 where the vector unit has
+// no bf16 arithmetic: the f32 kernels between Casts); AvgPool and AvgPoolGrad share
 // the "window kernel". Work items are (row, channel group): a row is an output row (n, oh) for
 // AvgPool and an input row (n, ih) for AvgPoolGrad; a channel group
 // is ct channels of every pixel of the row (ct from the UB capacity). Blocks take contiguous
