@@ -256,17 +256,17 @@ CompiledKernel logical_broadcast(const CompileContext& ctx, const TensorDesc& ou
   return std::move(plan).finish();
 }
 
-// SquaredDifference's f32 work on widened bf16 operands (widen_bf16_tile_work): the difference
-// rounded to bf16 and back before the square, so that both steps round as the native bf16
-// kernel's do. The widened x tile (an f32 temporary of widen_bf16_tile_work's, not the op's
-// input) holds the rounded difference's bf16 bits in between.
+// SquaredDifference's f32 work on widened bf16 operands, in place (widen_bf16_tile_work's
+// kRoundedInPlace): the difference rounded to bf16 and back before the square, so that both
+// steps round as the native bf16 kernel's do; the widened y tile (a temporary of
+// widen_bf16_tile_work's, not the op's input) holds the difference's bf16 bits in between.
 void squared_difference_of_bf16_spec(StreamSpec& spec) {
   spec.compute = [](KernelBuilder& b, const TileOperands& t) {
     const Reg& n = *t.count;
     const Dtype f = Dtype::F32, h = Dtype::BF16;
     vec_binary(b, Opcode::op_vsub, f, t.out, t.in[0], t.in[1], n);
-    vec_convert(b, h, f, t.in[0], t.out, RoundMode::kRint, n);
-    vec_convert(b, f, h, t.out, t.in[0], RoundMode::kRint, n);
+    vec_convert(b, h, f, t.in[1], t.out, RoundMode::kRint, n);
+    vec_convert(b, f, h, t.out, t.in[1], RoundMode::kRint, n);
     vec_binary(b, Opcode::op_vmul, f, t.out, t.out, t.out, n);
   };
 }
@@ -315,7 +315,13 @@ void tile_work(const BinaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpe
     return native_tile_work(kind, type, spec);
   if (kind.kind == Kind::kSquaredDifference) squared_difference_of_bf16_spec(spec);
   else native_tile_work(kind, Dtype::F32, spec);
-  widen_bf16_tile_work(spec, 2, kind.kind != Kind::kCompare);
+  // The arithmetic and SquaredDifference compute in place (x's f32 tile), the others (their
+  // chains read operands after writing) into a tile of their own.
+  const bool in_place = kind.kind == Kind::kArith || kind.kind == Kind::kSquaredDifference;
+  widen_bf16_tile_work(spec, 2,
+                       kind.kind == Kind::kCompare ? WidenedResult::kBool
+                       : in_place                  ? WidenedResult::kRoundedInPlace
+                                                   : WidenedResult::kRounded);
 }
 
 const BinaryOp* find_binary(const std::string& tf_op) {

@@ -122,14 +122,13 @@ bool widens_bf16(Dtype type, const ChipConfig& cfg) {
   return type == Dtype::BF16 && !cfg.vector_bf16_arithmetic;
 }
 
-void widen_bf16_tile_work(StreamSpec& spec, size_t inputs, bool bf16_result) {
+void widen_bf16_tile_work(StreamSpec& spec, size_t inputs, WidenedResult result) {
   if (spec.resident_compute) throw std::logic_error("widen_bf16_tile_work: resident_compute");
   const size_t first = spec.temps.size();
   for (size_t i = 0; i < inputs; ++i)
     spec.temps.push_back(TempSpec{fmt::format("in{} in f32", i), 4, 0});
-  const bool round_out = bf16_result;
-  if (round_out) spec.temps.push_back(TempSpec{"result in f32", 4, 0});
-  spec.compute = [f32_work = std::move(spec.compute), first, inputs, round_out](
+  if (result == WidenedResult::kRounded) spec.temps.push_back(TempSpec{"result in f32", 4, 0});
+  spec.compute = [f32_work = std::move(spec.compute), first, inputs, result](
                      KernelBuilder& b, const TileOperands& t) {
     const Reg& n = *t.count;
     TileOperands wide = t;
@@ -137,12 +136,13 @@ void widen_bf16_tile_work(StreamSpec& spec, size_t inputs, bool bf16_result) {
       wide.in[i] = t.temp[first + i];
       vec_convert(b, Dtype::F32, Dtype::BF16, wide.in[i], t.in[i], RoundMode::kRint, n);
     }
-    if (round_out) {
-      wide.out = t.temp[first + inputs];
+    if (result != WidenedResult::kBool) {
+      wide.out = result == WidenedResult::kRounded ? t.temp[first + inputs] : wide.in[0];
       if (!wide.outs.empty()) wide.outs[0] = wide.out;
     }
     f32_work(b, wide);
-    if (round_out) vec_convert(b, Dtype::BF16, Dtype::F32, t.out, wide.out, RoundMode::kRint, n);
+    if (result != WidenedResult::kBool)
+      vec_convert(b, Dtype::BF16, Dtype::F32, t.out, wide.out, RoundMode::kRint, n);
   };
 }
 

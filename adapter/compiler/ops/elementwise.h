@@ -199,15 +199,21 @@ int activation_tile_work(const std::string& tf_op, isa::Dtype type, StreamSpec& 
 // bf16 in every vector instruction but vconv, vcopy, vsel, vdup and vtranspose there).
 bool widens_bf16(isa::Dtype type, const ChipConfig& cfg);
 
+// Where the f32 result of widen_bf16_tile_work's work goes.
+enum class WidenedResult {
+  kRounded,         // an f32 temporary of its own, rounded once to bf16 into the output
+  kRoundedInPlace,  // over the widened first operand (the work computes in place), rounded so
+  kBool,            // none: the work writes the (bool) output itself
+};
 // Turns the tile work `spec` holds for f32 operands (temps, prologue and compute as the family
 // sets them for type F32; no resident_compute) into the same work on bf16 operands, as ops-nn's
 // bf16 kernels run on chips without bf16 arithmetic: per tile, the first `inputs` operands
 // converted to f32 (exact) into temporaries appended after the family's, the f32 work run on
-// them, and, with `bf16_result`, its f32 result rounded once to bf16 (nearest even) into the
-// output; without (a bool result), the f32 work writes the output itself.
-// Where the work is one instruction the result equals the native bf16 instruction's (which
-// also computes in fp32 and rounds once); a chain of instructions rounds once at its end.
-void widen_bf16_tile_work(StreamSpec& spec, size_t inputs, bool bf16_result = true);
+// them, its result placed as `result` says. Where the work is one instruction the result equals
+// the native bf16 instruction's (which also computes in fp32 and rounds once); a chain of
+// instructions rounds once at its end.
+void widen_bf16_tile_work(StreamSpec& spec, size_t inputs,
+                          WidenedResult result = WidenedResult::kRounded);
 
 // Builds and verifies the kernel. Arguments: in0..in<n-1> (ArgRef kInput i) then out (kOutput 0),
 // out1, out2, ... (kOutput 1, 2, ...), then rout0, rout1, ... (StreamSpec::resident_stores).

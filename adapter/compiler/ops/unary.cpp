@@ -340,7 +340,8 @@ void tile_work(const UnaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpec
   if (type != Dtype::BF16 || bf16_arithmetic || f32_itself)
     return native_tile_work(kind, type, spec);
   native_tile_work(kind, Dtype::F32, spec);
-  widen_bf16_tile_work(spec, 1, kind.kind != Kind::kIsFinite);
+  widen_bf16_tile_work(spec, 1,
+                       kind.kind == Kind::kIsFinite ? WidenedResult::kBool : WidenedResult::kRounded);
 }
 
 const UnaryOp* find_unary(const std::string& tf_op) {
