@@ -209,6 +209,18 @@ TEST_CASE("DivNoNan: 0 where y == 0, with broadcasting") {
   }
 }
 
+// ReciprocalGrad(y, dy) = -dy * y * y, SqrtGrad(y, dy) = dy * 0.5 / y (0 where dy == 0). bf16
+// on the test chips (no bf16 arithmetic) is computed in f32 and rounded once: within one bf16
+// ulp of the exact value rounded to bf16 (f32's roundings may tip a near-tie).
+TEST_CASE("ReciprocalGrad and SqrtGrad on bf16, computed in f32 and rounded once") {
+  uint32_t seed = 80;
+  HostTensor y = random_tensor(DataType::BF16, {33, 7}, 0.25, 4, seed++);
+  HostTensor dy = random_tensor(DataType::BF16, {33, 7}, -4, 4, seed++);
+  for (size_t i = 0; i < dy.values.size(); i += 5) dy.values[i] = 0;
+  check_binary("ReciprocalGrad", y, dy, [](double a, double g) { return -g * a * a; }, 1);
+  check_binary("SqrtGrad", y, dy, [](double a, double g) { return g == 0 ? 0 : g * 0.5 / a; }, 1);
+}
+
 TEST_CASE("Pow: positive bases, negative bases with integer exponents, specials, broadcasting") {
   HostTensor a = random_tensor(DataType::F32, {3, 37}, 0.25, 4, 60);
   HostTensor b = random_tensor(DataType::F32, {3, 37}, -4, 4, 61);
