@@ -4,6 +4,7 @@
 
 #include <new>
 #include <stdexcept>
+#include <variant>
 
 #include "adapter/compiler/ops/registry.h"
 
@@ -76,6 +77,27 @@ std::vector<std::string> supported_ops() {
   return names;
 }
 
+namespace {
+
+// On a chip without bf16 conversion (vector.bf16_conversion false: the 910 and 310P, whose Cast
+// tables list no bf16) no kernel can take or give bf16: refuses an op with a bf16 input, expected
+// output or type attribute (T, DstT, dtype, ...).
+void refuse_bf16(const OpDesc& op, const ChipConfig& cfg) {
+  bool bf16 = false;
+  for (const std::vector<TensorDesc>* list : {&op.inputs, &op.outputs})
+    for (const TensorDesc& t : *list) bf16 = bf16 || t.dtype == DataType::BF16;
+  for (const auto& [name, value] : op.attrs)
+    if (const auto* s = std::get_if<std::string>(&value))
+      bf16 = bf16 || *s == data_type_name(DataType::BF16);
+  if (bf16)
+    op.fail(
+        fmt::format("dtype bf16 is not supported on chip {}: its vector unit has no bf16, "
+                    "not even conversions (vector.bf16_conversion is false in {})",
+                    cfg.name, cfg.source_file));
+}
+
+}  // namespace
+
 CompiledKernel compile(const OpDesc& op, const ChipConfig& cfg, PrecisionMode precision) {
   const ops::OpEntry* entry = nullptr;
   for (const ops::OpEntry& e : ops::op_table())
@@ -84,6 +106,7 @@ CompiledKernel compile(const OpDesc& op, const ChipConfig& cfg, PrecisionMode pr
     op.fail(fmt::format("op {} is not supported by the kernel compiler (supported: {})", op.type,
                         fmt::join(supported_ops(), ", ")));
   for (const TensorDesc& t : op.inputs) op.check_size(t, "input");
+  if (!cfg.vector_bf16_conversion) refuse_bf16(op, cfg);
   CompiledKernel k;
   try {
     k = entry->compile(ops::CompileContext{op, cfg, precision});

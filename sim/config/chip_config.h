@@ -61,6 +61,10 @@ struct ChipConfig {
   // false: bf16 only moves (vcopy, vsel, vdup) and converts (vconv), and the compiler widens
   // bf16 arithmetic to f32 where it has been taught to (docs/compiler.md).
   bool vector_bf16_arithmetic = true;
+  // Whether the vector unit converts to and from bf16 (vconv, and vdup's fp32 scalar rounded to
+  // bf16); false: no bf16 at all (the 910 and 310P: Ascend C's Cast tables list no bf16 there),
+  // and the compiler refuses bf16 tensors (docs/compiler.md).
+  bool vector_bf16_conversion = true;
 
   // scalar
   int scalar_cycles_per_insn = 1;

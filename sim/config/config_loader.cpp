@@ -65,6 +65,7 @@ const char* const kSchemaKeys[] = {
     "vector.transcendental_factor",
     "vector.add_relu_conv",
     "vector.bf16_arithmetic",
+    "vector.bf16_conversion",
     "scalar.cycles_per_insn",
     "issue_queue_depth",
     "paths.<path>.bytes_per_cycle",
@@ -490,6 +491,8 @@ ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::stri
   c.vector_add_relu_conv = r.has("vector.add_relu_conv") && r.get_bool("vector.add_relu_conv");
   if (r.has("vector.bf16_arithmetic"))  // optional: true without it
     c.vector_bf16_arithmetic = r.get_bool("vector.bf16_arithmetic");
+  if (r.has("vector.bf16_conversion"))  // optional: true without it
+    c.vector_bf16_conversion = r.get_bool("vector.bf16_conversion");
 
   c.scalar_cycles_per_insn = r.get_int("scalar.cycles_per_insn", 1, kMaxLatencyCycles);
   c.issue_queue_depth = r.get_int("issue_queue_depth", 1, kMaxIssueQueueDepth);
@@ -565,6 +568,7 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
       c.vector_transcendental_factor, c.vector_add_relu_conv ? "true" : "false");
   // Optional (as the keys below): only when set, so a default config dumps as it did before.
   if (!c.vector_bf16_arithmetic) o << "  bf16_arithmetic: false\n";
+  if (!c.vector_bf16_conversion) o << "  bf16_conversion: false\n";
   o << fmt::format("scalar:\n  cycles_per_insn: {}\n", c.scalar_cycles_per_insn);
   o << fmt::format("issue_queue_depth: {}\n", c.issue_queue_depth);
   o << "paths:\n";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <initializer_list>
 #include <numeric>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -106,11 +107,24 @@ const char* missing_capability(isa::Opcode op, const ChipConfig& cfg) {
 // (Cast) and vdup (Duplicate), and in the instructions that move bits without reading them as
 // numbers: vcopy (DataCopy / Copy), vsel and vtranspose (Ascend C kernels run Select and
 // Transpose on bf16 data through its 16-bit view, which moves the same bits).
+// Without vector.bf16_conversion (the 910 and 310P: no bf16 in their Cast tables) vconv and
+// vdup (its fp32 scalar rounded to bf16) refuse bf16 too; vcopy, vsel and vtranspose move bits.
 const char* missing_type_capability(isa::Opcode op, isa::Dtype type, const ChipConfig& cfg) {
-  if (type != Dtype::BF16 || cfg.vector_bf16_arithmetic) return nullptr;
+  if (type != Dtype::BF16) return nullptr;
+  if (!cfg.vector_bf16_conversion && (op == Opcode::op_vconv || op == Opcode::op_vdup))
+    return "vector.bf16_conversion";
+  if (cfg.vector_bf16_arithmetic) return nullptr;
   bool computes = false;
   visit_vector_op(op, [&](auto o) { computes = decltype(o)::computes; });
   return computes ? "vector.bf16_arithmetic" : nullptr;
+}
+
+std::string missing_type_message(Dtype type, const char* key, const ChipConfig& cfg) {
+  const bool conversion = std::string_view(key) == "vector.bf16_conversion";
+  return fmt::format("chip {} has no {} {}on the vector unit ({} is false in {}){}", cfg.name,
+                     isa::dtype_name(type), conversion ? "" : "arithmetic ", key,
+                     cfg.source_file,
+                     conversion ? ": not even conversions" : "; widen to f32 with vconv");
 }
 
 bool Lanes::all(int first, int n) const {
@@ -196,10 +210,8 @@ VecInsn decode_vector(const IssuedOp& op, const ChipConfig& cfg) {
   }
   for (Dtype t : {vi.type, vi.src_type})
     if (const char* key = missing_type_capability(vi.op, t, cfg))
-      throw KernelFault(fmt::format("{}.{}: chip {} has no {} arithmetic on the vector unit ({} "
-                                    "is false in {}); widen to f32 with vconv",
-                                    mn, isa::dtype_name(t), cfg.name, isa::dtype_name(t), key,
-                                    cfg.source_file));
+      throw KernelFault(fmt::format("{}.{}: {}", mn, isa::dtype_name(t),
+                                    missing_type_message(t, key, cfg)));
   const int dst_size = isa::dtype_size(vi.type), src_size = isa::dtype_size(vi.src_type);
   vi.lanes = kRepeatBytes / std::max(dst_size, src_size);
   if (f.cmp >= 0) {

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "common/convert.h"
 #include "isa/isa.h"
@@ -84,8 +85,13 @@ const char* missing_capability(isa::Opcode op, const ChipConfig& cfg);
 // The chip config key that a V instruction taking element type `type` (in any of its type
 // fields) needs and cfg lacks, or nullptr: "vector.bf16_arithmetic" for bf16 in an instruction
 // that computes on its elements (vec::OpTraits::computes; every V instruction but vconv, vcopy,
-// vsel, vdup and vtranspose) where that key is false.
+// vsel, vdup and vtranspose) where that key is false; "vector.bf16_conversion" for bf16 in vconv
+// or vdup where that key is false.
 const char* missing_type_capability(isa::Opcode op, isa::Dtype type, const ChipConfig& cfg);
+// Why: "chip C has no bf16 arithmetic on the vector unit (KEY is false in FILE); widen to f32
+// with vconv", or for vector.bf16_conversion "chip C has no bf16 on the vector unit, no
+// conversion either (...)".
+std::string missing_type_message(isa::Dtype type, const char* key, const ChipConfig& cfg);
 // Decodes and checks operand values, data types and alignment (no buffer access). Throws
 // KernelFault naming the instruction and operand on any violation.
 VecInsn decode_vector(const IssuedOp& op, const ChipConfig& cfg);

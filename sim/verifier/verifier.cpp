@@ -193,10 +193,9 @@ class SectionCheck {
       for (const FieldDesc& f : d.fields)
         if (f.kind == FieldKind::Dt)
           if (const char* key = vec::missing_type_capability(in.op, type(f.name), m_cfg))
-            return issue(pc, fmt::format("{}.{} (@{}): chip {} has no {} arithmetic on the vector "
-                                         "unit ({} is false in {}); widen to f32 with vconv",
-                                         d.mnemonic, dtype_name(type(f.name)), pc, m_cfg.name,
-                                         dtype_name(type(f.name)), key, m_cfg.source_file));
+            return issue(pc, fmt::format("{}.{} (@{}): {}", d.mnemonic, dtype_name(type(f.name)),
+                                         pc,
+                                         vec::missing_type_message(type(f.name), key, m_cfg)));
       // The type sets of the vector unit itself (sim/exec/vector_ops.h).
       bool types_ok = true;
       vec::visit_vector_op(in.op, [&](auto op) {

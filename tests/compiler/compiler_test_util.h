@@ -41,6 +41,8 @@ inline bool test_chip_is_tiny() { return test_chip_name() == "tiny"; }
 // f32 products run where this is empty and expect this refusal elsewhere.
 inline std::string cube_type_refusal(const ChipConfig& cfg, compiler::DataType dt,
                                      compiler::PrecisionMode mode) {
+  if (dt == compiler::DataType::BF16 && !cfg.vector_bf16_conversion)  // no bf16 at all
+    return "dtype bf16 is not supported on chip " + cfg.name;
   if (dt == compiler::DataType::BF16 && !cfg.cube_bf16)
     return "bf16 is not supported by the cube of chip " + cfg.name;
   if (dt == compiler::DataType::F32 && mode == compiler::PrecisionMode::kKeepFp32 &&

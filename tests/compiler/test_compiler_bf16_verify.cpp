@@ -184,5 +184,29 @@ TEST_CASE("every op taking bf16 compiles for the 910b, whose vector unit has no 
   }
 }
 
+// The 910 and 310P have no bf16 on the vector unit at all, not even Cast (vector.bf16_conversion
+// false): every op with a bf16 input, output type or expected output is refused, naming the op,
+// the chip and the key; f16 is untouched.
+TEST_CASE("no bf16 at all on the 910 and 310P: a clear CompileError") {
+  for (const char* chip : {"910", "310p"}) {
+    const ChipConfig cfg = load_chip_config(chip);
+    REQUIRE_FALSE(cfg.vector_bf16_conversion);
+    INFO(chip);
+    const std::string why = std::string("dtype bf16 is not supported on chip ") + chip +
+                            ": its vector unit has no bf16, not even conversions "
+                            "(vector.bf16_conversion is false in ";
+    CHECK_THROWS_WITH(compiler::compile(make_op("AddV2", {kMat, kMat}), cfg),
+                      Catch::StartsWith("AddV2(bf16[4,200], bf16[4,200]): " + why));
+    CHECK_THROWS_WITH(
+        compiler::compile(make_op("Cast", {t(f32, {4, 200})}, {{"DstT", std::string("bf16")}}),
+                          cfg),
+        Catch::Contains(why));
+    CHECK_THROWS_WITH(compiler::compile(make_op("Transpose", {kMat}, {{"perm", I{1, 0}}}), cfg),
+                      Catch::Contains(why));
+    CHECK_NOTHROW(compiler::compile(
+        make_op("AddV2", {t(DataType::F16, {4, 200}), t(DataType::F16, {4, 200})}), cfg));
+  }
+}
+
 }  // namespace
 }  // namespace npusim

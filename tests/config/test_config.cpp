@@ -96,6 +96,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.vector_transcendental_factor == b.vector_transcendental_factor);
   CHECK(a.vector_add_relu_conv == b.vector_add_relu_conv);
   CHECK(a.vector_bf16_arithmetic == b.vector_bf16_arithmetic);
+  CHECK(a.vector_bf16_conversion == b.vector_bf16_conversion);
   CHECK(a.scalar_cycles_per_insn == b.scalar_cycles_per_insn);
   CHECK(a.issue_queue_depth == b.issue_queue_depth);
   CHECK(a.path_bytes_per_cycle == b.path_bytes_per_cycle);
@@ -521,6 +522,20 @@ TEST_CASE("the dump reads back to an equal config") {
     check_same(reload_dump(c), c);
     CHECK(dump_chip_config_yaml(load_chip_config("910b")).find("bf16_arithmetic: false") !=
           std::string::npos);
+  }
+  SECTION("bf16 conversion on the vector unit: none on the 910 and 310P (and tiny_coupled, which "
+          "extends the 310P), dumped only when false") {
+    for (const char* name : {"910", "310p", "tiny_coupled"}) {
+      ChipConfig c = load_chip_config(name);
+      CHECK_FALSE(c.vector_bf16_conversion);
+      CHECK(dump_chip_config_yaml(c).find("bf16_conversion: false") != std::string::npos);
+      check_same(reload_dump(c), c);
+    }
+    for (const char* name : {"910b", "tiny"}) {
+      ChipConfig c = load_chip_config(name);
+      CHECK(c.vector_bf16_conversion);
+      CHECK(dump_chip_config_yaml(c).find("bf16_conversion") == std::string::npos);
+    }
   }
   SECTION("the unit-test chip built in code") {
     ChipConfig c = test::coupled_test_chip();

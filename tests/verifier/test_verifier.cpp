@@ -332,6 +332,18 @@ TEST_CASE("verifier: bf16 only in conversions and data moves without vector.bf16
   with.vector_bf16_arithmetic = true;
   check_issues(issues_of(computes, with), {});
   check_issues(issues_of(moves, with), {});
+  // No bf16 conversion either (the 910 and 310P): vconv and vdup refused too, the bit moves not.
+  ChipConfig no_bf16 = without;
+  no_bf16.vector_bf16_conversion = false;
+  auto no_conversion = [](uint32_t line, const char* insn) {
+    return Expect{line, 5,
+                  std::string(insn) + " (@" + std::to_string(line - 2) +
+                      "): chip unit-test has no bf16 on the vector unit "
+                      "(vector.bf16_conversion is false in tests/common/test_chip.h)"};
+  };
+  check_issues(issues_of(moves, no_bf16),
+               {no_conversion(5, "vconv.bf16"), no_conversion(6, "vconv.bf16"),
+                no_conversion(7, "vdup.bf16")});
 }
 
 TEST_CASE("verifier: flags") {
