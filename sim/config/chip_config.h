@@ -58,8 +58,8 @@ struct ChipConfig {
   // instruction); chips whose arch the API reference lists (docs/assembly.md).
   bool vector_add_relu_conv = false;
   // Whether the vector unit computes on bf16 operands (arithmetic, compares, reductions);
-  // false: bf16 only moves (vcopy, vsel, vdup) and converts (vconv), and the compiler widens
-  // bf16 arithmetic to f32 where it has been taught to (docs/compiler.md).
+  // false: bf16 only moves (vcopy, vsel, vtranspose) and converts (vconv, vdup), the verifier
+  // refuses the rest, and the compiler computes bf16 in f32 (docs/compiler.md).
   bool vector_bf16_arithmetic = true;
   // Whether the vector unit converts to and from bf16 (vconv, and vdup's fp32 scalar rounded to
   // bf16); false: no bf16 at all (the 910 and 310P: Ascend C's Cast tables list no bf16 there),

@@ -31,7 +31,8 @@
 //   vaddreluconv:                        f16 <- f32 only (dst_type, src_type; vector_pair_ok);
 //                                        on chips with vector.add_relu_conv only
 // bf16 in an instruction that computes (every one above but vconv, vcopy, vsel, vdup,
-// vtranspose): on chips with vector.bf16_arithmetic only (vector_insn.h).
+// vtranspose): on chips with vector.bf16_arithmetic only; bf16 in vconv and vdup: on chips with
+// vector.bf16_conversion only (vector_insn.h).
 // 8-bit types are vconv-only: a 256-lane repeat cannot be addressed by the 128-bit mask.
 #pragma once
 
