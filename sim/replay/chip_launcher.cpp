@@ -79,6 +79,8 @@ struct ChipLauncher::Pending {
   bool record = false;                 // record it for replay (Chip::begin_launch's record)
   bool lean = false;                   // ... for replays by translation only (CoreRecording)
   bool ordered = false;                // ... with the effects' order across the cores
+  bool keep_l2 = false;                // it starts with a kept L2 (MemorySystem::l2_carried)
+  bool in_run = false;                 // ... a graph run's (its recording keeps its L2 lookups)
   const AddressFlow* flow = nullptr;   // set if its recording may be made translatable
   RecordedLaunch* recorded = nullptr;  // check mode: the recording it was replayed from
   std::string replay_error;            // check mode: the replay's fault, if any
@@ -171,11 +173,17 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   MemorySystem& memory = m_chip.memory();
   memory.select_l2(launch.l2_run, launch.gm_blocks);
   const bool keep_l2 = memory.l2_carried();
+  // A graph run's launch (its L2 kept from the run's previous launch, lines filed by block):
+  // replayed by translation only after its recorded L2 lookups, moved, give the recorded
+  // outcomes on the run's L2 (run_l2_lookups_match), never relocated.
+  const bool in_run = keep_l2 && !m_cfg.l2_keep_across_launches;
+  P->keep_l2 = keep_l2;
+  P->in_run = in_run;
   // A functional run replays a translated launch by walking its blocks at its own arguments
   // (the translation stands in for the check, not for the effects), so only with `walk`.
   const bool walk = opts.replay != SimOptions::Replay::off;  // replays that walk the program
-  const bool translate =
-      (!opts.functional || walk) && opts.replay_translated && !keep_l2 && bool(launch.gm_blocks);
+  const bool translate = (!opts.functional || walk) && opts.replay_translated &&
+                         (!keep_l2 || in_run) && bool(launch.gm_blocks);
   bool loads = false, cross_core = false;
   bool replayable = alone && (walk || translate) && launch.block_dim >= 1 &&
                     replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar,
@@ -196,12 +204,13 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   if (logging) m_begin_cpu_ns = thread_cpu_ns();
   std::string why;
   if (logging)
-    why = !alone                 ? "runs beside other launches"
-          : !(walk || translate) ? "replay off (translation: timing-only, cold L2, blocks)"
+    why = !alone ? "runs beside other launches"
+          : !(walk || translate)
+              ? "replay off (translation: timing-only, a cold L2 or a graph run's, blocks)"
           : launch.block_dim < 1 ? "no blocks"
           : !replayable && !translate
-              ? "the program has cc_set or cc_wait (replayed only by translation: cold L2, "
-                "allocation blocks)"
+              ? "the program has cc_set or cc_wait (replayed only by translation: a cold L2 or "
+                "a graph run's, allocation blocks)"
           : !replayable ? "the program has cc_set or cc_wait and ld (not replayed functionally)"
                         : "";
   if (replayable && translate) {
@@ -213,11 +222,13 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     if (logging && !followed) why = "address flow not followed: " + P->flow->why;
     if (!followed)
       P->flow = nullptr;
-    else if (opts.replay_relocate)
+    else if (opts.replay_relocate && !in_run)
       P->loose = P->similar;  // before the extents below
   }
   if ((!walk || translation_only) && !P->flow) replayable = false;  // nothing to record it for
-  if (replayable && !keep_l2)  // the cold L2 files lines by block
+  // The cold L2 files lines by block; so does a graph run's, which a recording times by
+  // translation only at the same block extents.
+  if (replayable && (!keep_l2 || (in_run && P->flow)))
     for (LaunchKey* k : {&P->key, &P->similar}) {
       append_block_extents(launch.gm_blocks, launch.args, &k->args);
       append_block_sharing(launch.gm_blocks, launch.args, &k->args);
@@ -257,29 +268,45 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     const auto loads_alike = [&](const RecordedLaunch& r) {
       return loads_as_recorded(r, launch.args, m_gm, logging ? &other_loads : nullptr);
     };
+    // In a graph run: whether `r`'s L2 lookups, moved to this launch's arguments, find what
+    // they found then on copies of the run's L2 and placement, which then hold the state
+    // simulating would leave (installed below, when replayed). A cold launch: always.
+    bool run_l2_differs = false;
+    const auto l2_alike = [&](const RecordedLaunch& r) {
+      if (!in_run) return true;
+      *m_verify_l2 = memory.l2();
+      *m_verify_placement = memory.placement();
+      const bool same = run_l2_lookups_match(r, launch.args, *m_verify_l2, *m_verify_placement);
+      run_l2_differs |= !same;
+      return same;
+    };
     const bool own =
         found && in_time(*found) && translated_writes(*found, launch.args, granule, &writes);
-    if (own && loads_alike(*found)) {
+    if (own && loads_alike(*found) && l2_alike(*found)) {
       recorded = found;
-      how = "translated, its own key";
+      how = in_run ? "translated, its own key, its L2 lookups alike in the run"
+                   : "translated, its own key";
     } else {
-      // Its own recording loaded other bytes: simulated, the launch is recorded afresh.
+      // Its own recording loaded other bytes, or found another L2 in the run: simulated, the
+      // launch is recorded afresh.
       stale = own;
       size_t candidates = 0;
       for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar)) {
         ++candidates;
         if (in_time(*candidate) && translated_writes(*candidate, launch.args, granule, &writes) &&
-            loads_alike(*candidate)) {
+            loads_alike(*candidate) && l2_alike(*candidate)) {
           memo.alias(P->key, candidate);  // the next step finds it by its own key
           recorded = candidate.get();     // the memo keeps it (just added: not evicted)
-          how = "translated, other addresses in blocks laid out alike";
+          how = in_run ? "translated, other addresses in blocks laid out alike, its L2 lookups "
+                         "alike in the run"
+                       : "translated, other addresses in blocks laid out alike";
           break;
         }
         if (logging) why = "in blocks laid out alike: past the time limit or misaligned";
       }
       // At other offsets in its blocks, or in blocks of other sizes: a launch that can evict
       // no line (relocated_writes).
-      if (!recorded && opts.replay_relocate)
+      if (!recorded && opts.replay_relocate && !in_run)
         for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_loose(P->loose)) {
           std::string refused;
           bool sets_moved = false;
@@ -298,6 +325,10 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
         }
       if (logging && !recorded && !other_loads.empty())
         why = "its recordings loaded other bytes: " + other_loads;
+      else if (logging && !recorded && run_l2_differs)
+        why = "its recordings' L2 lookups found other lines in the run's L2";
+      else if (logging && !recorded && in_run && candidates == 0 && !own)
+        why = "no recording of its program, arguments' block layout and block count in a graph run";
       else if (logging && !recorded && candidates == 0) {
         auto it = m_store.unrelocatable.find(P->loose);
         why = opts.replay_relocate && it != m_store.unrelocatable.end()
@@ -438,7 +469,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   P->ordered = translation_only && !P->lean;
   m_chip.begin_launch(*launch.program, launch.args, launch.block_dim, opts.functional,
                       watchdog_budget(opts, *launch.program, launch.args), P->record,
-                      opts.replay_record_max_bytes, P->lean, P->ordered);
+                      opts.replay_record_max_bytes, P->lean, P->ordered,
+                      P->in_run && P->flow != nullptr);
   m_pending = std::move(P);
   return Begun{};
 }
@@ -473,8 +505,8 @@ KernelResult ChipLauncher::finish() {
                     (!m_chip.mix() || P->lean || P->ordered) &&
                     record_blocks(*launch.program, m_chip, &rec);
   if (keep && P->flow) {
-    record_translation(*launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, m_gm,
-                       &rec);
+    record_translation(*launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, m_gm, &rec,
+                       P->in_run ? &m_chip.memory().l2_trace() : nullptr);
     // A lean recording serves translation only: its walk (sections, effect order, transfer
     // order) is never read and need not take memo space.
     if (P->lean) {
@@ -503,8 +535,8 @@ KernelResult ChipLauncher::finish() {
     rec.counters = m_counters.raw_delta_since(m_launch_base);
     rec.registry = &m_counters;
     rec.delta = m_counters.delta_of(rec.counters);
-    const bool relocatable = P->flow && m_store.opts.replay_relocate && rec.translation &&
-                             rec.translation->relocatable();
+    const bool relocatable = P->flow && !P->in_run && m_store.opts.replay_relocate &&
+                             rec.translation && rec.translation->relocatable();
     if (!m_store.opts.replay_log.empty()) {
       const RecordedLaunch::Translation* t = rec.translation.get();
       P->note +=
@@ -555,6 +587,14 @@ void ChipLauncher::check_replay(const isa::Program& program, const Pending& P,
   if (now != own_counters(rec))
     throw Error(fmt::format("{}: the counters differ from the recorded run ({} vs {} moved)", what,
                             now.size(), rec.counters.size()));
+  // A kept L2: the replay left its end state in the check's copies (verify, or
+  // run_l2_lookups_match), which it would have installed.
+  if (P.keep_l2 && !m_chip.memory().l2().same_lines(*m_verify_l2))
+    throw Error(
+        fmt::format("{}: the L2 differs between the simulated and the replayed launch", what));
+  if (P.keep_l2 && !m_chip.memory().placement().same_placement(*m_verify_placement))
+    throw Error(fmt::format(
+        "{}: the L2 placement differs between the simulated and the replayed launch", what));
   if (auto addr = m_gm.first_difference(P.replayed))
     throw Error(
         fmt::format("{}: device memory differs at {:#x} between the simulated and the "

@@ -149,8 +149,8 @@ bool sets_move_alike(const RecordedLaunch::Translation& t,
       const Sets &a = runs[j], &b = runs[k];
       if (sets_meet(a.then_first, a.count, b.then_first, b.count, sets) ||
           sets_meet(a.now_first, a.count, b.now_first, b.count, sets)) {
-        *why = fmt::format("arguments {} and {} move by other numbers of L2 sets ({} and {})", j,
-                           k, a.moved, b.moved);
+        *why = fmt::format("arguments {} and {} move by other numbers of L2 sets ({} and {})", j, k,
+                           a.moved, b.moved);
         return false;
       }
     }
@@ -179,8 +179,10 @@ std::vector<Range> merged(std::vector<Range> v) {
   if (!std::is_sorted(v.begin(), v.end(), by_begin)) std::sort(v.begin(), v.end(), by_begin);
   std::vector<Range> out;
   for (const Range& r : v) {
-    if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
-    else out.push_back(r);
+    if (!out.empty() && r.begin <= out.back().end)
+      out.back().end = std::max(out.back().end, r.end);
+    else
+      out.push_back(r);
   }
   return out;
 }
@@ -234,8 +236,10 @@ bool loads_own_writes(const FunctionalCore& fc) {
   loads = merged(std::move(loads));
   for (size_t w = 0, l = 0; w < writes.size() && l < loads.size();) {
     if (writes[w].begin < loads[l].end && loads[l].begin < writes[w].end) return true;
-    if (writes[w].end <= loads[l].end) ++w;
-    else ++l;
+    if (writes[w].end <= loads[l].end)
+      ++w;
+    else
+      ++l;
   }
   return false;
 }
@@ -262,8 +266,8 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
     const auto& assigned = core->assigned_blocks();
     if (assigned.empty()) continue;
     const CoreRecording& r = *recordings[static_cast<size_t>(core->chip_index())];
-    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, r.exec_order(), r.fingerprint(),
-                                  r.transfer_pipes()};
+    RecordedLaunch::CoreBlocks cb{
+        core->chip_index(), {}, r.exec_order(), r.fingerprint(), r.transfer_pipes()};
     for (const AiCore::AssignedBlock& a : assigned) {
       auto [it, added] = run_index.emplace(a.run, static_cast<int>(rec->runs.size()));
       if (added) {
@@ -288,9 +292,49 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
   return true;
 }
 
+namespace {
+
+// Translation::l2_lookups from the memory system's trace: each range relative to the first
+// argument whose block holds it (arguments of one block move together: the key holds their
+// offsets in it). A range in no argument's block leaves the translation untraced.
+void record_l2_lookups(const std::vector<GmAccess>& trace, const std::vector<uint64_t>& args,
+                       const GmBlockLookup& gm_blocks, uint64_t fingerprint,
+                       RecordedLaunch::Translation* t) {
+  struct Held {
+    uint64_t start, end;
+    uint32_t arg;
+  };
+  std::vector<Held> held;  // the arguments' blocks, by start; one argument per block
+  for (size_t k = 0; k < args.size(); ++k) {
+    uint64_t start = 0, bytes = 0;
+    if (!gm_blocks(args[k], &start, &bytes)) continue;
+    if (std::none_of(held.begin(), held.end(), [&](const Held& h) { return h.start == start; }))
+      held.push_back({start, start + bytes, static_cast<uint32_t>(k)});
+  }
+  std::sort(held.begin(), held.end(),
+            [](const Held& a, const Held& b) { return a.start < b.start; });
+  t->l2_lookups.clear();
+  t->l2_lookups.reserve(trace.size());
+  for (const GmAccess& a : trace) {
+    auto it = std::upper_bound(held.begin(), held.end(), a.addr,
+                               [](uint64_t addr, const Held& h) { return addr < h.start; });
+    if (it == held.begin() || a.addr + a.bytes > std::prev(it)->end || a.addr + a.bytes < a.addr) {
+      t->l2_lookups.clear();
+      return;
+    }
+    const Held& h = *std::prev(it);
+    t->l2_lookups.push_back({h.arg, a.l2, a.write, a.addr - args[h.arg], a.bytes});
+  }
+  t->l2_traced = true;
+  t->l2_trace_fingerprint = fingerprint;
+}
+
+}  // namespace
+
 void record_translation(const isa::Program& program, const AddressFlow& flow, const Chip& chip,
                         const std::vector<uint64_t>& args, const GmBlockLookup& gm_blocks,
-                        const DeviceMemory& gm, RecordedLaunch* rec) {
+                        const DeviceMemory& gm, RecordedLaunch* rec,
+                        const std::vector<GmAccess>* l2_trace) {
   rec->translation.reset();
   if (!(flow.ok || flow.steered) || !gm_blocks || flow.gm_arg.size() != program.sections.size())
     return;
@@ -337,8 +381,7 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
       if (spans[pc].end == 0) continue;
       const Block* b = block_at(gm_arg, pc);
       if (!b || spans[pc].begin < b->start || spans[pc].end > b->end) return;
-      RecordedLaunch::Translation::Extent& e =
-          extents[static_cast<size_t>(gm_arg[pc])];
+      RecordedLaunch::Translation::Extent& e = extents[static_cast<size_t>(gm_arg[pc])];
       e.lo = e.touched ? std::min(e.lo, spans[pc].begin - b->start) : spans[pc].begin - b->start;
       e.hi = e.touched ? std::max(e.hi, spans[pc].end - b->start) : spans[pc].end - b->start;
       e.touched = true;
@@ -399,9 +442,10 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   for (const Range& w : writes) by_arg[w.core].push_back(w);
   for (auto& [k, list] : by_arg)
     for (const Range& m : merged(std::move(list)))
-      translation->writes.push_back({static_cast<uint32_t>(k),
-                                     m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
-                                     m.end - m.begin});
+      translation->writes.push_back(
+          {static_cast<uint32_t>(k),
+           m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
+           m.end - m.begin});
   // Where the touched arguments lay, and whether the launch fits the L2 at any placement: a
   // span of n lines (at a line-aligned L2 address plus its offset in its block) puts at most
   // ceil(n / sets) of them in any one set.
@@ -435,7 +479,21 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   translation->sets = sets;
   translation->ways_needed = static_cast<uint32_t>(std::min<uint64_t>(per_set, UINT32_MAX));
   translation->ways = static_cast<uint32_t>(l2.ways());
+  if (l2_trace)
+    record_l2_lookups(*l2_trace, args, gm_blocks, chip.memory().l2_fingerprint(),
+                      translation.get());
   rec->translation = std::move(translation);
+}
+
+bool run_l2_lookups_match(const RecordedLaunch& rec, const std::vector<uint64_t>& args, L2Tags& l2,
+                          L2Placement& placement) {
+  const RecordedLaunch::Translation* t = rec.translation.get();
+  if (!t || !t->l2_traced || t->args.size() != args.size()) return false;
+  uint64_t h = kL2FingerprintSeed;
+  for (const RecordedLaunch::Translation::L2Lookup& k : t->l2_lookups)
+    h = l2_fingerprint(
+        h, access_placed(l2, placement, {args[k.arg] + k.offset, k.bytes, k.write, k.l2}));
+  return h == t->l2_trace_fingerprint;
 }
 
 bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
@@ -464,9 +522,10 @@ bool loads_as_recorded(const RecordedLaunch& rec, const std::vector<uint64_t>& a
     if (!gm.in_bounds(addr, l.bytes) ||
         !std::equal(now.begin(), now.end(), t->loaded.begin() + static_cast<ptrdiff_t>(l.first))) {
       if (why)
-        *why = fmt::format("argument {} holds other bytes where the recorded launch loaded ({} at "
-                           "offset {})",
-                           l.arg, l.bytes, static_cast<int64_t>(l.offset));
+        *why = fmt::format(
+            "argument {} holds other bytes where the recorded launch loaded ({} at "
+            "offset {})",
+            l.arg, l.bytes, static_cast<int64_t>(l.offset));
       return false;
     }
   }
@@ -676,8 +735,10 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
   for (uint16_t c : rec.effect_cores) {
     size_t& at = next[c];
     if (at >= effects_of(c)) {
-      fault = fmt::format("core {}: replay: the recorded order has more effects than the core "
-                          "issued", cores.at(static_cast<size_t>(rec.cores[c].core))->core_name());
+      fault = fmt::format(
+          "core {}: replay: the recorded order has more effects than the core "
+          "issued",
+          cores.at(static_cast<size_t>(rec.cores[c].core))->core_name());
       break;
     }
     try {
@@ -686,8 +747,10 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
       } else {
         const IssuedOp& op = issued[c].ops[at];
         if (!functional) {  // as FunctionalCore's timing-only execute mode
-          if (op.op() == Opcode::op_st) gm.invalidate(static_cast<uint64_t>(op[1]), 8);
-          else invalidate_gm_writes(plan(op, ctx[c]), gm);
+          if (op.op() == Opcode::op_st)
+            gm.invalidate(static_cast<uint64_t>(op[1]), 8);
+          else
+            invalidate_gm_writes(plan(op, ctx[c]), gm);
         } else if (keep) {
           keep_effect(op, ctx[c], issued[c].where[at], &keep->cores[c]);
         } else if (op.op() == Opcode::op_st) {
@@ -698,9 +761,10 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
         }
       }
     } catch (...) {
-      const PreparedEffects::Where& w = prepared ? prepared->cores[c].where[at] : issued[c].where[at];
-      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)), *w.run,
-                           w.pc, current_error());
+      const PreparedEffects::Where& w =
+          prepared ? prepared->cores[c].where[at] : issued[c].where[at];
+      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)), *w.run, w.pc,
+                           current_error());
       break;
     }
     ++at;
@@ -732,8 +796,7 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
   if (!rec.effect_cores.empty())
     return replay_in_order(rec, program, args, block_dim, cores, gm, cfg, functional, pool,
                            prepared, keep);
-  if (prepared && (!functional || prepared->cores.size() != rec.cores.size()))
-    prepared = nullptr;
+  if (prepared && (!functional || prepared->cores.size() != rec.cores.size())) prepared = nullptr;
   if (keep && (!functional || prepared)) keep = nullptr;
   if (keep) {
     keep->cores.clear();
@@ -783,9 +846,9 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
 bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
-                        L2Placement& placement, std::vector<GmAccess>* writes,
-                        VerifiedEffects* effects, uint64_t effects_max_bytes) {
+                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2, L2Placement& placement,
+                        std::vector<GmAccess>* writes, VerifiedEffects* effects,
+                        uint64_t effects_max_bytes) {
   std::vector<SectionRun>& runs = rec.runs;
   for (size_t i = 0; i < runs.size(); ++i)
     runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
@@ -813,9 +876,8 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
     // otherwise allocated and freed per check: a 48-core check took ~4 MB of heap). The queues
     // serve the walk only; `verified` keeps the cores for their ranges and fingerprints.
     thread_local FunctionalCore::Queues queues;
-    auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm,
-                                               cb.order, true, FunctionalCore::Mode::verify,
-                                               &queues);
+    auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm, cb.order,
+                                               true, FunctionalCore::Mode::verify, &queues);
     if (effects) {
       effects->cores[i].ops.reserve(cb.order.size());
       effects->cores[i].where.reserve(cb.order.size());
@@ -847,7 +909,7 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
   struct CoreTransfers {
     std::vector<size_t> first_range;  // per transfer, effect order: its first range
     std::array<std::vector<uint32_t>, isa::kNumExecPipes> by_pipe;  // transfers of each pipe
-    std::array<size_t, isa::kNumExecPipes> next{};  // of each pipe: next to look up
+    std::array<size_t, isa::kNumExecPipes> next{};                  // of each pipe: next to look up
     size_t looked_up = 0;
   };
   std::vector<CoreTransfers> ct(rec.cores.size());
@@ -864,7 +926,8 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
     }
   }
   std::vector<int> slot(cores.size(), -1);  // chip index -> position in rec.cores
-  for (size_t i = 0; i < rec.cores.size(); ++i) slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
+  for (size_t i = 0; i < rec.cores.size(); ++i)
+    slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
   uint64_t h = kL2FingerprintSeed;
   for (uint16_t port : rec.transfer_order) {
     const int i = port < slot.size() ? slot[port] : -1;
@@ -934,7 +997,8 @@ uint64_t RecordedLaunch::bytes() const {
     n += sizeof(*translation) + translation->args.size() * sizeof(uint64_t) +
          translation->writes.size() * sizeof(Translation::Write) +
          translation->extents.size() * sizeof(Translation::Extent) +
-         translation->loads.size() * sizeof(Translation::Load) + translation->loaded.size();
+         translation->loads.size() * sizeof(Translation::Load) + translation->loaded.size() +
+         translation->l2_lookups.size() * sizeof(Translation::L2Lookup);
   return n;
 }
 
@@ -946,7 +1010,7 @@ RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
 }
 
 std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::kept(const Index& index,
-                                                               const LaunchKey& k) const {
+                                                              const LaunchKey& k) const {
   std::vector<std::shared_ptr<RecordedLaunch>> out;
   auto it = index.find(k);
   if (it == index.end()) return out;
