@@ -222,7 +222,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     if (logging && !followed) why = "address flow not followed: " + P->flow->why;
     if (!followed)
       P->flow = nullptr;
-    else if (opts.replay_relocate && !in_run)
+    else if (opts.replay_relocate)
       P->loose = P->similar;  // before the extents below
   }
   if ((!walk || translation_only) && !P->flow) replayable = false;  // nothing to record it for
@@ -237,7 +237,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // launches (which replay their own key unchecked): its key gets one more argument than any
   // cold key of the program can have (those get four per argument in a block, or none).
   if (replayable && keep_l2 && !m_cfg.l2_keep_across_launches)
-    for (LaunchKey* k : {&P->key, &P->similar}) k->args.push_back(kGraphRunKeyMark);
+    for (LaunchKey* k : {&P->key, &P->similar, &P->loose})
+      if (k != &P->loose || P->flow) k->args.push_back(kGraphRunKeyMark);
   RecordedLaunch* found = replayable ? memo.find(P->key) : nullptr;
   const bool detail = detail_wanted();
   const auto in_time = [&](const RecordedLaunch& r) {
@@ -305,18 +306,25 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
         if (logging) why = "in blocks laid out alike: past the time limit or misaligned";
       }
       // At other offsets in its blocks, or in blocks of other sizes: a launch that can evict
-      // no line (relocated_writes).
-      if (!recorded && opts.replay_relocate && !in_run)
+      // no line (relocated_writes). In a graph run, any launch whose moved L2 lookups find what
+      // they found then (the outcomes decide its timing, not the layout), in a timing-only
+      // simulator only: a functional replay walks the cores apart, which needs the recorded
+      // layout's guarantee that no core touches bytes another writes.
+      if (!recorded && opts.replay_relocate && (!in_run || !opts.functional))
         for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_loose(P->loose)) {
           std::string refused;
           bool sets_moved = false;
-          if (in_time(*candidate) &&
-              relocated_writes(*candidate, launch.args, launch.gm_blocks, granule, &writes,
-                               logging ? &refused : nullptr, &sets_moved) &&
-              loads_alike(*candidate)) {
+          const bool moves =
+              in_run ? translated_writes(*candidate, launch.args, granule, &writes)
+                     : relocated_writes(*candidate, launch.args, launch.gm_blocks, granule, &writes,
+                                        logging ? &refused : nullptr, &sets_moved);
+          if (in_run && !moves && logging) refused = "a displacement is not GM-aligned";
+          if (in_time(*candidate) && moves && loads_alike(*candidate) && l2_alike(*candidate)) {
             memo.alias(P->key, candidate);
             recorded = candidate.get();
-            how = sets_moved ? "relocated, its L2 sets moved alike" : "relocated";
+            how = in_run       ? "relocated, its L2 lookups alike in the run"
+                  : sets_moved ? "relocated, its L2 sets moved alike"
+                               : "relocated";
             break;
           }
           // The latest recording's reason (the first refusal) stands for the others.
@@ -535,18 +543,24 @@ KernelResult ChipLauncher::finish() {
     rec.counters = m_counters.raw_delta_since(m_launch_base);
     rec.registry = &m_counters;
     rec.delta = m_counters.delta_of(rec.counters);
-    const bool relocatable = P->flow && !P->in_run && m_store.opts.replay_relocate &&
-                             rec.translation && rec.translation->relocatable();
+    // A graph run's recording serves any block layout in a timing-only simulator (its L2
+    // lookups are checked); a cold one only where it provably cannot evict differently.
+    const bool relocatable = P->flow && m_store.opts.replay_relocate && rec.translation &&
+                             (P->in_run ? rec.translation->l2_traced && !m_store.opts.functional
+                                        : rec.translation->relocatable());
     if (!m_store.opts.replay_log.empty()) {
       const RecordedLaunch::Translation* t = rec.translation.get();
       P->note +=
-          !P->flow ? "; recorded"
-          : !t     ? "; recorded, not translatable (a GM range outside its argument's block)"
+          !P->flow    ? "; recorded"
+          : !t        ? "; recorded, not translatable (a GM range outside its argument's block)"
+          : P->in_run ? (t->l2_traced ? "; recorded in a graph run, with its L2 lookups"
+                                      : "; recorded in a graph run, no L2 lookups (a range "
+                                        "outside its arguments' blocks)")
           : t->fits_l2
               ? "; recorded, relocatable"
               : fmt::format("; recorded, may evict ({} L2 ways of {}){}", t->ways_needed, t->ways,
                             t->l2_placed ? ", relocatable where its sets move alike" : "");
-      if (P->flow && m_store.opts.replay_relocate) {
+      if (P->flow && m_store.opts.replay_relocate && !P->in_run) {
         if (relocatable)
           m_store.unrelocatable.erase(P->loose);
         else

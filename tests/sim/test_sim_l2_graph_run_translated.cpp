@@ -26,15 +26,16 @@ namespace {
 
 enum class Mode { simulate, translate, check };
 
-// Three graph runs (steps), each at other tensor addresses, in `mode`: simulate every launch
+// Four graph runs (steps), each at other tensor addresses, in `mode`: simulate every launch
 // (translation off); replay by translation only (SimOptions::replay off, the TF plugin's
 // timing-only setting); or replay, then also simulate and throw on any difference in cycles,
-// counters, device memory, the L2's lines or its placement (Replay::check). Steps 0 and 1:
+// counters, device memory, the L2's lines or its placement (Replay::check). Steps 0 to 2:
 // write a, read a, write b, the mix kernel (cross-core flags) on x, s, y (its 8 KiB evict a
-// and b, dirty), read 3 lines of a, read b. Step 2: write a, a host copy into a (dropping its
-// lines from the run's L2), read a: that read starts with another L2 than any recording of
-// it. Returns every launch's cycles, counter digest and whether it was replayed, by
-// "step/index".
+// and b, dirty), read 3 lines of a, read b; in step 1, a lies 512 bytes into a block of
+// 2560 (another block layout: its lines and b's fall in other sets). Step 3: write a, a host
+// copy into a (dropping its lines from the run's L2), read a: that read starts with another L2
+// than any recording of it. Returns every launch's cycles, counter digest and whether it was
+// replayed, by "step/index".
 json workload(Mode mode) {
   unsetenv("NPUSIM_REPLAY");
   unsetenv("NPUSIM_REPLAY_TRANSLATED");
@@ -51,13 +52,14 @@ json workload(Mode mode) {
                      read3 = test::move_lines(3, false);
   const isa::Program handoff = isa::assemble(test::kHandoff, "handoff.s");
   json out;
-  for (uint64_t step = 0; step < 3; ++step) {
+  for (uint64_t step = 0; step < 4; ++step) {
     // Blocks of 2 KiB (a, b) and the mix kernel's x (4 KiB), s, y (4 KiB), 1 MiB apart per step.
     const uint64_t base = 0x1000000 + step * 0x100000;
-    const uint64_t a = base, b = base + 0x10000, x = base + 0x20000, s = base + 0x30000,
+    const uint64_t a_offset = step == 1 ? 512 : 0;
+    const uint64_t a = base + a_offset, b = base + 0x10000, x = base + 0x20000, s = base + 0x30000,
                    y = base + 0x40000;
     const GmBlockLookup blocks =
-        test::lookup_of({{a, 2048}, {b, 2048}, {x, 4096}, {s, 512}, {y, 4096}});
+        test::lookup_of({{base, 2048 + a_offset}, {b, 2048}, {x, 4096}, {s, 512}, {y, 4096}});
     int index = 0;
     const auto launch = [&](const isa::Program& p, std::vector<uint64_t> args, int block_dim) {
       KernelLaunch l;
@@ -75,7 +77,7 @@ json workload(Mode mode) {
           {"replayed", r.replayed}};
     };
     launch(write4, {a}, 1);
-    if (step == 2) {
+    if (step == 3) {
       const std::vector<uint8_t> host(2048, 1);
       sim.copy_host_to_device(a, host.data(), host.size());
       launch(read4, {a}, 1);
@@ -101,7 +103,7 @@ TEST_CASE("graph run: a replay by translation gives exactly what simulating give
   const json sim = run_in_child(Mode::simulate);
   const json translated = run_in_child(Mode::translate);
   const json check = run_in_child(Mode::check);  // throws on any difference, the L2's included
-  REQUIRE(sim.size() == 15);                     // 14 launches and "now"
+  REQUIRE(sim.size() == 21);                     // 20 launches and "now"
   CHECK(translated["now"] == sim["now"]);
   CHECK(check["now"] == sim["now"]);
   for (const auto& [key, simulated] : sim.items()) {
@@ -114,16 +116,23 @@ TEST_CASE("graph run: a replay by translation gives exactly what simulating give
       CHECK((*run)[key]["replayed"] == translated[key]["replayed"]);
     }
   }
-  // The second step at other addresses replays every launch, the mix kernel included.
-  for (int i = 0; i < 6; ++i) {
+  // At another block layout, the launches whose lookups find what they found then replay
+  // (relocated): write a (its lines now in sets 1 to 4), read a, write b (sets 5 to 7 and 0,
+  // as empty as sets 4 to 7 were); a step in the first layout at other addresses replays every
+  // launch, the mix kernel included.
+  for (int i = 0; i < 3; ++i) {
     INFO("step 1, launch " << i);
     CHECK(translated["1/" + std::to_string(i)]["replayed"] == true);
+  }
+  for (int i = 0; i < 6; ++i) {
+    INFO("step 2, launch " << i);
+    CHECK(translated["2/" + std::to_string(i)]["replayed"] == true);
   }
   // The run's L2 matters: the reads of a hit on the producer's lines in the first steps; after
   // the host copy dropped them, the read misses, and no recording of it (all of whose lookups
   // hit) times it: simulated.
   CHECK(sim["0/1"]["hits"] == 4);
-  CHECK(sim["2/1"]["hits"] == 0);
-  CHECK(translated["2/0"]["replayed"] == true);
-  CHECK(translated["2/1"]["replayed"] == false);
+  CHECK(sim["3/1"]["hits"] == 0);
+  CHECK(translated["3/0"]["replayed"] == true);
+  CHECK(translated["3/1"]["replayed"] == false);
 }
