@@ -598,9 +598,15 @@ void ChipLauncher::check_replay(const isa::Program& program, const Pending& P,
     throw Error(fmt::format("{}: simulated {} ps (idle after {} ps), recorded {} ps ({} ps)", what,
                             duration_ps, quiescent_ps, rec.duration_ps, rec.quiescent_ps));
   const CounterRegistry::RawDelta now = m_counters.raw_delta_since(m_launch_base);
-  if (now != own_counters(rec))
-    throw Error(fmt::format("{}: the counters differ from the recorded run ({} vs {} moved)", what,
-                            now.size(), rec.counters.size()));
+  if (const CounterRegistry::RawDelta recorded = own_counters(rec); now != recorded) {
+    // Name the first counters that differ (a JSON patch from the recorded to the simulated).
+    const nlohmann::json patch =
+        nlohmann::json::diff(m_counters.delta_of(recorded).tree(), m_counters.delta_of(now).tree());
+    std::string first;
+    for (size_t i = 0; i < patch.size() && i < 3; ++i) first += " " + patch[i].dump();
+    throw Error(fmt::format("{}: the counters differ from the recorded run ({} vs {} moved):{}",
+                            what, now.size(), rec.counters.size(), first));
+  }
   // A kept L2: the replay left its end state in the check's copies (verify, or
   // run_l2_lookups_match), which it would have installed.
   if (P.keep_l2 && !m_chip.memory().l2().same_lines(*m_verify_l2))

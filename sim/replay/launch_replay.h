@@ -165,10 +165,11 @@ struct RecordedLaunch {
     uint64_t sets = 0;        // the L2's sets (set = L2 line % sets)
     // A graph run's launch (memory.l2.keep_within_graph_run), whose L2 outcome depends on the
     // run's earlier launches: every GM range the memory system looked up in the L2
-    // (MemorySystem::l2_trace), in the recorded run's lookup order, relative to an argument
-    // whose block holds it, and the hash of their outcomes (l2_fingerprint). Set only when
-    // every range lies in an argument's block (l2_traced); a run's launch is replayed by
-    // translation only from such a recording and only after run_l2_lookups_match.
+    // (MemorySystem::l2_trace), in the recorded run's lookup order, relative to the argument
+    // it derives from (the one touched argument whose span holds it), and the hash of their
+    // outcomes (l2_fingerprint). Set only when every range lies in a touched argument's span
+    // (l2_traced); a run's launch is replayed by translation only from such a recording and
+    // only after run_l2_lookups_match.
     struct L2Lookup {
       uint32_t arg;  // index into args
       isa::L2Hint l2;
@@ -176,6 +177,10 @@ struct RecordedLaunch {
       uint64_t offset, bytes;  // [args[arg] + offset, + bytes), offset mod 2^64 as Write's
     };
     std::vector<L2Lookup> l2_lookups;
+    // (argument, argument a lookup is kept relative to) for each argument whose span also
+    // holds that lookup (overlapping spans in one block): which of the two the lookup derives
+    // from is not known, so a replay must move both by the same displacement.
+    std::vector<std::pair<uint32_t, uint32_t>> l2_block_mates;
     bool l2_traced = false;
     uint64_t l2_trace_fingerprint = 0;
   };
