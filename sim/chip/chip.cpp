@@ -212,7 +212,9 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
                                                 static_cast<uint16_t>(core->chip_index()));
       core->attach_recorder(m_recordings.back().get());
     }
-  m_memory->begin_launch(record && !record_lean, record && record_l2_trace);
+  // The lookups a graph run's recording keeps count against the same bound as the cores'.
+  m_memory->begin_launch(record && !record_lean,
+                         record && record_l2_trace ? record_max_bytes / sizeof(GmAccess) : 0);
   m_start = m_end = sc_time_stamp();
   for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(m_start));
   m_scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),

@@ -48,7 +48,8 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // record_effect_order (not lean): also record the order of the effects across the cores
   // (effect_order()), for a launch whose cores hand each other data.
   // record_l2_trace: the memory system also keeps every range its L2 looks up
-  // (MemorySystem::l2_trace), for a graph run's launch replayed by translation.
+  // (MemorySystem::l2_trace, at most record_max_bytes of them), for a graph run's launch
+  // replayed by translation.
   void begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
                     int block_dim, bool functional, uint64_t max_insns_per_block,
                     bool record = false, uint64_t record_max_bytes = UINT64_MAX,

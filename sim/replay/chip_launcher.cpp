@@ -175,7 +175,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   const bool keep_l2 = memory.l2_carried();
   // A graph run's launch (its L2 kept from the run's previous launch, lines filed by block):
   // replayed by translation only after its recorded L2 lookups, moved, give the recorded
-  // outcomes on the run's L2 (run_l2_lookups_match), never relocated.
+  // outcomes on the run's L2 (run_l2_lookups_match).
   const bool in_run = keep_l2 && !m_cfg.l2_keep_across_launches;
   P->keep_l2 = keep_l2;
   P->in_run = in_run;
@@ -513,8 +513,9 @@ KernelResult ChipLauncher::finish() {
                     (!m_chip.mix() || P->lean || P->ordered) &&
                     record_blocks(*launch.program, m_chip, &rec);
   if (keep && P->flow) {
-    record_translation(*launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, m_gm, &rec,
-                       P->in_run ? &m_chip.memory().l2_trace() : nullptr);
+    record_translation(
+        *launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, m_gm, &rec,
+        P->in_run && m_chip.memory().l2_traced() ? &m_chip.memory().l2_trace() : nullptr);
     // A lean recording serves translation only: its walk (sections, effect order, transfer
     // order) is never read and need not take memo space.
     if (P->lean) {
