@@ -226,9 +226,9 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       P->loose = P->similar;  // before the extents below
   }
   if ((!walk || translation_only) && !P->flow) replayable = false;  // nothing to record it for
-  // The cold L2 files lines by block; so does a graph run's, which a recording times by
-  // translation only at the same block extents.
-  if (replayable && (!keep_l2 || (in_run && P->flow)))
+  // The cold L2 files lines by block. (A graph run's launch is keyed without: its recorded L2
+  // lookups are checked on the run's L2 at any layout, run_l2_lookups_match.)
+  if (replayable && !keep_l2)
     for (LaunchKey* k : {&P->key, &P->similar}) {
       append_block_extents(launch.gm_blocks, launch.args, &k->args);
       append_block_sharing(launch.gm_blocks, launch.args, &k->args);
@@ -292,24 +292,26 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       // launch is recorded afresh.
       stale = own;
       size_t candidates = 0;
-      for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar)) {
+      // In a graph run the loose candidates below are these (its keys have no block extents).
+      for (std::shared_ptr<RecordedLaunch>& candidate :
+           in_run ? std::vector<std::shared_ptr<RecordedLaunch>>{}
+                  : memo.find_similar(P->similar)) {
         ++candidates;
         if (in_time(*candidate) && translated_writes(*candidate, launch.args, granule, &writes) &&
             loads_alike(*candidate) && l2_alike(*candidate)) {
           memo.alias(P->key, candidate);  // the next step finds it by its own key
           recorded = candidate.get();     // the memo keeps it (just added: not evicted)
-          how = in_run ? "translated, other addresses in blocks laid out alike, its L2 lookups "
-                         "alike in the run"
-                       : "translated, other addresses in blocks laid out alike";
+          how = "translated, other addresses in blocks laid out alike";
           break;
         }
         if (logging) why = "in blocks laid out alike: past the time limit or misaligned";
       }
       // At other offsets in its blocks, or in blocks of other sizes: a launch that can evict
-      // no line (relocated_writes). In a graph run, any launch whose moved L2 lookups find what
-      // they found then (the outcomes decide its timing, not the layout), in a timing-only
-      // simulator only: a functional replay walks the cores apart, which needs the recorded
-      // layout's guarantee that no core touches bytes another writes.
+      // no line (relocated_writes). In a graph run, at any addresses and layout, a launch whose
+      // moved L2 lookups find what they found then (the outcomes decide its timing, not the
+      // layout), in a timing-only simulator only: a functional replay walks the cores apart,
+      // which needs the recorded layout's guarantee that no core touches bytes another writes
+      // (a functional run's launch at other addresses is checked by walking, below).
       if (!recorded && opts.replay_relocate && (!in_run || !opts.functional))
         for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_loose(P->loose)) {
           std::string refused;
@@ -322,7 +324,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
           if (in_time(*candidate) && moves && loads_alike(*candidate) && l2_alike(*candidate)) {
             memo.alias(P->key, candidate);
             recorded = candidate.get();
-            how = in_run       ? "relocated, its L2 lookups alike in the run"
+            how = in_run       ? "translated, other addresses, its L2 lookups alike in the run"
                   : sets_moved ? "relocated, its L2 sets moved alike"
                                : "relocated";
             break;
@@ -335,8 +337,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
         why = "its recordings loaded other bytes: " + other_loads;
       else if (logging && !recorded && run_l2_differs)
         why = "its recordings' L2 lookups found other lines in the run's L2";
-      else if (logging && !recorded && in_run && candidates == 0 && !own)
-        why = "no recording of its program, arguments' block layout and block count in a graph run";
+      else if (logging && !recorded && in_run && candidates == 0 && !own && !opts.functional)
+        why = "no recording of its program, untyped arguments and block count in a graph run";
       else if (logging && !recorded && candidates == 0) {
         auto it = m_store.unrelocatable.find(P->loose);
         why = opts.replay_relocate && it != m_store.unrelocatable.end()
