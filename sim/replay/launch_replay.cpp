@@ -150,8 +150,8 @@ bool sets_move_alike(const RecordedLaunch::Translation& t,
       const Sets &a = runs[j], &b = runs[k];
       if (sets_meet(a.then_first, a.count, b.then_first, b.count, sets) ||
           sets_meet(a.now_first, a.count, b.now_first, b.count, sets)) {
-        *why = fmt::format("arguments {} and {} move by other numbers of L2 sets ({} and {})", j, k,
-                           a.moved, b.moved);
+        *why = fmt::format("arguments {} and {} move by other numbers of L2 sets ({} and {})", j,
+                           k, a.moved, b.moved);
         return false;
       }
     }
@@ -180,10 +180,8 @@ std::vector<Range> merged(std::vector<Range> v) {
   if (!std::is_sorted(v.begin(), v.end(), by_begin)) std::sort(v.begin(), v.end(), by_begin);
   std::vector<Range> out;
   for (const Range& r : v) {
-    if (!out.empty() && r.begin <= out.back().end)
-      out.back().end = std::max(out.back().end, r.end);
-    else
-      out.push_back(r);
+    if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
+    else out.push_back(r);
   }
   return out;
 }
@@ -237,10 +235,8 @@ bool loads_own_writes(const FunctionalCore& fc) {
   loads = merged(std::move(loads));
   for (size_t w = 0, l = 0; w < writes.size() && l < loads.size();) {
     if (writes[w].begin < loads[l].end && loads[l].begin < writes[w].end) return true;
-    if (writes[w].end <= loads[l].end)
-      ++w;
-    else
-      ++l;
+    if (writes[w].end <= loads[l].end) ++w;
+    else ++l;
   }
   return false;
 }
@@ -267,8 +263,8 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
     const auto& assigned = core->assigned_blocks();
     if (assigned.empty()) continue;
     const CoreRecording& r = *recordings[static_cast<size_t>(core->chip_index())];
-    RecordedLaunch::CoreBlocks cb{
-        core->chip_index(), {}, r.exec_order(), r.fingerprint(), r.transfer_pipes()};
+    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, r.exec_order(), r.fingerprint(),
+                                  r.transfer_pipes()};
     for (const AiCore::AssignedBlock& a : assigned) {
       auto [it, added] = run_index.emplace(a.run, static_cast<int>(rec->runs.size()));
       if (added) {
@@ -396,7 +392,8 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
       if (spans[pc].end == 0) continue;
       const Block* b = block_at(gm_arg, pc);
       if (!b || spans[pc].begin < b->start || spans[pc].end > b->end) return;
-      RecordedLaunch::Translation::Extent& e = extents[static_cast<size_t>(gm_arg[pc])];
+      RecordedLaunch::Translation::Extent& e =
+          extents[static_cast<size_t>(gm_arg[pc])];
       e.lo = e.touched ? std::min(e.lo, spans[pc].begin - b->start) : spans[pc].begin - b->start;
       e.hi = e.touched ? std::max(e.hi, spans[pc].end - b->start) : spans[pc].end - b->start;
       e.touched = true;
@@ -457,10 +454,9 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   for (const Range& w : writes) by_arg[w.core].push_back(w);
   for (auto& [k, list] : by_arg)
     for (const Range& m : merged(std::move(list)))
-      translation->writes.push_back(
-          {static_cast<uint32_t>(k),
-           m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
-           m.end - m.begin});
+      translation->writes.push_back({static_cast<uint32_t>(k),
+                                     m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
+                                     m.end - m.begin});
   // Where the touched arguments lay, and whether the launch fits the L2 at any placement: a
   // span of n lines (at a line-aligned L2 address plus its offset in its block) puts at most
   // ceil(n / sets) of them in any one set.
@@ -538,10 +534,9 @@ bool loads_as_recorded(const RecordedLaunch& rec, const std::vector<uint64_t>& a
     if (!gm.in_bounds(addr, l.bytes) ||
         !std::equal(now.begin(), now.end(), t->loaded.begin() + static_cast<ptrdiff_t>(l.first))) {
       if (why)
-        *why = fmt::format(
-            "argument {} holds other bytes where the recorded launch loaded ({} at "
-            "offset {})",
-            l.arg, l.bytes, static_cast<int64_t>(l.offset));
+        *why = fmt::format("argument {} holds other bytes where the recorded launch loaded ({} at "
+                           "offset {})",
+                           l.arg, l.bytes, static_cast<int64_t>(l.offset));
       return false;
     }
   }
@@ -751,10 +746,8 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
   for (uint16_t c : rec.effect_cores) {
     size_t& at = next[c];
     if (at >= effects_of(c)) {
-      fault = fmt::format(
-          "core {}: replay: the recorded order has more effects than the core "
-          "issued",
-          cores.at(static_cast<size_t>(rec.cores[c].core))->core_name());
+      fault = fmt::format("core {}: replay: the recorded order has more effects than the core "
+                          "issued", cores.at(static_cast<size_t>(rec.cores[c].core))->core_name());
       break;
     }
     try {
@@ -763,10 +756,8 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
       } else {
         const IssuedOp& op = issued[c].ops[at];
         if (!functional) {  // as FunctionalCore's timing-only execute mode
-          if (op.op() == Opcode::op_st)
-            gm.invalidate(static_cast<uint64_t>(op[1]), 8);
-          else
-            invalidate_gm_writes(plan(op, ctx[c]), gm);
+          if (op.op() == Opcode::op_st) gm.invalidate(static_cast<uint64_t>(op[1]), 8);
+          else invalidate_gm_writes(plan(op, ctx[c]), gm);
         } else if (keep) {
           keep_effect(op, ctx[c], issued[c].where[at], &keep->cores[c]);
         } else if (op.op() == Opcode::op_st) {
@@ -777,10 +768,9 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
         }
       }
     } catch (...) {
-      const PreparedEffects::Where& w =
-          prepared ? prepared->cores[c].where[at] : issued[c].where[at];
-      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)), *w.run, w.pc,
-                           current_error());
+      const PreparedEffects::Where& w = prepared ? prepared->cores[c].where[at] : issued[c].where[at];
+      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)), *w.run,
+                           w.pc, current_error());
       break;
     }
     ++at;
@@ -812,7 +802,8 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
   if (!rec.effect_cores.empty())
     return replay_in_order(rec, program, args, block_dim, cores, gm, cfg, functional, pool,
                            prepared, keep);
-  if (prepared && (!functional || prepared->cores.size() != rec.cores.size())) prepared = nullptr;
+  if (prepared && (!functional || prepared->cores.size() != rec.cores.size()))
+    prepared = nullptr;
   if (keep && (!functional || prepared)) keep = nullptr;
   if (keep) {
     keep->cores.clear();
@@ -862,9 +853,9 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
 bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2, L2Placement& placement,
-                        std::vector<GmAccess>* writes, VerifiedEffects* effects,
-                        uint64_t effects_max_bytes) {
+                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
+                        L2Placement& placement, std::vector<GmAccess>* writes,
+                        VerifiedEffects* effects, uint64_t effects_max_bytes) {
   std::vector<SectionRun>& runs = rec.runs;
   for (size_t i = 0; i < runs.size(); ++i)
     runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
@@ -892,8 +883,9 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
     // otherwise allocated and freed per check: a 48-core check took ~4 MB of heap). The queues
     // serve the walk only; `verified` keeps the cores for their ranges and fingerprints.
     thread_local FunctionalCore::Queues queues;
-    auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm, cb.order,
-                                               true, FunctionalCore::Mode::verify, &queues);
+    auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm,
+                                               cb.order, true, FunctionalCore::Mode::verify,
+                                               &queues);
     if (effects) {
       effects->cores[i].ops.reserve(cb.order.size());
       effects->cores[i].where.reserve(cb.order.size());
@@ -925,7 +917,7 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
   struct CoreTransfers {
     std::vector<size_t> first_range;  // per transfer, effect order: its first range
     std::array<std::vector<uint32_t>, isa::kNumExecPipes> by_pipe;  // transfers of each pipe
-    std::array<size_t, isa::kNumExecPipes> next{};                  // of each pipe: next to look up
+    std::array<size_t, isa::kNumExecPipes> next{};  // of each pipe: next to look up
     size_t looked_up = 0;
   };
   std::vector<CoreTransfers> ct(rec.cores.size());
@@ -942,8 +934,7 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
     }
   }
   std::vector<int> slot(cores.size(), -1);  // chip index -> position in rec.cores
-  for (size_t i = 0; i < rec.cores.size(); ++i)
-    slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
+  for (size_t i = 0; i < rec.cores.size(); ++i) slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
   uint64_t h = kL2FingerprintSeed;
   for (uint16_t port : rec.transfer_order) {
     const int i = port < slot.size() ? slot[port] : -1;
@@ -1027,7 +1018,7 @@ RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
 }
 
 std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::kept(const Index& index,
-                                                              const LaunchKey& k) const {
+                                                               const LaunchKey& k) const {
   std::vector<std::shared_ptr<RecordedLaunch>> out;
   auto it = index.find(k);
   if (it == index.end()) return out;
