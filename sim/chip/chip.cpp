@@ -192,7 +192,7 @@ std::vector<TaskScheduler::Worker> Chip::make_workers(const isa::Program& progra
 void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
                         int block_dim, bool functional, uint64_t max_insns_per_block,
                         bool record, uint64_t record_max_bytes, bool record_lean,
-                        bool record_effect_order) {
+                        bool record_effect_order, bool record_l2_trace) {
   if (block_dim < 1)
     throw Error(fmt::format("kernel '{}': block_dim {} must be at least 1", program.name,
                             block_dim));
@@ -212,7 +212,9 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
                                                 static_cast<uint16_t>(core->chip_index()));
       core->attach_recorder(m_recordings.back().get());
     }
-  m_memory->begin_launch(record && !record_lean);
+  // The lookups a graph run's recording keeps count against the same bound as the cores'.
+  m_memory->begin_launch(record && !record_lean,
+                         record && record_l2_trace ? record_max_bytes / sizeof(GmAccess) : 0);
   m_start = m_end = sc_time_stamp();
   for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(m_start));
   m_scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),

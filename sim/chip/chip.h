@@ -47,11 +47,14 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // translation only, and the memory system records nothing.
   // record_effect_order (not lean): also record the order of the effects across the cores
   // (effect_order()), for a launch whose cores hand each other data.
+  // record_l2_trace: the memory system also keeps every range its L2 looks up
+  // (MemorySystem::l2_trace, at most record_max_bytes of them), for a graph run's launch
+  // replayed by translation.
   void begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
                     int block_dim, bool functional, uint64_t max_insns_per_block,
                     bool record = false, uint64_t record_max_bytes = UINT64_MAX,
-                    bool record_lean = false,
-                    bool record_effect_order = false);
+                    bool record_lean = false, bool record_effect_order = false,
+                    bool record_l2_trace = false);
   // After sc_start() returned: how the launch ended.
   Outcome outcome() const;
   const std::string& fault_message() const { return m_fault; }

@@ -95,6 +95,18 @@ class L2Placement {
   // contiguous L2 address (to the end of addr's block, or everything for an unplaced address).
   uint64_t l2_address(uint64_t addr, uint64_t* run);
 
+  // Whether `o` gives the same blocks the same L2 ranges and packs the next block where this
+  // does (the lookup and the search cache aside): the replay check compares the placement a
+  // replay left with the one simulating left.
+  bool same_placement(const L2Placement& o) const {
+    return m_next == o.m_next && m_blocks.size() == o.m_blocks.size() &&
+           std::equal(m_blocks.begin(), m_blocks.end(), o.m_blocks.begin(),
+                      [](const auto& a, const auto& b) {
+                        return a.first == b.first && a.second.end == b.second.end &&
+                               a.second.l2_base == b.second.l2_base;
+                      });
+  }
+
   // The L2 address this launch gave the block starting at device address `block_start`
   // (*l2_base), or false if the launch has not touched that block (or files by address).
   bool block_l2_base(uint64_t block_start, uint64_t* l2_base) const {

@@ -132,4 +132,18 @@ void L2Tags::invalidate_all() {
   }
 }
 
+bool L2Tags::same_lines(const L2Tags& o) const {
+  if (m_sets != o.m_sets || m_ways != o.m_ways || m_line_bytes != o.m_line_bytes) return false;
+  const size_t ways = static_cast<size_t>(m_ways);
+  for (size_t set = 0; set < m_sets; ++set) {
+    const uint32_t n = set_current(set) ? m_set[set].count : 0;
+    const uint32_t n_other = o.set_current(set) ? o.m_set[set].count : 0;
+    if (n != n_other || !std::equal(m_entry.begin() + static_cast<ptrdiff_t>(set * ways),
+                                    m_entry.begin() + static_cast<ptrdiff_t>(set * ways + n),
+                                    o.m_entry.begin() + static_cast<ptrdiff_t>(set * ways)))
+      return false;
+  }
+  return true;
+}
+
 }  // namespace npusim

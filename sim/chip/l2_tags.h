@@ -52,6 +52,10 @@ class L2Tags {
   // Drops every line overlapping [addr, addr + bytes) (dirty ones too: their bytes are
   // overwritten).
   void invalidate_range(uint64_t addr, uint64_t bytes);
+  // Whether `o` holds the same lines as this, set by set in the same recency order, with the
+  // same dirty bits (the geometry must match; generations do not matter). The replay check
+  // compares the L2 a replay left with the one simulating left.
+  bool same_lines(const L2Tags& o) const;
   // Drops every line. Dirty lines are not written back in simulated time: a launch's write-back
   // after its end is not part of any launch (docs/chip_model.md "Memory system").
   void invalidate_all();

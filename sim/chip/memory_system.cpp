@@ -124,10 +124,13 @@ void MemorySystem::drop_host_write(uint64_t addr, uint64_t bytes) {
     if (r->run != 0) drop(r->tags, r->placement);
 }
 
-void MemorySystem::begin_launch(bool record) {
+void MemorySystem::begin_launch(bool record, uint64_t trace_max) {
   m_recording = record;
+  m_tracing = trace_max > 0;
+  m_trace_max = trace_max;
   m_writebacks_end = sc_core::sc_time_stamp();
   m_transfer_order.clear();
+  m_l2_trace.clear();
   m_l2_fingerprint = kL2FingerprintSeed;
 }
 
@@ -168,7 +171,13 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
     m_hbm_read_bytes.add(o.fill_bytes);
     m_hbm_write_bytes.add(o.writeback_bytes);
     m_l2_writeback_bytes.add(o.writeback_bytes);
-    if (m_recording) m_l2_fingerprint = npusim::l2_fingerprint(m_l2_fingerprint, o);
+    if (m_recording || m_tracing) m_l2_fingerprint = npusim::l2_fingerprint(m_l2_fingerprint, o);
+    if (m_tracing && m_l2_trace.size() < m_trace_max) {
+      m_l2_trace.push_back(r);
+    } else if (m_tracing) {  // too long a launch to keep its lookups: drop them
+      m_tracing = false;
+      std::vector<GmAccess>().swap(m_l2_trace);
+    }
   }
   if (m_recording) m_transfer_order.push_back(static_cast<uint16_t>(id));
   m_transfers.inc();

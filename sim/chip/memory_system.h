@@ -79,8 +79,11 @@ class MemorySystem : public sc_core::sc_module {
   // graph run's): a replay must then leave tags and placement as simulating would have.
   bool l2_carried() const { return m_l2_carried; }
   // Start of a launch on the L2 select_l2 chose. record: keep the launch's transfer order and
-  // L2 fingerprint (for the launch replay).
-  void begin_launch(bool record = false);
+  // L2 fingerprint (for the launch replay). trace_max > 0: keep every GM range looked up in
+  // the L2, in lookup order (l2_trace), up to trace_max ranges, and the L2 fingerprint: a graph
+  // run's launch recorded for a replay by translation, which repeats those lookups on the
+  // run's L2 (launch_replay.h).
+  void begin_launch(bool record = false, uint64_t trace_max = 0);
   // The L2's tags between launches: the launch replay checks a recording against a copy of
   // them and installs the copy's end state when it replays (sim/simulator.cpp).
   const L2Tags& l2() const { return m_l2; }
@@ -99,10 +102,17 @@ class MemorySystem : public sc_core::sc_module {
   // (l2_fingerprint).
   const std::vector<uint16_t>& transfer_order() const { return m_transfer_order; }
   uint64_t l2_fingerprint() const { return m_l2_fingerprint; }
+  // Of the launch being traced (begin_launch's trace_l2): every GM range the L2 looked up (at
+  // its device address, with its policy and direction), in lookup order.
+  const std::vector<GmAccess>& l2_trace() const { return m_l2_trace; }
+  // Whether l2_trace() holds every range of the launch (tracing was asked for and the launch
+  // looked up no more than trace_max ranges).
+  bool l2_traced() const { return m_tracing; }
   // Stops recording the launch in progress and frees its record (Chip::recorded).
   void drop_recording() {
-    m_recording = false;
+    m_recording = m_tracing = false;
     std::vector<uint16_t>().swap(m_transfer_order);
+    std::vector<GmAccess>().swap(m_l2_trace);
   }
   // When the last write-back flow that finished since begin_launch finished (the launch's start
   // if none did); with none in flight, the launch's write-backs are all in HBM by then. The
@@ -139,7 +149,10 @@ class MemorySystem : public sc_core::sc_module {
   std::vector<std::unique_ptr<RunL2>> m_runs_aside;
   uint64_t m_asides = 0;
   bool m_recording = false;
+  bool m_tracing = false;   // tracing, and every range so far is in m_l2_trace
+  uint64_t m_trace_max = 0;  // begin_launch's trace_max
   std::vector<uint16_t> m_transfer_order;
+  std::vector<GmAccess> m_l2_trace;
   uint64_t m_l2_fingerprint = kL2FingerprintSeed;
   double m_bandwidth[2];  // bytes per cycle of HBM and L2
   std::vector<GmTransfer*> m_active;

@@ -79,6 +79,8 @@ struct ChipLauncher::Pending {
   bool record = false;                 // record it for replay (Chip::begin_launch's record)
   bool lean = false;                   // ... for replays by translation only (CoreRecording)
   bool ordered = false;                // ... with the effects' order across the cores
+  bool keep_l2 = false;                // it starts with a kept L2 (MemorySystem::l2_carried)
+  bool in_run = false;                 // ... a graph run's (its recording keeps its L2 lookups)
   const AddressFlow* flow = nullptr;   // set if its recording may be made translatable
   RecordedLaunch* recorded = nullptr;  // check mode: the recording it was replayed from
   std::string replay_error;            // check mode: the replay's fault, if any
@@ -171,11 +173,17 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   MemorySystem& memory = m_chip.memory();
   memory.select_l2(launch.l2_run, launch.gm_blocks);
   const bool keep_l2 = memory.l2_carried();
+  // A graph run's launch (its L2 kept from the run's previous launch, lines filed by block):
+  // replayed by translation only after its recorded L2 lookups, moved, give the recorded
+  // outcomes on the run's L2 (run_l2_lookups_match).
+  const bool in_run = keep_l2 && !m_cfg.l2_keep_across_launches;
+  P->keep_l2 = keep_l2;
+  P->in_run = in_run;
   // A functional run replays a translated launch by walking its blocks at its own arguments
   // (the translation stands in for the check, not for the effects), so only with `walk`.
   const bool walk = opts.replay != SimOptions::Replay::off;  // replays that walk the program
-  const bool translate =
-      (!opts.functional || walk) && opts.replay_translated && !keep_l2 && bool(launch.gm_blocks);
+  const bool translate = (!opts.functional || walk) && opts.replay_translated &&
+                         (!keep_l2 || in_run) && bool(launch.gm_blocks);
   bool loads = false, cross_core = false;
   bool replayable = alone && (walk || translate) && launch.block_dim >= 1 &&
                     replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar,
@@ -196,12 +204,13 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   if (logging) m_begin_cpu_ns = thread_cpu_ns();
   std::string why;
   if (logging)
-    why = !alone                 ? "runs beside other launches"
-          : !(walk || translate) ? "replay off (translation: timing-only, cold L2, blocks)"
+    why = !alone ? "runs beside other launches"
+          : !(walk || translate)
+              ? "replay off (translation: timing-only, a cold L2 or a graph run's, blocks)"
           : launch.block_dim < 1 ? "no blocks"
           : !replayable && !translate
-              ? "the program has cc_set or cc_wait (replayed only by translation: cold L2, "
-                "allocation blocks)"
+              ? "the program has cc_set or cc_wait (replayed only by translation: a cold L2 or "
+                "a graph run's, allocation blocks)"
           : !replayable ? "the program has cc_set or cc_wait and ld (not replayed functionally)"
                         : "";
   if (replayable && translate) {
@@ -217,7 +226,9 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       P->loose = P->similar;  // before the extents below
   }
   if ((!walk || translation_only) && !P->flow) replayable = false;  // nothing to record it for
-  if (replayable && !keep_l2)  // the cold L2 files lines by block
+  // The cold L2 files lines by block. (A graph run's launch is keyed without: its recorded L2
+  // lookups are checked on the run's L2 at any layout, run_l2_lookups_match.)
+  if (replayable && !keep_l2)
     for (LaunchKey* k : {&P->key, &P->similar}) {
       append_block_extents(launch.gm_blocks, launch.args, &k->args);
       append_block_sharing(launch.gm_blocks, launch.args, &k->args);
@@ -226,7 +237,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // launches (which replay their own key unchecked): its key gets one more argument than any
   // cold key of the program can have (those get four per argument in a block, or none).
   if (replayable && keep_l2 && !m_cfg.l2_keep_across_launches)
-    for (LaunchKey* k : {&P->key, &P->similar}) k->args.push_back(kGraphRunKeyMark);
+    for (LaunchKey* k : {&P->key, &P->similar, &P->loose})
+      if (k != &P->loose || P->flow) k->args.push_back(kGraphRunKeyMark);
   RecordedLaunch* found = replayable ? memo.find(P->key) : nullptr;
   const bool detail = detail_wanted();
   const auto in_time = [&](const RecordedLaunch& r) {
@@ -257,19 +269,36 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
     const auto loads_alike = [&](const RecordedLaunch& r) {
       return loads_as_recorded(r, launch.args, m_gm, logging ? &other_loads : nullptr);
     };
+    // In a graph run: whether `r`'s L2 lookups, moved to this launch's arguments, find what
+    // they found then on copies of the run's L2 and placement, which then hold the state
+    // simulating would leave (installed below, when replayed). A cold launch: always.
+    bool run_l2_differs = false;
+    const auto l2_alike = [&](const RecordedLaunch& r) {
+      if (!in_run) return true;
+      *m_verify_l2 = memory.l2();
+      *m_verify_placement = memory.placement();
+      const bool same = run_l2_lookups_match(r, launch.args, *m_verify_l2, *m_verify_placement);
+      run_l2_differs |= !same;
+      return same;
+    };
     const bool own =
         found && in_time(*found) && translated_writes(*found, launch.args, granule, &writes);
-    if (own && loads_alike(*found)) {
+    if (own && loads_alike(*found) && l2_alike(*found)) {
       recorded = found;
-      how = "translated, its own key";
+      how = in_run ? "translated, its own key, its L2 lookups alike in the run"
+                   : "translated, its own key";
     } else {
-      // Its own recording loaded other bytes: simulated, the launch is recorded afresh.
+      // Its own recording loaded other bytes, or found another L2 in the run: simulated, the
+      // launch is recorded afresh.
       stale = own;
       size_t candidates = 0;
-      for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar)) {
+      // In a graph run the loose candidates below are these (its keys have no block extents).
+      for (std::shared_ptr<RecordedLaunch>& candidate :
+           in_run ? std::vector<std::shared_ptr<RecordedLaunch>>{}
+                  : memo.find_similar(P->similar)) {
         ++candidates;
         if (in_time(*candidate) && translated_writes(*candidate, launch.args, granule, &writes) &&
-            loads_alike(*candidate)) {
+            loads_alike(*candidate) && l2_alike(*candidate)) {
           memo.alias(P->key, candidate);  // the next step finds it by its own key
           recorded = candidate.get();     // the memo keeps it (just added: not evicted)
           how = "translated, other addresses in blocks laid out alike";
@@ -278,18 +307,26 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
         if (logging) why = "in blocks laid out alike: past the time limit or misaligned";
       }
       // At other offsets in its blocks, or in blocks of other sizes: a launch that can evict
-      // no line (relocated_writes).
-      if (!recorded && opts.replay_relocate)
+      // no line (relocated_writes). In a graph run, at any addresses and layout, a launch whose
+      // moved L2 lookups find what they found then (the outcomes decide its timing, not the
+      // layout), in a timing-only simulator only: a functional replay walks the cores apart,
+      // which needs the recorded layout's guarantee that no core touches bytes another writes
+      // (a functional run's launch at other addresses is checked by walking, below).
+      if (!recorded && opts.replay_relocate && (!in_run || !opts.functional))
         for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_loose(P->loose)) {
           std::string refused;
           bool sets_moved = false;
-          if (in_time(*candidate) &&
-              relocated_writes(*candidate, launch.args, launch.gm_blocks, granule, &writes,
-                               logging ? &refused : nullptr, &sets_moved) &&
-              loads_alike(*candidate)) {
+          const bool moves =
+              in_run ? translated_writes(*candidate, launch.args, granule, &writes)
+                     : relocated_writes(*candidate, launch.args, launch.gm_blocks, granule, &writes,
+                                        logging ? &refused : nullptr, &sets_moved);
+          if (in_run && !moves && logging) refused = "a displacement is not GM-aligned";
+          if (in_time(*candidate) && moves && loads_alike(*candidate) && l2_alike(*candidate)) {
             memo.alias(P->key, candidate);
             recorded = candidate.get();
-            how = sets_moved ? "relocated, its L2 sets moved alike" : "relocated";
+            how = in_run       ? "translated, other addresses, its L2 lookups alike in the run"
+                  : sets_moved ? "relocated, its L2 sets moved alike"
+                               : "relocated";
             break;
           }
           // The latest recording's reason (the first refusal) stands for the others.
@@ -298,6 +335,10 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
         }
       if (logging && !recorded && !other_loads.empty())
         why = "its recordings loaded other bytes: " + other_loads;
+      else if (logging && !recorded && run_l2_differs)
+        why = "its recordings' L2 lookups found other lines in the run's L2";
+      else if (logging && !recorded && in_run && candidates == 0 && !own && !opts.functional)
+        why = "no recording of its program, untyped arguments and block count in a graph run";
       else if (logging && !recorded && candidates == 0) {
         auto it = m_store.unrelocatable.find(P->loose);
         why = opts.replay_relocate && it != m_store.unrelocatable.end()
@@ -438,7 +479,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   P->ordered = translation_only && !P->lean;
   m_chip.begin_launch(*launch.program, launch.args, launch.block_dim, opts.functional,
                       watchdog_budget(opts, *launch.program, launch.args), P->record,
-                      opts.replay_record_max_bytes, P->lean, P->ordered);
+                      opts.replay_record_max_bytes, P->lean, P->ordered,
+                      P->in_run && P->flow != nullptr);
   m_pending = std::move(P);
   return Begun{};
 }
@@ -473,8 +515,9 @@ KernelResult ChipLauncher::finish() {
                     (!m_chip.mix() || P->lean || P->ordered) &&
                     record_blocks(*launch.program, m_chip, &rec);
   if (keep && P->flow) {
-    record_translation(*launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, m_gm,
-                       &rec);
+    record_translation(
+        *launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, m_gm, &rec,
+        P->in_run && m_chip.memory().l2_traced() ? &m_chip.memory().l2_trace() : nullptr);
     // A lean recording serves translation only: its walk (sections, effect order, transfer
     // order) is never read and need not take memo space.
     if (P->lean) {
@@ -503,18 +546,24 @@ KernelResult ChipLauncher::finish() {
     rec.counters = m_counters.raw_delta_since(m_launch_base);
     rec.registry = &m_counters;
     rec.delta = m_counters.delta_of(rec.counters);
+    // A graph run's recording serves any block layout in a timing-only simulator (its L2
+    // lookups are checked); a cold one only where it provably cannot evict differently.
     const bool relocatable = P->flow && m_store.opts.replay_relocate && rec.translation &&
-                             rec.translation->relocatable();
+                             (P->in_run ? rec.translation->l2_traced && !m_store.opts.functional
+                                        : rec.translation->relocatable());
     if (!m_store.opts.replay_log.empty()) {
       const RecordedLaunch::Translation* t = rec.translation.get();
       P->note +=
-          !P->flow ? "; recorded"
-          : !t     ? "; recorded, not translatable (a GM range outside its argument's block)"
+          !P->flow    ? "; recorded"
+          : !t        ? "; recorded, not translatable (a GM range outside its argument's block)"
+          : P->in_run ? (t->l2_traced ? "; recorded in a graph run, with its L2 lookups"
+                                      : "; recorded in a graph run, no L2 lookups (a range "
+                                        "outside its arguments' blocks)")
           : t->fits_l2
               ? "; recorded, relocatable"
               : fmt::format("; recorded, may evict ({} L2 ways of {}){}", t->ways_needed, t->ways,
                             t->l2_placed ? ", relocatable where its sets move alike" : "");
-      if (P->flow && m_store.opts.replay_relocate) {
+      if (P->flow && m_store.opts.replay_relocate && !P->in_run) {
         if (relocatable)
           m_store.unrelocatable.erase(P->loose);
         else
@@ -552,9 +601,23 @@ void ChipLauncher::check_replay(const isa::Program& program, const Pending& P,
     throw Error(fmt::format("{}: simulated {} ps (idle after {} ps), recorded {} ps ({} ps)", what,
                             duration_ps, quiescent_ps, rec.duration_ps, rec.quiescent_ps));
   const CounterRegistry::RawDelta now = m_counters.raw_delta_since(m_launch_base);
-  if (now != own_counters(rec))
-    throw Error(fmt::format("{}: the counters differ from the recorded run ({} vs {} moved)", what,
-                            now.size(), rec.counters.size()));
+  if (const CounterRegistry::RawDelta recorded = own_counters(rec); now != recorded) {
+    // Name the first counters that differ (a JSON patch from the recorded to the simulated).
+    const nlohmann::json patch =
+        nlohmann::json::diff(m_counters.delta_of(recorded).tree(), m_counters.delta_of(now).tree());
+    std::string first;
+    for (size_t i = 0; i < patch.size() && i < 3; ++i) first += " " + patch[i].dump();
+    throw Error(fmt::format("{}: the counters differ from the recorded run ({} vs {} moved):{}",
+                            what, now.size(), rec.counters.size(), first));
+  }
+  // A kept L2: the replay left its end state in the check's copies (verify, or
+  // run_l2_lookups_match), which it would have installed.
+  if (P.keep_l2 && !m_chip.memory().l2().same_lines(*m_verify_l2))
+    throw Error(
+        fmt::format("{}: the L2 differs between the simulated and the replayed launch", what));
+  if (P.keep_l2 && !m_chip.memory().placement().same_placement(*m_verify_placement))
+    throw Error(fmt::format(
+        "{}: the L2 placement differs between the simulated and the replayed launch", what));
   if (auto addr = m_gm.first_difference(P.replayed))
     throw Error(
         fmt::format("{}: device memory differs at {:#x} between the simulated and the "

@@ -4,6 +4,7 @@
 #include <array>
 #include <iterator>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -288,9 +289,63 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
   return true;
 }
 
+namespace {
+
+// Translation::l2_lookups from the memory system's trace. Every range derives from one
+// argument, and lies in that argument's span (Extent lo/hi: the union of the ranges of the
+// instructions whose GM operand derives from it), so a range in the span of one touched
+// argument only is that argument's; one in the spans of several (arguments of one block whose
+// spans overlap) is kept relative to the first of them, and the others are its block mates:
+// a replay must move them alike. A range in no touched argument's span leaves the translation
+// untraced (run_l2_lookups_match then refuses it).
+void record_l2_lookups(const std::vector<GmAccess>& trace, const std::vector<uint64_t>& args,
+                       uint64_t fingerprint, RecordedLaunch::Translation* t) {
+  using Extent = RecordedLaunch::Translation::Extent;
+  std::vector<uint32_t> touched;  // the touched arguments, by block start
+  for (size_t k = 0; k < args.size(); ++k)
+    if (t->extents[k].touched) touched.push_back(static_cast<uint32_t>(k));
+  std::sort(touched.begin(), touched.end(), [&](uint32_t j, uint32_t k) {
+    return t->extents[j].block_start < t->extents[k].block_start;
+  });
+  std::set<std::pair<uint32_t, uint32_t>> mates;
+  t->l2_lookups.clear();
+  t->l2_lookups.reserve(trace.size());
+  for (const GmAccess& a : trace) {
+    // The touched arguments whose block starts at or below a.addr, the nearest block first.
+    auto it = std::upper_bound(
+        touched.begin(), touched.end(), a.addr,
+        [&](uint64_t addr, uint32_t k) { return addr < t->extents[k].block_start; });
+    int64_t owner = -1;
+    while (it != touched.begin()) {
+      const uint32_t k = *--it;
+      const Extent& e = t->extents[k];
+      if (owner >= 0 && e.block_start != t->extents[static_cast<size_t>(owner)].block_start) break;
+      const uint64_t lo = a.addr - e.block_start;
+      if (lo < e.lo || lo + a.bytes > e.hi || lo + a.bytes < lo) continue;
+      if (owner < 0)
+        owner = k;
+      else
+        mates.emplace(k, static_cast<uint32_t>(owner));
+    }
+    if (owner < 0) {
+      t->l2_lookups.clear();
+      t->l2_block_mates.clear();
+      return;
+    }
+    const uint32_t k = static_cast<uint32_t>(owner);
+    t->l2_lookups.push_back({k, a.l2, a.write, a.addr - args[k], a.bytes});
+  }
+  t->l2_block_mates.assign(mates.begin(), mates.end());
+  t->l2_traced = true;
+  t->l2_trace_fingerprint = fingerprint;
+}
+
+}  // namespace
+
 void record_translation(const isa::Program& program, const AddressFlow& flow, const Chip& chip,
                         const std::vector<uint64_t>& args, const GmBlockLookup& gm_blocks,
-                        const DeviceMemory& gm, RecordedLaunch* rec) {
+                        const DeviceMemory& gm, RecordedLaunch* rec,
+                        const std::vector<GmAccess>* l2_trace) {
   rec->translation.reset();
   if (!(flow.ok || flow.steered) || !gm_blocks || flow.gm_arg.size() != program.sections.size())
     return;
@@ -435,7 +490,22 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   translation->sets = sets;
   translation->ways_needed = static_cast<uint32_t>(std::min<uint64_t>(per_set, UINT32_MAX));
   translation->ways = static_cast<uint32_t>(l2.ways());
+  if (l2_trace)
+    record_l2_lookups(*l2_trace, args, chip.memory().l2_fingerprint(), translation.get());
   rec->translation = std::move(translation);
+}
+
+bool run_l2_lookups_match(const RecordedLaunch& rec, const std::vector<uint64_t>& args, L2Tags& l2,
+                          L2Placement& placement) {
+  const RecordedLaunch::Translation* t = rec.translation.get();
+  if (!t || !t->l2_traced || t->args.size() != args.size()) return false;
+  for (const auto& [k, kept] : t->l2_block_mates)
+    if (args[k] - t->args[k] != args[kept] - t->args[kept]) return false;
+  uint64_t h = kL2FingerprintSeed;
+  for (const RecordedLaunch::Translation::L2Lookup& k : t->l2_lookups)
+    h = l2_fingerprint(
+        h, access_placed(l2, placement, {args[k.arg] + k.offset, k.bytes, k.write, k.l2}));
+  return h == t->l2_trace_fingerprint;
 }
 
 bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
@@ -934,7 +1004,9 @@ uint64_t RecordedLaunch::bytes() const {
     n += sizeof(*translation) + translation->args.size() * sizeof(uint64_t) +
          translation->writes.size() * sizeof(Translation::Write) +
          translation->extents.size() * sizeof(Translation::Extent) +
-         translation->loads.size() * sizeof(Translation::Load) + translation->loaded.size();
+         translation->loads.size() * sizeof(Translation::Load) + translation->loaded.size() +
+         translation->l2_lookups.size() * sizeof(Translation::L2Lookup) +
+         translation->l2_block_mates.size() * sizeof(translation->l2_block_mates[0]);
   return n;
 }
 

@@ -163,6 +163,26 @@ struct RecordedLaunch {
     uint32_t line_bytes = 0;  // the L2 line the spans were counted in
     uint64_t l2_lines = 0;    // the L2's sets x ways (fits_packed's limit)
     uint64_t sets = 0;        // the L2's sets (set = L2 line % sets)
+    // A graph run's launch (memory.l2.keep_within_graph_run), whose L2 outcome depends on the
+    // run's earlier launches: every GM range the memory system looked up in the L2
+    // (MemorySystem::l2_trace), in the recorded run's lookup order, relative to the argument
+    // it derives from (the one touched argument whose span holds it), and the hash of their
+    // outcomes (l2_fingerprint). Set only when every range lies in a touched argument's span
+    // (l2_traced); a run's launch is replayed by translation only from such a recording and
+    // only after run_l2_lookups_match.
+    struct L2Lookup {
+      uint32_t arg;  // index into args
+      isa::L2Hint l2;
+      bool write;
+      uint64_t offset, bytes;  // [args[arg] + offset, + bytes), offset mod 2^64 as Write's
+    };
+    std::vector<L2Lookup> l2_lookups;
+    // (argument, argument a lookup is kept relative to) for each argument whose span also
+    // holds that lookup (overlapping spans in one block): which of the two the lookup derives
+    // from is not known, so a replay must move both by the same displacement.
+    std::vector<std::pair<uint32_t, uint32_t>> l2_block_mates;
+    bool l2_traced = false;
+    uint64_t l2_trace_fingerprint = 0;
   };
   std::shared_ptr<const Translation> translation;
   // Host memory the recording holds, roughly (for LaunchMemo's limit).
@@ -219,9 +239,30 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
 // the bytes its loads read, which are then those in `gm` at the launch's end, are kept
 // (Translation::loads), and (1) holds for a launch that loads the same bytes
 // (loads_as_recorded).
+// l2_trace (a graph run's launch, recorded with Chip::begin_launch's record_l2_trace): the
+// memory system's lookups, kept relative to the arguments (Translation::l2_lookups).
 void record_translation(const isa::Program& program, const AddressFlow& flow, const Chip& chip,
                         const std::vector<uint64_t>& args, const GmBlockLookup& gm_blocks,
-                        const DeviceMemory& gm, RecordedLaunch* rec);
+                        const DeviceMemory& gm, RecordedLaunch* rec,
+                        const std::vector<GmAccess>* l2_trace = nullptr);
+// Translated replay inside a graph run. A run's launch starts with the L2 and the block
+// placement its run's earlier launches left (MemorySystem::select_l2), so the cold translation's
+// argument ("every range has the L2 address it had then") does not make its timing the
+// recorded one. What does: the program moves with its tensors (translated_writes' conditions,
+// checked by the caller), so the cores issue the recorded transfers, moved with their
+// arguments, as long as the memory system times each as it did then, and it sees a transfer
+// only through its L2 outcome. By induction over the lookups in the recorded order (the
+// induction of point 6 in docs/chip_model.md "Timing-only replay by translation"): if the first
+// i outcomes are the recorded ones, the simulated launch reaches the (i+1)-th recorded lookup
+// next, moved, on the L2 those i lookups left. So this repeats the recorded lookups
+// (Translation::l2_lookups, moved to `args`) with access_placed on `l2` and `placement` (copies
+// of the run's, as this launch starts with them; new blocks are placed at their first touch,
+// in lookup order, as simulating would) and returns true if the hash of the outcomes equals
+// the recorded one: the launch then takes the recorded cycles and counters, and `l2` and
+// `placement` are what simulating it would have left (the caller installs them). False for a
+// recording with no lookups kept (!l2_traced). Costs one L2 lookup per line touched.
+bool run_l2_lookups_match(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
+                          L2Tags& l2, L2Placement& placement);
 // Whether a launch of `rec`'s program at `args` loads what the recorded one loaded: for a
 // program whose loaded values steer it, the bytes at each recorded load range, moved with its
 // argument, are the recorded ones in `gm` as the launch begins (no range is written by the

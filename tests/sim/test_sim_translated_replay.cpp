@@ -21,6 +21,7 @@
 #include "sim/config/chip_config.h"
 #include "sim/replay/address_flow.h"
 #include "tests/common/child_process.h"
+#include "tests/sim/mix_kernels.h"
 #include "tests/sim/sim_test_util.h"
 
 using namespace npusim;
@@ -97,67 +98,6 @@ rows:
     set_flag mte2, mte3, 0
     wait_flag mte2, mte3, 0
     copy_ub2gm x3, x6, 1, 16, 0, 0
-    end
-)";
-
-// A mix kernel whose cores meet at cross-core flags (the pattern of a fused convolution with
-// its batch-norm reduction): per block, the cube core loads its 2 KiB slice of x into L1, spins
-// for a time that grows with its block id, then lets its two vector cores go (cc_set mode 2);
-// each scales its half of the slice into y (and both store the slice's first 32 bytes: two
-// cores writing the same bytes), signals the cube core from MTE3 (after its stores landed) and
-// meets the other at a barrier (mode 1); the cube core waits for both and loads the slice of y
-// they stored. Its timing thus depends on the cores' progress, and the cube core reads bytes
-// the vector cores write.
-const char* kHandoff = R"(
-.arg x, f16[2048]
-.arg s, f32[1]
-.arg y, f16[2048]
-.section aic
-    ldarg x1, x
-    ldarg x3, y
-    get_block_id x2
-    mul x4, x2, 2048
-    add x1, x1, x4
-    add x3, x3, x4
-    movi x6, 0
-    copy_gm2l1 x6, x1, 1, 64, 0, 0
-    mul x8, x2, 40
-    add x8, x8, 20
-    movi x7, 0
-spin:
-    add x7, x7, 1
-    blt x7, x8, spin
-    cc_set s, 2, 0
-    cc_wait s, 1
-    cc_wait s, 1
-    copy_gm2l1 x6, x3, 1, 64, 0, 0
-    end
-.section aiv
-    ldarg x1, x
-    ldarg x3, y
-    get_block_id x2
-    get_subblock_id x5
-    mul x4, x2, 2048
-    add x11, x3, x4
-    mul x9, x5, 1024
-    add x4, x4, x9
-    add x1, x1, x4
-    add x3, x3, x4
-    movi x6, 0
-    movi x7, 1024
-    movi x9, 2
-    cc_wait s, 0
-    copy_gm2ub x6, x1, 1, 32, 0, 0
-    set_flag mte2, v, 0
-    wait_flag mte2, v, 0
-    vmuls.f16 x7, x6, x9, 4, 1, 1, 8, 8
-    set_flag v, mte3, 0
-    wait_flag v, mte3, 0
-    copy_ub2gm x3, x7, 1, 32, 0, 0
-    copy_ub2gm x11, x7, 1, 1, 0, 0
-    cc_set mte3, 2, 1
-    cc_set mte3, 1, 2
-    cc_wait s, 2
     end
 )";
 
@@ -291,7 +231,7 @@ json workload(Mode mode, bool functional = false, uint64_t memo_bytes = 0) {
   const isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
   const isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
   const isa::Program scale = isa::assemble(kScale, "scale.s");
-  const isa::Program handoff = isa::assemble(kHandoff, "handoff.s");
+  const isa::Program handoff = isa::assemble(test::kHandoff, "handoff.s");
   const isa::Program exchange = isa::assemble(kExchange, "exchange.s");
   const isa::Program reread = isa::assemble(kReread, "reread.s");
   const isa::Program pick = isa::assemble(kPick, "pick.s");
@@ -790,7 +730,7 @@ TEST_CASE("the address flow follows tensor addresses to the GM operands") {
   CHECK(analyze_address_flow(isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s")).ok);
   CHECK_FALSE(vadd.cross_core);
   // Cross-core flags take immediates only: followed, and noted.
-  const AddressFlow handoff = analyze_address_flow(isa::assemble(kHandoff, "handoff.s"));
+  const AddressFlow handoff = analyze_address_flow(isa::assemble(test::kHandoff, "handoff.s"));
   INFO(handoff.why);
   CHECK(handoff.ok);
   CHECK(handoff.cross_core);
