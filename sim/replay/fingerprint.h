@@ -45,7 +45,8 @@ struct CoreFingerprint {
 
 // The L2's outcomes for the GM ranges of a launch, hashed in the order the memory system looked
 // them up: equal for two launches iff (up to collisions) every range hit and missed the same
-// bytes and lines, so the memory system timed their transfers the same.
+// bytes and lines, so the memory system timed their transfers the same (and counted the same
+// BYPASS lines: a bypassing range moved within a line may cover another number of them).
 inline constexpr uint64_t kL2FingerprintSeed = 0xa4093822299f31d0ull;
 inline uint64_t l2_fingerprint(uint64_t h, const L2Outcome& o) {
   h = CoreFingerprint::mix(h, o.hit_bytes);
@@ -54,6 +55,7 @@ inline uint64_t l2_fingerprint(uint64_t h, const L2Outcome& o) {
   h = CoreFingerprint::mix(h, o.absorbed_bytes);
   h = CoreFingerprint::mix(h, o.writeback_bytes);
   h = CoreFingerprint::mix(h, o.fill_bytes);
+  h = CoreFingerprint::mix(h, o.bypass_lines);
   return CoreFingerprint::mix(h, o.miss_lines);
 }
 

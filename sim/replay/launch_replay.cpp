@@ -540,6 +540,23 @@ bool loads_as_recorded(const RecordedLaunch& rec, const std::vector<uint64_t>& a
       return false;
     }
   }
+  // The recording read each load's bytes as they were at the launch's start because the launch
+  // wrote none of them (record_translation); at other addresses the moved writes must keep off
+  // the moved loads too, or a core would load what the launch itself wrote (a graph run's
+  // launch relocates at any block layout; a cold one's condition (3) already keeps the layout).
+  for (const RecordedLaunch::Translation::Load& l : t->loads) {
+    const uint64_t lo = args[l.arg] + l.offset, hi = lo + l.bytes;
+    for (const RecordedLaunch::Translation::Write& w : t->writes) {
+      const uint64_t w_lo = args[w.arg] + w.offset, w_hi = w_lo + w.bytes;
+      if (lo < w_hi && w_lo < hi) {
+        if (why)
+          *why = fmt::format(
+              "argument {} is written where the recorded launch loaded ({} at offset {})", l.arg,
+              l.bytes, static_cast<int64_t>(l.offset));
+        return false;
+      }
+    }
+  }
   return true;
 }
 

@@ -265,8 +265,8 @@ bool run_l2_lookups_match(const RecordedLaunch& rec, const std::vector<uint64_t>
                           L2Tags& l2, L2Placement& placement);
 // Whether a launch of `rec`'s program at `args` loads what the recorded one loaded: for a
 // program whose loaded values steer it, the bytes at each recorded load range, moved with its
-// argument, are the recorded ones in `gm` as the launch begins (no range is written by the
-// launch: record_translation). Then, by induction over each core's run, every ld reads the
+// argument, are the recorded ones in `gm` as the launch begins, and no moved write range
+// overlaps a moved load range (the recorded launch wrote none of them: record_translation). Then, by induction over each core's run, every ld reads the
 // recorded value, and the launch is the recorded one moved with its tensors (address_flow.h).
 // True for a recording without loads kept. why (may be null): on false, where the bytes
 // differ (the replay log's reason).
