@@ -16,7 +16,7 @@
 #include "isa/assembler.h"
 #include "sim/config/chip_config.h"
 #include "tests/common/child_process.h"
-#include "tests/sim/mix_kernels.h"
+#include "tests/sim/replay_kernels.h"
 #include "tests/sim/sim_test_util.h"
 
 using namespace npusim;
@@ -204,34 +204,7 @@ TEST_CASE("graph run: a BYPASS read moved within an L2 line is not replayed with
 TEST_CASE("graph run: a steered launch moved onto tensors where it writes what it loads is simulated") {
   // The loaded index picks the rows copied; in step 1 the output y is the index tensor, so a
   // core's later block loads what its earlier block wrote (the recording loaded nothing it wrote).
-  const isa::Program pick = isa::assemble(R"(
-.arg x, f16[4096]
-.arg idx, s64[2]
-.arg y, f16[256]
-.section aiv
-    ldarg x1, x
-    ldarg x2, idx
-    ldarg x3, y
-    ld x5, x2
-    and x5, x5, 7
-    add x5, x5, 1
-    add x2, x2, 8
-    ld x8, x2
-    and x8, x8, 7
-    shl x8, x8, 9
-    add x1, x1, x8
-    movi x6, 0
-rows:
-    copy_gm2ub x6, x1, 1, 16, 0, 0
-    add x1, x1, 512
-    sub x5, x5, 1
-    bne x5, 0, rows
-    set_flag mte2, mte3, 0
-    wait_flag mte2, mte3, 0
-    copy_ub2gm x3, x6, 1, 16, 0, 0
-    end
-)",
-                                          "pick.s");
+  const isa::Program pick = isa::assemble(test::kPick, "pick.s");
   const std::vector<std::string> overrides = {"memory.l2.bytes=64 KiB", "memory.l2.write_back=true",
                                               "memory.l2.keep_within_graph_run=true"};
   const auto run_step = [&](Simulator& sim, uint64_t step) {

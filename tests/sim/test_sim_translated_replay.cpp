@@ -21,7 +21,7 @@
 #include "sim/config/chip_config.h"
 #include "sim/replay/address_flow.h"
 #include "tests/common/child_process.h"
-#include "tests/sim/mix_kernels.h"
+#include "tests/sim/replay_kernels.h"
 #include "tests/sim/sim_test_util.h"
 
 using namespace npusim;
@@ -65,39 +65,6 @@ const char* kScale = R"(
     copy_ub2gm x3, x7, 1, 8, 0, 0
     add x4, x3, 256
     st x5, x4
-    end
-)";
-
-// A gather steered by loaded values (the pattern of GatherV2 and UnsortedSegmentSum): the scalar
-// unit loads a row count n and a first row r from idx (each taken mod 8; n + 1 rows) and copies
-// rows r to r + n of x (512 bytes each) into the UB, then stores the last into y. Its loop count
-// and GM addresses follow the loaded values, so its timing follows the data
-// (AddressFlow::steered).
-const char* kPick = R"(
-.arg x, f16[4096]
-.arg idx, s64[2]
-.arg y, f16[256]
-.section aiv
-    ldarg x1, x
-    ldarg x2, idx
-    ldarg x3, y
-    ld x5, x2
-    and x5, x5, 7
-    add x5, x5, 1
-    add x2, x2, 8
-    ld x8, x2
-    and x8, x8, 7
-    shl x8, x8, 9
-    add x1, x1, x8
-    movi x6, 0
-rows:
-    copy_gm2ub x6, x1, 1, 16, 0, 0
-    add x1, x1, 512
-    sub x5, x5, 1
-    bne x5, 0, rows
-    set_flag mte2, mte3, 0
-    wait_flag mte2, mte3, 0
-    copy_ub2gm x3, x6, 1, 16, 0, 0
     end
 )";
 
@@ -234,7 +201,7 @@ json workload(Mode mode, bool functional = false, uint64_t memo_bytes = 0) {
   const isa::Program handoff = isa::assemble(test::kHandoff, "handoff.s");
   const isa::Program exchange = isa::assemble(kExchange, "exchange.s");
   const isa::Program reread = isa::assemble(kReread, "reread.s");
-  const isa::Program pick = isa::assemble(kPick, "pick.s");
+  const isa::Program pick = isa::assemble(test::kPick, "pick.s");
   Blocks blocks;
   json out;
   auto run = [&](const std::string& name, const isa::Program& p, std::vector<uint64_t> args,
@@ -774,7 +741,7 @@ TEST_CASE("the address flow follows tensor addresses to the GM operands") {
       "  bne x2, 0, l\nl:\n  end\n");
   CHECK_FALSE(mixed.ok);
   CHECK_FALSE(mixed.steered);
-  const AddressFlow pick = analyze_address_flow(isa::assemble(kPick, "pick.s"));
+  const AddressFlow pick = analyze_address_flow(isa::assemble(test::kPick, "pick.s"));
   INFO(pick.why);
   CHECK_FALSE(pick.ok);
   CHECK(pick.steered);

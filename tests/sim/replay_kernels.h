@@ -1,5 +1,6 @@
-// Kernels with cross-core flags shared by the replay tests (test_sim_translated_replay.cpp,
-// test_sim_l2_graph_run_translated.cpp).
+// Kernels shared by the replay tests (test_sim_translated_replay.cpp,
+// test_sim_l2_graph_run_translated.cpp): mix kernels with cross-core flags and a gather steered by
+// its loaded values.
 #pragma once
 
 namespace npusim::test {
@@ -62,6 +63,39 @@ spin:
     cc_set mte3, 2, 1
     cc_set mte3, 1, 2
     cc_wait s, 2
+    end
+)";
+
+// A gather steered by loaded values (the pattern of GatherV2 and UnsortedSegmentSum): the scalar
+// unit loads a row count n and a first row r from idx (each taken mod 8; n + 1 rows) and copies
+// rows r to r + n of x (512 bytes each) into the UB, then stores the last into y. Its loop count
+// and GM addresses follow the loaded values, so its timing follows the data
+// (AddressFlow::steered).
+inline const char* kPick = R"(
+.arg x, f16[4096]
+.arg idx, s64[2]
+.arg y, f16[256]
+.section aiv
+    ldarg x1, x
+    ldarg x2, idx
+    ldarg x3, y
+    ld x5, x2
+    and x5, x5, 7
+    add x5, x5, 1
+    add x2, x2, 8
+    ld x8, x2
+    and x8, x8, 7
+    shl x8, x8, 9
+    add x1, x1, x8
+    movi x6, 0
+rows:
+    copy_gm2ub x6, x1, 1, 16, 0, 0
+    add x1, x1, 512
+    sub x5, x5, 1
+    bne x5, 0, rows
+    set_flag mte2, mte3, 0
+    wait_flag mte2, mte3, 0
+    copy_ub2gm x3, x6, 1, 16, 0, 0
     end
 )";
 
