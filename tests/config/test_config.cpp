@@ -274,11 +274,9 @@ TEST_CASE("tiny: the 910b core with few cores and small memories") {
   t.l2_bytes = b.l2_bytes;
   // The tests' memory timing: the peak HBM rate with no read/write turnaround loss, a
   // write-through L2 cold at every launch and one L2 write port for every writer (910b models
-  // silicon's sustained rate, its turnarounds, write-back L2 kept within graph runs and the
-  // UB's own L2 write rate).
+  // silicon's sustained rate, its turnarounds, write-back L2 and the UB's own L2 write rate).
   CHECK_FALSE(t.l2_keep_within_graph_run);
-  CHECK(b.l2_keep_within_graph_run);
-  t.l2_keep_within_graph_run = b.l2_keep_within_graph_run;
+  CHECK_FALSE(b.l2_keep_within_graph_run);
   CHECK(t.hbm_efficiency == 1.0);
   CHECK(t.hbm_turnaround_loss == 0.0);
   CHECK_FALSE(t.l2_write_back);
@@ -509,11 +507,12 @@ TEST_CASE("the dump reads back to an equal config") {
     CHECK(r.l2_ub_write_bytes_per_cycle == 48);
   }
   SECTION("the L2 kept within a graph run: dumped only when set (compiled caches keep their key)") {
-    // The tiny chips keep it off (the presets 310p, 910 and 910b keep it on).
+    // The tiny chips keep it off, as the training presets do; the 310p keeps it on.
     CHECK(dump_chip_config_yaml(load_chip_config("tiny")).find("keep_within_graph_run") ==
           std::string::npos);
-    for (const char* preset : {"310p", "910", "910b"})
-      CHECK(load_chip_config(preset).l2_keep_within_graph_run);
+    CHECK(load_chip_config("310p").l2_keep_within_graph_run);
+    for (const char* preset : {"910", "910b"})
+      CHECK_FALSE(load_chip_config(preset).l2_keep_within_graph_run);
     ChipConfig c = load_chip_config("tiny", {"memory.l2.keep_within_graph_run=true"});
     ChipConfig r = reload_dump(c);
     check_same(r, c);
