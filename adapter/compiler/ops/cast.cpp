@@ -60,9 +60,11 @@ StreamSpec cast_spec(DataType src, DataType dst, bool truncate, const std::vecto
       vec_copy_bits(b, size, t.out, t.in[0], *t.count);
     };
   } else if (dst == DataType::BOOL) {
-    // x != 0 -> 1 / 0. vcmp needs a 16- or 32-bit type; an 8-bit source is widened first.
-    const Dtype cmp_type = isa::dtype_size(s) == 1 ? Dtype::F16 : s;
-    spec.temps = {TempSpec{"bits", 1.0 / 8, 32}, TempSpec{"f16 values", 2, 0},
+    // x != 0 -> 1 / 0. vcmp needs a 16- or 32-bit type; an 8-bit source is widened first, a
+    // bf16 one to f32 (exactly; the presets' vector units compare no bf16: vector.bf16_arithmetic).
+    const Dtype cmp_type = isa::dtype_size(s) == 1 ? Dtype::F16 : s == Dtype::BF16 ? Dtype::F32 : s;
+    const double widened_bytes = cmp_type == s ? 2 : isa::dtype_size(cmp_type);
+    spec.temps = {TempSpec{"bits", 1.0 / 8, 32}, TempSpec{"widened values, then f16", widened_bytes, 0},
                   TempSpec{"f16 ones", 0, kRepeat}, TempSpec{"f16 zeros", 0, kRepeat},
                   TempSpec{"zero of the source type", 0, kRepeat}};
     spec.prologue = [cmp_type](KernelBuilder& b, const std::vector<uint64_t>& temp) {
