@@ -295,8 +295,9 @@ namespace {
 // argument, and lies in that argument's span (Extent lo/hi: the union of the ranges of the
 // instructions whose GM operand derives from it), so a range in the span of one touched
 // argument only is that argument's; one in the spans of several (arguments of one block whose
-// spans overlap) is kept relative to the first of them, and the others are its block mates:
-// a replay must move them alike. A range in no touched argument's span leaves the translation
+// spans overlap) is kept relative to the one met first walking down the touched arguments from
+// the nearest block start (the last of that block's in block-start order), and the others are
+// its block mates: a replay must move them alike. A range in no touched argument's span leaves the translation
 // untraced (run_l2_lookups_match then refuses it).
 void record_l2_lookups(const std::vector<GmAccess>& trace, const std::vector<uint64_t>& args,
                        uint64_t fingerprint, RecordedLaunch::Translation* t) {
