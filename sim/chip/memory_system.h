@@ -78,6 +78,10 @@ class MemorySystem : public sc_core::sc_module {
   // Whether the L2 select_l2 chose carries over to later launches (kept across launches, or a
   // graph run's): a replay must then leave tags and placement as simulating would have.
   bool l2_carried() const { return m_l2_carried; }
+  // Whether that L2 is a graph run's (memory.l2.keep_within_graph_run): carried over from the
+  // run's previous launch, lines filed by block, to be dropped when the run ends. Implies
+  // l2_carried(); false under memory.l2.keep_across_launches.
+  bool l2_in_graph_run() const { return m_l2_carried && m_l2_run != 0; }
   // Start of a launch on the L2 select_l2 chose. record: keep the launch's transfer order and
   // L2 fingerprint (for the launch replay). trace_max > 0: keep every GM range looked up in
   // the L2, in lookup order (l2_trace), up to trace_max ranges, and the L2 fingerprint: a graph

@@ -176,7 +176,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // A graph run's launch (its L2 kept from the run's previous launch, lines filed by block):
   // replayed by translation only after its recorded L2 lookups, moved, give the recorded
   // outcomes on the run's L2 (run_l2_lookups_match).
-  const bool in_run = keep_l2 && !m_cfg.l2_keep_across_launches;
+  const bool in_run = memory.l2_in_graph_run();
   P->keep_l2 = keep_l2;
   P->in_run = in_run;
   // A functional run replays a translated launch by walking its blocks at its own arguments
@@ -236,7 +236,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // A graph run's launch, which starts with the run's L2, is recorded apart from the cold
   // launches (which replay their own key unchecked): its key gets one more argument than any
   // cold key of the program can have (those get four per argument in a block, or none).
-  if (replayable && keep_l2 && !m_cfg.l2_keep_across_launches)
+  if (replayable && in_run)
     for (LaunchKey* k : {&P->key, &P->similar, &P->loose})
       if (k != &P->loose || P->flow) k->args.push_back(kGraphRunKeyMark);
   RecordedLaunch* found = replayable ? memo.find(P->key) : nullptr;
