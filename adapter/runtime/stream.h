@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -98,6 +99,13 @@ struct LaunchLabel {
   // order (one for a member's launch of its own, several for a multi-tensor launch); op_name
   // is the merged node's, inputs and outputs those members' tensors. Empty otherwise.
   std::vector<std::string> members;
+  // The buffers of a static memory plan that the launch's tensors lie in, where the plan puts
+  // several buffers in one device block (the TF plugin's NpuGraph arena): each [start, start +
+  // bytes), pairwise disjoint. With a cold L2 at the launch the L2 model files its lines by
+  // these buffers, as it files the lines of tensors allocated on their own, rather than by the
+  // whole block (Driver::run_launch, KernelLaunch::gm_blocks): the launch's L2 outcome then does
+  // not depend on where the plan put its buffers in the arena. Empty: by allocation.
+  std::vector<std::pair<uint64_t, uint64_t>> planned_blocks;
 };
 
 // One kernel launch as the chip ran it; the profiler reads these.

@@ -65,6 +65,9 @@ struct Place {
   enum class Kind { none, input, output, arena, variable, new_value, kept } kind = Kind::none;
   uint64_t index = 0;   // input, output, variable or kept index, or arena offset
   uint64_t offset = 0;  // bytes into it (a slice read in place, a piece of a concatenation)
+  // arena: the bytes of the planned buffer at arena offset `index` (rt::LaunchLabel::
+  // planned_blocks); 0 otherwise.
+  uint64_t extent = 0;
 };
 
 struct Step {
@@ -94,6 +97,21 @@ struct Step {
   // counter are inputs of the graph, so nothing of the run comes before it.
   bool ahead = false;
 };
+
+// The arena buffers step `s` touches in a run whose arena is at `arena_addr`: each [start,
+// start + bytes) once (rt::LaunchLabel::planned_blocks).
+std::vector<std::pair<uint64_t, uint64_t>> planned_blocks(const Step& s, uint64_t arena_addr) {
+  std::vector<std::pair<uint64_t, uint64_t>> blocks;
+  const auto add = [&](const Place& p) {
+    if (p.kind != Place::Kind::arena || p.extent == 0) return;
+    const std::pair<uint64_t, uint64_t> b{arena_addr + p.index, p.extent};
+    if (std::find(blocks.begin(), blocks.end(), b) == blocks.end()) blocks.push_back(b);
+  };
+  for (const std::vector<Place>* places : {&s.inputs, &s.outputs, &s.derived_at})
+    for (const Place& p : *places) add(p);
+  add(s.workspace);
+  return blocks;
+}
 
 struct Plan {
   std::vector<Step> steps;
@@ -393,6 +411,7 @@ class NpuGraphKernel : public OpKernel {
       label->graph_run = run;
       label->host_dispatch =
           paid ? rt::LaunchLabel::HostDispatch::none : rt::LaunchLabel::HostDispatch::graph;
+      label->planned_blocks = planned_blocks(s, arena_addr);
       paid = true;
       if (s.kept >= 0)
         st = queue_kept_output_op(device, stream, s.op, *s.compiled, in,
@@ -622,7 +641,7 @@ class NpuGraphKernel : public OpKernel {
         }
         b = within[b].index;
       }
-      p = {Place::Kind::arena, own[own_index[b]].offset, offset};
+      p = {Place::Kind::arena, own[own_index[b]].offset, offset, own[own_index[b]].bytes};
     };
     for (Place& p : plan->kept_fallback) place(p);
     for (size_t n = 0; n < plan->steps.size(); ++n) {
