@@ -98,6 +98,14 @@ HostTensor reference(DataType dt, const Shape& shape, const HostTensor& src,
 
 // ---- Transpose ----
 
+// The summaries of the launches `op` compiles to on the test chip, one a line.
+std::string launch_summaries(const compiler::OpDesc& op) {
+  std::string all;
+  for (const compiler::Launch& l : compiler::compile(op, test_sim().config()).launches)
+    all += l.summary + "\n";
+  return all;
+}
+
 // strategy: a word the launch summaries must contain ("vtranspose" for the block path).
 void check_transpose(DataType dt, const Shape& shape, const Index& perm, uint32_t seed,
                      const char* strategy = nullptr) {
@@ -112,9 +120,7 @@ void check_transpose(DataType dt, const Shape& shape, const Index& perm, uint32_
   const compiler::OpDesc op = make_op("Transpose", {x.desc}, {{"perm", perm}});
   check(op, {x}, {want});
   if (strategy) {
-    std::string all;
-    for (const compiler::Launch& l : compiler::compile(op, test_sim().config()).launches)
-      all += l.summary + "\n";
+    const std::string all = launch_summaries(op);
     INFO(all);
     CHECK(all.find(strategy) != std::string::npos);
   }
@@ -222,12 +228,7 @@ TEST_CASE("Transpose: rows not whole blocks, gathered per row") {
 TEST_CASE("Transpose: NPUSIM_TRANSPOSE_ROW_GATHER switches the row gather") {
   HostTensor x = distinct(DataType::F16, {3, 5, 17}, 90);
   const compiler::OpDesc op = make_op("Transpose", {x.desc}, {{"perm", Index{1, 0, 2}}});
-  auto summaries = [&] {
-    std::string all;
-    for (const compiler::Launch& l : compiler::compile(op, test_sim().config()).launches)
-      all += l.summary + "\n";
-    return all;
-  };
+  auto summaries = [&] { return launch_summaries(op); };
   setenv("NPUSIM_TRANSPOSE_ROW_GATHER", "1", 1);  // 15 rows: fewer than the vector cores
   CHECK(summaries().find("row_gather") != std::string::npos);
   setenv("NPUSIM_TRANSPOSE_ROW_GATHER", "0", 1);
@@ -249,10 +250,7 @@ TEST_CASE("Transpose: the row gather takes tensors of more rows than vector core
   // [n / 2, 2, 67] -> [2, n / 2, 67]: n rows of 67.
   auto rows = [&](int64_t n) {
     const compiler::TensorDesc x{DataType::F16, {n / 2, 2, 67}};
-    std::string all;
-    const compiler::OpDesc op = make_op("Transpose", {x}, {{"perm", Index{1, 0, 2}}});
-    for (const compiler::Launch& l : compiler::compile(op, cfg).launches) all += l.summary + "\n";
-    return all;
+    return launch_summaries(make_op("Transpose", {x}, {{"perm", Index{1, 0, 2}}}));
   };
   const int64_t even = cores / 2 * 2;
   INFO(cores << " vector cores");
@@ -290,11 +288,8 @@ TEST_CASE("Transpose: unaligned rows one at a time, as CANN's kernel") {
   // More rows per core than the UB has row slots (less CANN's 4 KiB): CANN batches them, not
   // this kernel.
   auto summaries = [&](const Shape& shape) {
-    const compiler::OpDesc op =
-        make_op("Transpose", {TensorDesc{DataType::F32, shape}}, {{"perm", Index{1, 0, 2}}});
-    std::string all;
-    for (const compiler::Launch& l : compiler::compile(op, cfg).launches) all += l.summary + "\n";
-    return all;
+    return launch_summaries(
+        make_op("Transpose", {TensorDesc{DataType::F32, shape}}, {{"perm", Index{1, 0, 2}}}));
   };
   const int64_t row_blocks = (4001 * 4 + 31) / 32;
   const int64_t slots =
@@ -308,12 +303,7 @@ TEST_CASE("Transpose: unaligned rows one at a time, as CANN's kernel") {
 TEST_CASE("Transpose: NPUSIM_TRANSPOSE_CANN switches CANN's row kernel") {
   HostTensor x = distinct(DataType::F32, {5, 3, 67}, 120);
   const compiler::OpDesc op = make_op("Transpose", {x.desc}, {{"perm", Index{1, 0, 2}}});
-  auto summaries = [&] {
-    std::string all;
-    for (const compiler::Launch& l : compiler::compile(op, test_sim().config()).launches)
-      all += l.summary + "\n";
-    return all;
-  };
+  auto summaries = [&] { return launch_summaries(op); };
   CHECK(summaries().find("cann_rows") != std::string::npos);
   setenv("NPUSIM_TRANSPOSE_CANN", "1", 1);
   CHECK(summaries().find("cann_rows") != std::string::npos);

@@ -799,6 +799,37 @@ void view_row_source(KernelBuilder& b, const StridedView& v, const Reg& src, con
   }
 }
 
+// What the kernels copying out = view(in) row by row share: the builder (a vector-core kernel
+// named `kernel`), the view, and its rows: the view's last dim R (elements, contiguous in the
+// input), output rows = the product of its other dims.
+struct ViewRows {
+  ViewRows(const std::string& kernel, const std::string& op, DataType dt,
+           const std::vector<int64_t>& in_shape, const StridedView& v, const ChipConfig& cfg)
+      : m_b(kernel, op, cfg),
+        m_dt(dt),
+        m_in_shape(in_shape),
+        m_v(v),
+        m_esize(data_type_bytes(dt)),
+        m_kind(m_b.vector_core_kind()),
+        m_r(v.dims.back()) {
+    for (size_t d = 0; d + 1 < v.dims.size(); ++d) m_rows *= v.dims[d];
+  }
+  // Declares the arguments: in0 (the input's shape), then out (the view's dims).
+  void declare_in_out() {
+    m_b.declare_arg("in0", device_dtype(m_dt), m_in_shape);
+    m_b.declare_arg("out", device_dtype(m_dt), m_v.dims);
+  }
+
+  KernelBuilder m_b;
+  const DataType m_dt;
+  const std::vector<int64_t> m_in_shape;
+  const StridedView m_v;
+  const int64_t m_esize;  // bytes per element
+  const isa::CoreKind m_kind;
+  const int64_t m_r;     // row length (elements)
+  int64_t m_rows = 1;    // output rows
+};
+
 // Emits build_row_gather's kernel: out = view(in), the view's last dim R contiguous in the input
 // (R at least one 32-byte block) and its rows at any element offset. The output is tiled in K
 // consecutive rows, K*R*esize a multiple of 32 bytes, so that every tile is whole output blocks
@@ -808,7 +839,7 @@ void view_row_source(KernelBuilder& b, const StridedView& v, const Reg& src, con
 // (rows two apart share no block since R >= one block); V merges them with one vsel whose
 // select bits (1: a lane of an even row) are the same for every tile and are built once; MTE3
 // stores the tile with one copy. E, O ping/pong: MTE2 / V / MTE3 overlap.
-class RowGather {
+class RowGather : private ViewRows {
  public:
   RowGather(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
             const StridedView& v, const ChipConfig& cfg);
@@ -823,14 +854,8 @@ class RowGather {
   void load_row(const Reg& src, const Reg& off, uint64_t buf, const Reg& in);
   void next_row(const Reg& row, const Reg& src, const Reg& i);
 
-  KernelBuilder m_b;
-  const DataType m_dt;
-  const std::vector<int64_t> m_in_shape;
-  const StridedView m_v;
-  const int64_t m_esize, m_epb;  // bytes per element, elements per 32-byte block
+  const int64_t m_epb;           // elements per 32-byte block
   const isa::Dtype m_unit;       // the lanes' type (u16 / s32: bits moved unchanged)
-  isa::CoreKind m_kind;
-  int64_t m_r = 0, m_rows = 0;   // row length (elements), output rows
   RowDim m_inner;                // the innermost row dim (size 1 for a single row)
   int64_t m_k = 0, m_tiles = 0;  // rows per tile, tiles
   int64_t m_tile_lanes = 0;      // K * R rounded up to whole repeats
@@ -841,17 +866,10 @@ class RowGather {
 
 RowGather::RowGather(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
                      const StridedView& v, const ChipConfig& cfg)
-    : m_b(fmt::format("Transpose_{}_row_gather", data_type_name(dt)), op, cfg),
-      m_dt(dt),
-      m_in_shape(in_shape),
-      m_v(v),
-      m_esize(data_type_bytes(dt)),
+    : ViewRows(fmt::format("Transpose_{}_row_gather", data_type_name(dt)), op, dt, in_shape, v,
+               cfg),
       m_epb(kBlock / data_type_bytes(dt)),
-      m_unit(data_type_bytes(dt) == 2 ? Dtype::U16 : Dtype::S32),
-      m_kind(m_b.vector_core_kind()) {
-  m_r = v.dims.back();
-  m_rows = 1;
-  for (size_t d = 0; d + 1 < v.dims.size(); ++d) m_rows *= v.dims[d];
+      m_unit(data_type_bytes(dt) == 2 ? Dtype::U16 : Dtype::S32) {
   if (v.dims.size() >= 2)
     m_inner = RowDim{v.dims[v.dims.size() - 2], v.strides[v.dims.size() - 2], 0};
 }
@@ -905,8 +923,7 @@ Launch RowGather::build() {
   }
   m_bits = b.alloc(Buf::UB, static_cast<uint64_t>(m_tile_lanes / 8), "select bits (even rows)");
   m_ones = b.alloc(Buf::UB, 256, "ones");
-  b.declare_arg("in0", device_dtype(m_dt), m_in_shape);
-  b.declare_arg("out", device_dtype(m_dt), m_v.dims);
+  declare_in_out();
   m_loaded = b.flag_pair(Pipe::MTE2, Pipe::V, "rows loaded");
   m_merged = b.flag_pair(Pipe::V, Pipe::MTE3, "rows merged");
   m_stored = b.flag_pair(Pipe::MTE3, Pipe::MTE2, "tile stored");
@@ -1097,7 +1114,7 @@ constexpr int64_t kCannUbReservedBytes = 4 * 1024;
 // that store. A core's last row stores its whole blocks only, then its last 32 bytes from a
 // second load (CANN: one data_move_pad of the exact bytes), so no core writes into another's
 // rows. Latency-bound: one GM round trip per row.
-class CannRowCopy {
+class CannRowCopy : private ViewRows {
  public:
   CannRowCopy(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
               const StridedView& v, const ChipConfig& cfg);
@@ -1108,13 +1125,6 @@ class CannRowCopy {
  private:
   void copy_row(const Reg& row, const Reg& src, const Reg& in, const Reg& out, bool last);
 
-  KernelBuilder m_b;
-  const DataType m_dt;
-  const std::vector<int64_t> m_in_shape;
-  const StridedView m_v;
-  const int64_t m_esize;
-  isa::CoreKind m_kind;
-  int64_t m_r = 0, m_rows = 0;        // row elements, output rows
   int64_t m_row_bytes = 0, m_row_blocks = 0;
   int64_t m_per_core = 0, m_longer = 0;  // rows of the first m_longer cores; the rest one fewer
   int m_block_dim = 0;
@@ -1124,15 +1134,8 @@ class CannRowCopy {
 
 CannRowCopy::CannRowCopy(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
                          const StridedView& v, const ChipConfig& cfg)
-    : m_b(fmt::format("Transpose_{}_cann_rows", data_type_name(dt)), op, cfg),
-      m_dt(dt),
-      m_in_shape(in_shape),
-      m_v(v),
-      m_esize(data_type_bytes(dt)),
-      m_kind(m_b.vector_core_kind()) {
-  m_r = v.dims.back();
-  m_rows = 1;
-  for (size_t d = 0; d + 1 < v.dims.size(); ++d) m_rows *= v.dims[d];
+    : ViewRows(fmt::format("Transpose_{}_cann_rows", data_type_name(dt)), op, dt, in_shape, v,
+               cfg) {
   m_row_bytes = m_r * m_esize;
   m_row_blocks = (m_row_bytes + kBlock - 1) / kBlock;
 }
@@ -1159,8 +1162,7 @@ Launch CannRowCopy::build() {
   KernelBuilder& b = m_b;
   m_row_buf = b.alloc(Buf::UB, static_cast<uint64_t>(m_row_blocks * kBlock), "row");
   m_tail_buf = b.alloc(Buf::UB, static_cast<uint64_t>(kBlock), "last row's last block");
-  b.declare_arg("in0", device_dtype(m_dt), m_in_shape);
-  b.declare_arg("out", device_dtype(m_dt), m_v.dims);
+  declare_in_out();
   m_loaded = b.flag(Pipe::MTE2, Pipe::MTE3, "row loaded");
   m_stored = b.flag(Pipe::MTE3, Pipe::MTE2, "row stored");
   Reg in = b.load_arg("in0"), out = b.load_arg("out");
