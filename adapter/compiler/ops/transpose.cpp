@@ -819,6 +819,15 @@ struct ViewRows {
     m_b.declare_arg("in0", device_dtype(m_dt), m_in_shape);
     m_b.declare_arg("out", device_dtype(m_dt), m_v.dims);
   }
+  // Ends the kernel: its launch on block_dim blocks, summarised as
+  // "<kernel>: <rows> rows of <R> elements <how>".
+  Launch finish(int block_dim, const std::string& how) {
+    m_b.end();
+    Launch l = in_out_launch(m_b, block_dim);
+    l.summary =
+        fmt::format("{}: {} rows of {} elements {}", l.kernel.program.name, m_rows, m_r, how);
+    return l;
+  }
 
   KernelBuilder m_b;
   const DataType m_dt;
@@ -826,8 +835,8 @@ struct ViewRows {
   const StridedView m_v;
   const int64_t m_esize;  // bytes per element
   const isa::CoreKind m_kind;
-  const int64_t m_r;     // row length (elements)
-  int64_t m_rows = 1;    // output rows
+  const int64_t m_r;   // row length (elements)
+  int64_t m_rows = 1;  // output rows
 };
 
 // Emits build_row_gather's kernel: out = view(in), the view's last dim R contiguous in the input
@@ -933,13 +942,9 @@ Launch RowGather::build() {
     emit_tile(q, t, step, drain);
   });
   for (int q = 0; q < 2; ++q) b.wait_flag(m_stored, q);
-  b.end();
-  Launch l = in_out_launch(b, m_block_dim);
-  l.summary = fmt::format(
-      "{}: {} rows of {} elements gathered ({} rows per tile, {} tiles over {} blocks), "
-      "copy_gm2ub per row + vsel of even / odd rows",
-      l.kernel.program.name, m_rows, m_r, m_k, m_tiles, m_block_dim);
-  return l;
+  return finish(m_block_dim, fmt::format("gathered ({} rows per tile, {} tiles over {} blocks), "
+                                         "copy_gm2ub per row + vsel of even / odd rows",
+                                         m_k, m_tiles, m_block_dim));
 }
 
 // The select bits: a lane marker (1 in even rows' lanes, 0 elsewhere) built in odd[0] with
@@ -1092,8 +1097,7 @@ bool cann_rows_on(const std::string& op) {
   const std::string_view value(v);
   if (value == "1") return true;
   if (value == "0") return false;
-  throw CompileError(
-      fmt::format("{}: NPUSIM_TRANSPOSE_CANN='{}' is neither '0' nor '1'", op, v));
+  throw CompileError(fmt::format("{}: NPUSIM_TRANSPOSE_CANN='{}' is neither '0' nor '1'", op, v));
 }
 
 // CANN's tiling constants for its Transpose (op_tiling transpose.h; bytes): a kept row of more
@@ -1178,13 +1182,10 @@ Launch CannRowCopy::build() {
   b.sub(end, end, 1, "the last row");
   b.for_range(row, first, end, 1, [&] { copy_row(row, src, in, out, false); });
   copy_row(end, src, in, out, true);
-  b.end();
-  Launch l = in_out_launch(b, m_block_dim);
-  l.summary = fmt::format(
-      "{}: {} rows of {} elements, one at a time ({} rows on each of the first {} of {} blocks, "
-      "one fewer on the rest), CANN's Transpose scenario 1",
-      l.kernel.program.name, m_rows, m_r, m_per_core, m_longer, m_block_dim);
-  return l;
+  return finish(m_block_dim,
+                fmt::format("one at a time ({} rows on each of the first {} of {} blocks, one "
+                            "fewer on the rest), CANN's Transpose scenario 1",
+                            m_per_core, m_longer, m_block_dim));
 }
 
 // One row: loaded into the row slot, stored from it; `last`: the core's last row, stored
