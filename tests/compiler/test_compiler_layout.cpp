@@ -98,6 +98,14 @@ HostTensor reference(DataType dt, const Shape& shape, const HostTensor& src,
 
 // ---- Transpose ----
 
+// The summaries of the launches `op` compiles to on the test chip, one a line.
+std::string launch_summaries(const compiler::OpDesc& op) {
+  std::string all;
+  for (const compiler::Launch& l : compiler::compile(op, test_sim().config()).launches)
+    all += l.summary + "\n";
+  return all;
+}
+
 // strategy: a word the launch summaries must contain ("vtranspose" for the block path).
 void check_transpose(DataType dt, const Shape& shape, const Index& perm, uint32_t seed,
                      const char* strategy = nullptr) {
@@ -112,9 +120,7 @@ void check_transpose(DataType dt, const Shape& shape, const Index& perm, uint32_
   const compiler::OpDesc op = make_op("Transpose", {x.desc}, {{"perm", perm}});
   check(op, {x}, {want});
   if (strategy) {
-    std::string all;
-    for (const compiler::Launch& l : compiler::compile(op, test_sim().config()).launches)
-      all += l.summary + "\n";
+    const std::string all = launch_summaries(op);
     INFO(all);
     CHECK(all.find(strategy) != std::string::npos);
   }
@@ -222,12 +228,7 @@ TEST_CASE("Transpose: rows not whole blocks, gathered per row") {
 TEST_CASE("Transpose: NPUSIM_TRANSPOSE_ROW_GATHER switches the row gather") {
   HostTensor x = distinct(DataType::F16, {3, 5, 17}, 90);
   const compiler::OpDesc op = make_op("Transpose", {x.desc}, {{"perm", Index{1, 0, 2}}});
-  auto summaries = [&] {
-    std::string all;
-    for (const compiler::Launch& l : compiler::compile(op, test_sim().config()).launches)
-      all += l.summary + "\n";
-    return all;
-  };
+  auto summaries = [&] { return launch_summaries(op); };
   setenv("NPUSIM_TRANSPOSE_ROW_GATHER", "1", 1);  // 15 rows: fewer than the vector cores
   CHECK(summaries().find("row_gather") != std::string::npos);
   setenv("NPUSIM_TRANSPOSE_ROW_GATHER", "0", 1);
@@ -249,10 +250,7 @@ TEST_CASE("Transpose: the row gather takes tensors of more rows than vector core
   // [n / 2, 2, 67] -> [2, n / 2, 67]: n rows of 67.
   auto rows = [&](int64_t n) {
     const compiler::TensorDesc x{DataType::F16, {n / 2, 2, 67}};
-    std::string all;
-    const compiler::OpDesc op = make_op("Transpose", {x}, {{"perm", Index{1, 0, 2}}});
-    for (const compiler::Launch& l : compiler::compile(op, cfg).launches) all += l.summary + "\n";
-    return all;
+    return launch_summaries(make_op("Transpose", {x}, {{"perm", Index{1, 0, 2}}}));
   };
   const int64_t even = cores / 2 * 2;
   INFO(cores << " vector cores");
@@ -261,6 +259,67 @@ TEST_CASE("Transpose: the row gather takes tensors of more rows than vector core
   uint32_t seed = 95;
   check_transpose(DataType::F16, {even / 2 + 1, 2, 67}, {1, 0, 2}, seed++, "row_gather");
   check_transpose(DataType::F16, {even / 2, 2, 67}, {1, 0, 2}, seed++, "Transpose_f16:");
+}
+
+// Kept rows of more than 256 bytes that are not whole blocks, each core's rows fitting its UB:
+// CANN's Transpose kernel (scenario 1) copies them one at a time (ops/transpose.cpp,
+// CannRowCopy); the core's last row without writing past its end.
+TEST_CASE("Transpose: unaligned rows one at a time, as CANN's kernel") {
+  const ChipConfig& cfg = test_sim().config();
+  const isa::CoreKind vector_kind = cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE;
+  const int64_t cores = cfg.core_kind(vector_kind)->count;
+  INFO(cores << " vector cores");
+  uint32_t seed = 100;
+  const char* c = "cann_rows";
+  for (DataType dt : {DataType::F16, DataType::BF16, DataType::F32, DataType::S32}) {
+    const int64_t esize = static_cast<int64_t>(compiler::data_type_bytes(dt));
+    const int64_t r = 8 * 32 / esize + 3;  // 262 / 268 bytes: 9 blocks, the last partial
+    // More rows than cores, split unevenly (3 * cores + 3 rows: three cores take one more);
+    // CANN-Bench's c14 permutation at a small shape; the outer dims reversed.
+    check_transpose(dt, {cores + 1, 3, r}, {1, 0, 2}, seed++, c);
+    check_transpose(dt, {2, 9, 3, r}, {0, 2, 1, 3}, seed++, c);
+    check_transpose(dt, {4, 3, 2, r}, {2, 1, 0, 3}, seed++, c);
+    // Four rows, at most one per core.
+    check_transpose(dt, {2, 2, 3 * r}, {1, 0, 2}, seed++, c);
+  }
+  // Not CANN's scenario 1: rows of whole blocks, rows of 256 bytes or less.
+  check_transpose(DataType::F16, {3, 5, 128}, {1, 0, 2}, seed++, "Transpose_f16_rows");
+  check_transpose(DataType::F16, {cores + 1, 2, 127}, {1, 0, 2}, seed++, "row_gather");
+  // More rows per core than the UB has row slots (less CANN's 4 KiB): CANN batches them, not
+  // this kernel.
+  auto summaries = [&](const Shape& shape) {
+    return launch_summaries(
+        make_op("Transpose", {TensorDesc{DataType::F32, shape}}, {{"perm", Index{1, 0, 2}}}));
+  };
+  const int64_t row_blocks = (4001 * 4 + 31) / 32;
+  const int64_t slots =
+      (static_cast<int64_t>(cfg.core_kind(vector_kind)->capacity(isa::Buf::UB)) - 4096) / 32 /
+      row_blocks;
+  INFO(slots << " row slots");
+  CHECK(summaries({cores, slots, 4001}).find(c) != std::string::npos);
+  CHECK(summaries({cores, slots + 1, 4001}).find(c) == std::string::npos);
+}
+
+TEST_CASE("Transpose: NPUSIM_TRANSPOSE_CANN switches CANN's row kernel") {
+  HostTensor x = distinct(DataType::F32, {5, 3, 67}, 120);
+  const compiler::OpDesc op = make_op("Transpose", {x.desc}, {{"perm", Index{1, 0, 2}}});
+  auto summaries = [&] { return launch_summaries(op); };
+  CHECK(summaries().find("cann_rows") != std::string::npos);
+  setenv("NPUSIM_TRANSPOSE_CANN", "1", 1);
+  CHECK(summaries().find("cann_rows") != std::string::npos);
+  setenv("NPUSIM_TRANSPOSE_CANN", "0", 1);
+  const std::string off = summaries();
+  check_transpose(DataType::F32, {5, 3, 67}, {1, 0, 2}, 121);  // still right without it
+  setenv("NPUSIM_TRANSPOSE_CANN", "yes", 1);
+  CHECK_THROWS_WITH(summaries(), Catch::Contains("NPUSIM_TRANSPOSE_CANN='yes'"));
+  unsetenv("NPUSIM_TRANSPOSE_CANN");
+  INFO(off);
+  CHECK(off.find("cann_rows") == std::string::npos);
+  // The row gather forced (NPUSIM_TRANSPOSE_ROW_GATHER=1) takes precedence.
+  setenv("NPUSIM_TRANSPOSE_ROW_GATHER", "1", 1);
+  const std::string gather = summaries();
+  unsetenv("NPUSIM_TRANSPOSE_ROW_GATHER");
+  CHECK(gather.find("row_gather") != std::string::npos);
 }
 
 TEST_CASE("ConcatV2 and Pack") {

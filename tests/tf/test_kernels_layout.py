@@ -95,6 +95,21 @@ def test_transpose_unaligned_rows(npusim, tf, strict_placement, monkeypatch, dty
     _check(npusim, tf, lambda t: tf.transpose(t, perm), [x], f"Transpose_{name}_row_gather")
 
 
+# Kept rows of over 256 bytes that are not whole blocks: copied one at a time, as CANN's Transpose
+# kernel does (ops/transpose.cpp, CannRowCopy); CANN-Bench's c14 permutation at a small shape.
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.int32],
+                         ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("outer,perm", [
+    ((2, 51, 7), [0, 2, 1, 3]),
+    ((3, 5), [1, 0, 2]),
+], ids=str)
+def test_transpose_cann_rows(npusim, tf, strict_placement, dtype, outer, perm):
+    row = 67 if np.dtype(dtype).itemsize == 4 else 131  # 268 / 262 bytes: 9 blocks, one partial
+    x = _data(outer + (row,), dtype, 9)
+    name = {np.float32: "f32", np.float16: "f16", BF16: "bf16", np.int32: "s32"}[dtype]
+    _check(npusim, tf, lambda t: tf.transpose(t, perm), [x], f"Transpose_{name}_cann_rows")
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
 def test_transpose_attention_heads(npusim, tf, strict_placement, dtype):
     # BERT's heads: [B, S, N, D] -> [B, N, S, D] and back (rows of D = 64 elements, whole

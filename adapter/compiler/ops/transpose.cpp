@@ -782,6 +782,63 @@ RowGatherMode row_gather_mode(const std::string& op) {
       fmt::format("{}: NPUSIM_TRANSPOSE_ROW_GATHER='{}' is neither '0' nor '1'", op, v));
 }
 
+// src = the element offset in the input of output row `row` of view v (v's dims but the last,
+// row-major; the row's first element).
+void view_row_source(KernelBuilder& b, const StridedView& v, const Reg& src, const Reg& row) {
+  Reg rest = b.reg("row index left"), idx = b.reg("index");
+  b.mov(rest, row);
+  b.movi(src, v.offset);
+  for (size_t d = v.dims.size() - 1; d-- > 0;) {
+    if (d > 0) {
+      b.rem(idx, rest, v.dims[d]);
+      b.div(rest, rest, v.dims[d]);
+      b.mul_add(src, idx, v.strides[d], src);
+    } else {
+      b.mul_add(src, rest, v.strides[d], src);
+    }
+  }
+}
+
+// What the kernels copying out = view(in) row by row share: the builder (a vector-core kernel
+// named `kernel`), the view, and its rows: the view's last dim R (elements, contiguous in the
+// input), output rows = the product of its other dims.
+struct ViewRows {
+  ViewRows(const std::string& kernel, const std::string& op, DataType dt,
+           const std::vector<int64_t>& in_shape, const StridedView& v, const ChipConfig& cfg)
+      : m_b(kernel, op, cfg),
+        m_dt(dt),
+        m_in_shape(in_shape),
+        m_v(v),
+        m_esize(data_type_bytes(dt)),
+        m_kind(m_b.vector_core_kind()),
+        m_r(v.dims.back()) {
+    for (size_t d = 0; d + 1 < v.dims.size(); ++d) m_rows *= v.dims[d];
+  }
+  // Declares the arguments: in0 (the input's shape), then out (the view's dims).
+  void declare_in_out() {
+    m_b.declare_arg("in0", device_dtype(m_dt), m_in_shape);
+    m_b.declare_arg("out", device_dtype(m_dt), m_v.dims);
+  }
+  // Ends the kernel: its launch on block_dim blocks, summarised as
+  // "<kernel>: <rows> rows of <R> elements <how>".
+  Launch finish(int block_dim, const std::string& how) {
+    m_b.end();
+    Launch l = in_out_launch(m_b, block_dim);
+    l.summary =
+        fmt::format("{}: {} rows of {} elements {}", l.kernel.program.name, m_rows, m_r, how);
+    return l;
+  }
+
+  KernelBuilder m_b;
+  const DataType m_dt;
+  const std::vector<int64_t> m_in_shape;
+  const StridedView m_v;
+  const int64_t m_esize;  // bytes per element
+  const isa::CoreKind m_kind;
+  const int64_t m_r;   // row length (elements)
+  int64_t m_rows = 1;  // output rows
+};
+
 // Emits build_row_gather's kernel: out = view(in), the view's last dim R contiguous in the input
 // (R at least one 32-byte block) and its rows at any element offset. The output is tiled in K
 // consecutive rows, K*R*esize a multiple of 32 bytes, so that every tile is whole output blocks
@@ -791,7 +848,7 @@ RowGatherMode row_gather_mode(const std::string& op) {
 // (rows two apart share no block since R >= one block); V merges them with one vsel whose
 // select bits (1: a lane of an even row) are the same for every tile and are built once; MTE3
 // stores the tile with one copy. E, O ping/pong: MTE2 / V / MTE3 overlap.
-class RowGather {
+class RowGather : private ViewRows {
  public:
   RowGather(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
             const StridedView& v, const ChipConfig& cfg);
@@ -803,18 +860,11 @@ class RowGather {
  private:
   void build_select_bits();
   void emit_tile(int q, const Reg& t, const Reg& step, const Label& drain);
-  void row_source(const Reg& src, const Reg& row);
   void load_row(const Reg& src, const Reg& off, uint64_t buf, const Reg& in);
   void next_row(const Reg& row, const Reg& src, const Reg& i);
 
-  KernelBuilder m_b;
-  const DataType m_dt;
-  const std::vector<int64_t> m_in_shape;
-  const StridedView m_v;
-  const int64_t m_esize, m_epb;  // bytes per element, elements per 32-byte block
+  const int64_t m_epb;           // elements per 32-byte block
   const isa::Dtype m_unit;       // the lanes' type (u16 / s32: bits moved unchanged)
-  isa::CoreKind m_kind;
-  int64_t m_r = 0, m_rows = 0;   // row length (elements), output rows
   RowDim m_inner;                // the innermost row dim (size 1 for a single row)
   int64_t m_k = 0, m_tiles = 0;  // rows per tile, tiles
   int64_t m_tile_lanes = 0;      // K * R rounded up to whole repeats
@@ -825,17 +875,10 @@ class RowGather {
 
 RowGather::RowGather(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
                      const StridedView& v, const ChipConfig& cfg)
-    : m_b(fmt::format("Transpose_{}_row_gather", data_type_name(dt)), op, cfg),
-      m_dt(dt),
-      m_in_shape(in_shape),
-      m_v(v),
-      m_esize(data_type_bytes(dt)),
+    : ViewRows(fmt::format("Transpose_{}_row_gather", data_type_name(dt)), op, dt, in_shape, v,
+               cfg),
       m_epb(kBlock / data_type_bytes(dt)),
-      m_unit(data_type_bytes(dt) == 2 ? Dtype::U16 : Dtype::S32),
-      m_kind(m_b.vector_core_kind()) {
-  m_r = v.dims.back();
-  m_rows = 1;
-  for (size_t d = 0; d + 1 < v.dims.size(); ++d) m_rows *= v.dims[d];
+      m_unit(data_type_bytes(dt) == 2 ? Dtype::U16 : Dtype::S32) {
   if (v.dims.size() >= 2)
     m_inner = RowDim{v.dims[v.dims.size() - 2], v.strides[v.dims.size() - 2], 0};
 }
@@ -889,8 +932,7 @@ Launch RowGather::build() {
   }
   m_bits = b.alloc(Buf::UB, static_cast<uint64_t>(m_tile_lanes / 8), "select bits (even rows)");
   m_ones = b.alloc(Buf::UB, 256, "ones");
-  b.declare_arg("in0", device_dtype(m_dt), m_in_shape);
-  b.declare_arg("out", device_dtype(m_dt), m_v.dims);
+  declare_in_out();
   m_loaded = b.flag_pair(Pipe::MTE2, Pipe::V, "rows loaded");
   m_merged = b.flag_pair(Pipe::V, Pipe::MTE3, "rows merged");
   m_stored = b.flag_pair(Pipe::MTE3, Pipe::MTE2, "tile stored");
@@ -900,13 +942,9 @@ Launch RowGather::build() {
     emit_tile(q, t, step, drain);
   });
   for (int q = 0; q < 2; ++q) b.wait_flag(m_stored, q);
-  b.end();
-  Launch l = in_out_launch(b, m_block_dim);
-  l.summary = fmt::format(
-      "{}: {} rows of {} elements gathered ({} rows per tile, {} tiles over {} blocks), "
-      "copy_gm2ub per row + vsel of even / odd rows",
-      l.kernel.program.name, m_rows, m_r, m_k, m_tiles, m_block_dim);
-  return l;
+  return finish(m_block_dim, fmt::format("gathered ({} rows per tile, {} tiles over {} blocks), "
+                                         "copy_gm2ub per row + vsel of even / odd rows",
+                                         m_k, m_tiles, m_block_dim));
 }
 
 // The select bits: a lane marker (1 in even rows' lanes, 0 elsewhere) built in odd[0] with
@@ -950,23 +988,6 @@ void RowGather::build_select_bits() {
   b.wait_flag(Pipe::V, Pipe::MTE2, 0, "marker read");
 }
 
-// src = the view's element offset of output row `row` (its dims but the last, row-major).
-void RowGather::row_source(const Reg& src, const Reg& row) {
-  KernelBuilder& b = m_b;
-  Reg rest = b.reg("row index left"), idx = b.reg("index");
-  b.mov(rest, row);
-  b.movi(src, m_v.offset);
-  for (size_t d = m_v.dims.size() - 1; d-- > 0;) {
-    if (d > 0) {
-      b.rem(idx, rest, m_v.dims[d]);
-      b.div(rest, rest, m_v.dims[d]);
-      b.mul_add(src, idx, m_v.strides[d], src);
-    } else {
-      b.mul_add(src, rest, m_v.strides[d], src);
-    }
-  }
-}
-
 // MTE2: the row whose first element is input element src and tile element off, into buf at its
 // place in the tile: whole blocks from `phase` elements before it. Then off += R.
 void RowGather::load_row(const Reg& src, const Reg& off, uint64_t buf, const Reg& in) {
@@ -993,7 +1014,7 @@ void RowGather::next_row(const Reg& row, const Reg& src, const Reg& i) {
   b.add(i, i, 1);
   b.if_(ge(i, m_inner.size), [&] {
     b.movi(i, 0);
-    row_source(src, row);
+    view_row_source(b, m_v, src, row);
   });
 }
 
@@ -1010,7 +1031,7 @@ void RowGather::emit_tile(int q, const Reg& t, const Reg& step, const Label& dra
   b.add(end, first, m_k);
   b.min(end, end, m_rows, "end of the tile's rows");
   b.mov(row, first);
-  row_source(src, row);
+  view_row_source(b, m_v, src, row);
   b.rem(i, row, m_inner.size);
   b.movi(off, 0);
   b.wait_flag(m_stored, q);
@@ -1060,6 +1081,158 @@ std::optional<Launch> build_row_gather(const std::string& op, DataType dt,
   if (mode == RowGatherMode::kNever) return std::nullopt;
   RowGather k(op, dt, in_shape, v, cfg);
   if (!k.plan_tiles(mode)) return std::nullopt;
+  return k.build();
+}
+
+// ---- rows not whole blocks, one at a time: CANN's kernel (NPUSIM_TRANSPOSE_CANN) ----
+
+namespace {
+
+// Whether a Transpose keeping its inner dim takes CANN's row-at-a-time kernel where it applies
+// (NPUSIM_TRANSPOSE_CANN): unset, empty or "1", yes; "0", no (the row gather or the runs).
+// Anything else is a CompileError.
+bool cann_rows_on(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_TRANSPOSE_CANN");
+  if (!v || !*v) return true;
+  const std::string_view value(v);
+  if (value == "1") return true;
+  if (value == "0") return false;
+  throw CompileError(fmt::format("{}: NPUSIM_TRANSPOSE_CANN='{}' is neither '0' nor '1'", op, v));
+}
+
+// CANN's tiling constants for its Transpose (op_tiling transpose.h; bytes): a kept row of more
+// than kCannRowMinBytes (and below kCannRowHugeBytes) that is not whole 32-byte blocks takes
+// scenario 1; its UB keeps kCannUbReservedBytes back. (Its small-shape scenario, tensors below
+// 1 KiB, cannot take such rows: two transposed dims make at least 4 rows of over 256 bytes.)
+constexpr int64_t kCannRowMinBytes = 256;
+constexpr int64_t kCannRowHugeBytes = 100 * 1024;
+constexpr int64_t kCannUbReservedBytes = 4 * 1024;
+
+// out = view(in) the way CANN's Transpose kernel copies kept rows that are not whole blocks
+// when every core's rows fit its UB (scenario 1 of the TIK kernel
+// ops/built-in/tbe/impl/dynamic/transpose.py and its tiling, which then leaves the core's
+// batched loop empty): the output rows split evenly over the vector cores (rows / cores each,
+// the first rows % cores cores one more), and each core copies its rows one at a time through
+// one UB slot: copy_gm2ub of the row's whole blocks, copy_ub2gm of them to the output (up to a
+// block past the row's end, which the core's next row overwrites), the next row's load after
+// that store. A core's last row stores its whole blocks only, then its last 32 bytes from a
+// second load (CANN: one data_move_pad of the exact bytes), so no core writes into another's
+// rows. Latency-bound: one GM round trip per row.
+class CannRowCopy : private ViewRows {
+ public:
+  CannRowCopy(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
+              const StridedView& v, const ChipConfig& cfg);
+  // False where CANN takes another scenario or batches the rows (the caller takes another path).
+  bool plan();
+  Launch build();
+
+ private:
+  void copy_row(const Reg& row, const Reg& src, const Reg& in, const Reg& out, bool last);
+
+  int64_t m_row_bytes = 0, m_row_blocks = 0;
+  int64_t m_per_core = 0, m_longer = 0;  // rows of the first m_longer cores; the rest one fewer
+  int m_block_dim = 0;
+  uint64_t m_row_buf = 0, m_tail_buf = 0;
+  int m_loaded = 0, m_stored = 0;  // flag ids
+};
+
+CannRowCopy::CannRowCopy(const std::string& op, DataType dt, const std::vector<int64_t>& in_shape,
+                         const StridedView& v, const ChipConfig& cfg)
+    : ViewRows(fmt::format("Transpose_{}_cann_rows", data_type_name(dt)), op, dt, in_shape, v,
+               cfg) {
+  m_row_bytes = m_r * m_esize;
+  m_row_blocks = (m_row_bytes + kBlock - 1) / kBlock;
+}
+
+bool CannRowCopy::plan() {
+  KernelBuilder& b = m_b;
+  b.begin_section(m_kind);
+  if (m_row_bytes % kBlock == 0 || m_row_bytes <= kCannRowMinBytes ||
+      m_row_bytes >= kCannRowHugeBytes)
+    return false;
+  const int64_t cores = b.core().count;
+  m_block_dim = static_cast<int>(std::min(cores, m_rows));
+  m_per_core = (m_rows + m_block_dim - 1) / m_block_dim;
+  m_longer = m_rows - m_block_dim * (m_per_core - 1);
+  // CANN's per-core batch: as many row slots of whole blocks as the UB (its capacity, less
+  // CANN's reserve) holds; a core with more rows copies them in batches of data_move_pad, which
+  // this kernel does not model.
+  const int64_t ub_blocks =
+      (static_cast<int64_t>(b.core().capacity(Buf::UB)) - kCannUbReservedBytes) / kBlock;
+  return m_per_core <= ub_blocks / m_row_blocks;
+}
+
+Launch CannRowCopy::build() {
+  KernelBuilder& b = m_b;
+  m_row_buf = b.alloc(Buf::UB, static_cast<uint64_t>(m_row_blocks * kBlock), "row");
+  m_tail_buf = b.alloc(Buf::UB, static_cast<uint64_t>(kBlock), "last row's last block");
+  declare_in_out();
+  m_loaded = b.flag(Pipe::MTE2, Pipe::MTE3, "row loaded");
+  m_stored = b.flag(Pipe::MTE3, Pipe::MTE2, "row stored");
+  Reg in = b.load_arg("in0"), out = b.load_arg("out");
+  Reg c = b.reg("block id"), first = b.reg("first row"), end = b.reg("end row"),
+      k = b.reg("cores before"), row = b.reg("row"), src = b.reg("row's first element");
+  b.emit(Opcode::op_get_block_id, {c});
+  // first(c) = c * (per_core - 1) + min(c, longer); end = first(c + 1).
+  b.min(k, c, m_longer);
+  b.mul_add(first, c, m_per_core - 1, k);
+  b.add(c, c, 1);
+  b.min(k, c, m_longer);
+  b.mul_add(end, c, m_per_core - 1, k);
+  b.sub(end, end, 1, "the last row");
+  b.for_range(row, first, end, 1, [&] { copy_row(row, src, in, out, false); });
+  copy_row(end, src, in, out, true);
+  return finish(m_block_dim,
+                fmt::format("one at a time ({} rows on each of the first {} of {} blocks, one "
+                            "fewer on the rest), CANN's Transpose scenario 1",
+                            m_per_core, m_longer, m_block_dim));
+}
+
+// One row: loaded into the row slot, stored from it; `last`: the core's last row, stored
+// without writing past its end.
+void CannRowCopy::copy_row(const Reg& row, const Reg& src, const Reg& in, const Reg& out,
+                           bool last) {
+  KernelBuilder& b = m_b;
+  KernelBuilder::Origin o(b, last ? "the core's last row" : "one row");
+  Reg gm = b.reg("row source"), dst = b.reg("row destination"),
+      ub = b.reg_imm("row slot", static_cast<int64_t>(m_row_buf));
+  view_row_source(b, m_v, src, row);
+  b.mul_add(gm, src, m_esize, in);
+  b.mul_add(dst, row, m_row_bytes, out);
+  b.emit(Opcode::op_copy_gm2ub, {ub, gm, 1, m_row_blocks, 0, 0});
+  Reg tail = b.reg("last block slot");
+  if (last) {
+    b.movi(tail, static_cast<int64_t>(m_tail_buf));
+    b.add(gm, gm, m_row_bytes - kBlock, "the row's last 32 bytes");
+    b.emit(Opcode::op_copy_gm2ub, {tail, gm, 1, 1, 0, 0});
+  }
+  b.set_flag(Pipe::MTE2, Pipe::MTE3, m_loaded);
+  b.wait_flag(Pipe::MTE2, Pipe::MTE3, m_loaded);
+  if (!last) {
+    b.emit(Opcode::op_copy_ub2gm, {dst, ub, 1, m_row_blocks, 0, 0});
+    // The next row's load reuses the slot.
+    b.set_flag(Pipe::MTE3, Pipe::MTE2, m_stored);
+    b.wait_flag(Pipe::MTE3, Pipe::MTE2, m_stored);
+    return;
+  }
+  b.emit(Opcode::op_copy_ub2gm, {dst, ub, 1, m_row_bytes / kBlock, 0, 0});
+  b.add(dst, dst, m_row_bytes - kBlock);
+  b.emit(Opcode::op_copy_ub2gm, {dst, tail, 1, 1, 0, 0});
+}
+
+}  // namespace
+
+// CANN's row-at-a-time copy of out = view(in) (CannRowCopy), or nothing where it does not apply:
+// 2- and 4-byte elements, the last dim contiguous, rows as CannRowCopy::plan takes them, and
+// not switched off.
+std::optional<Launch> build_cann_row_copy(const std::string& op, DataType dt,
+                                          const std::vector<int64_t>& in_shape,
+                                          const StridedView& v, const ChipConfig& cfg) {
+  const int64_t esize = data_type_bytes(dt);
+  if ((esize != 2 && esize != 4) || v.dims.empty() || v.strides.back() != 1) return std::nullopt;
+  if (!cann_rows_on(op)) return std::nullopt;
+  CannRowCopy k(op, dt, in_shape, v, cfg);
+  if (!k.plan()) return std::nullopt;
   return k.build();
 }
 
@@ -1142,6 +1315,14 @@ void append_transpose(LaunchPlan& plan, const std::string& op, const ChipConfig&
     plan.add(build_stream_kernel(op, cast_spec(DataType::U16, u8, false, out_shape), cfg),
              {w_out, out}, what + ": narrow to 8 bits");
     return;
+  }
+  if (inner_kept && row_gather_mode(op) != RowGatherMode::kAlways) {
+    StridedView v = view_of(r.perm);
+    v.simplify();
+    if (std::optional<Launch> rows = build_cann_row_copy(op, dtype, in_shape, v, cfg)) {
+      plan.add(std::move(*rows), {in, out}, what);
+      return;
+    }
   }
   if (inner_kept || !block_transpose_applies(dtype, qsize)) {
     append_view(plan, op, cfg, dtype, in_shape, out_shape, view_of(r.perm), in, out, what);
