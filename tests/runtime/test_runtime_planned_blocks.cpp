@@ -21,10 +21,10 @@ std::shared_ptr<rt::Device> small_l2_device() {
   sim.replay = SimOptions::Replay::off;
   sim.replay_translated = false;
   std::shared_ptr<rt::Device> d;
-  const rt::Status st = rt::Device::open(
-      "tiny", {"memory.l2.bytes=64 KiB", "memory.l2.ways=2", "memory.l2.line_bytes=512",
-               "memory.l2.write_back=true"}, sim,
-      rt::RuntimeOptions{}, &d);
+  const rt::Status st = rt::Device::open("tiny",
+                                         {"memory.l2.bytes=64 KiB", "memory.l2.ways=2",
+                                          "memory.l2.line_bytes=512", "memory.l2.write_back=true"},
+                                         sim, rt::RuntimeOptions{}, &d);
   if (!st.ok()) throw std::runtime_error(st.to_string());
   return d;
 }
