@@ -48,22 +48,26 @@ tile:
     set_flag mte2, v, 0
     wait_flag mte2, v, 0
     wait_flag mte3, v, 0
+    movi x28, X_BUF                      ; the transposes' source: the f16 tile, then W
+    movi x29, 4                          ; their count: 4 for the f16 tile, 8 for the f32 one
+    movi x11, 0                          ; 0: the max's pass, 1: the sum's
+transposes:
     movi x12, 0
-f16_transposes:
-    vtranspose x21, x20                  ; in (the max's operand), then back (its broadcast)
+transpose_pair:
+    vtranspose x21, x28                  ; in (the reduction's operand), then back (its broadcast)
     vtranspose x22, x21
     add x12, x12, 1
-    blt x12, 4, f16_transposes
+    blt x12, x29, transpose_pair
+    bne x11, 0, sum_pass
     vmax.f16 x23, x21, x26, 4, 1, 1, 1, 8, 8, 8
     vsub.f16 x22, x20, x22, 8, 1, 1, 1, 8, 8, 8
     vconv.f32.f16 x24, x22, 16, 1, 1, 8, 4, 0
     vexp.f32 x24, x24, 16, 1, 1, 8, 8
-    movi x12, 0
-f32_transposes:
-    vtranspose x21, x24
-    vtranspose x22, x21
-    add x12, x12, 1
-    blt x12, 8, f32_transposes
+    movi x28, W_BUF
+    movi x29, 8
+    movi x11, 1
+    jmp transposes
+sum_pass:
     vadd.f32 x23, x21, x27, 8, 1, 1, 1, 8, 8, 8
     vdiv.f32 x25, x24, x22, 16, 1, 1, 1, 8, 8, 8
     vconv.f16.f32 x20, x25, 16, 1, 1, 4, 8, 0
