@@ -37,3 +37,49 @@ def test_dense_inference_runs_on_the_npu(npusim, tf):
     np.testing.assert_array_equal(y, x @ kernel + bias)
     kernels = {r["kernel"].split("_")[0] for r in npusim.launch_records()}
     assert "MatMul" in kernels, kernels
+
+
+@pytest.mark.parametrize("rank,filters,groups,strides,depthwise", [
+    (2, 16, 8, 1, True),    # ConvNeXt's depthwise Conv2D (groups = channels), multiplier 2
+    (2, 8, 8, 2, True),     # strided, multiplier 1
+    (2, 8, 2, 1, False),    # two groups of four channels: a convolution per group
+    (1, 8, 4, 1, False),    # Conv1D, four groups
+])
+def test_grouped_convolution_runs_on_the_npu(npusim, tf, rank, filters, groups, strides,
+                                             depthwise):
+    """Keras runs grouped convolutions as a jit_compile=True function, which cannot run on the
+    NPU; npusim's patch computes them without XLA. Forward and gradients against Keras' own
+    XLA path on the CPU, on small integers and quarters (exact in fp16, which the default
+    precision mode casts the cube's fp32 operands to)."""
+    rng = np.random.default_rng(rank * 100 + groups)
+    conv = (keras.layers.Conv1D if rank == 1 else keras.layers.Conv2D)(
+        filters, 3, strides=strides, padding="same", groups=groups)
+    shape = (2,) + (9,) * rank + (8,)
+    conv.build(shape)
+    kernel = np.round(rng.uniform(-2, 2, conv.kernel.shape) * 4) / 4
+    conv.set_weights([kernel.astype(np.float32), np.zeros(filters, np.float32)])
+    x = rng.integers(-3, 4, shape).astype(np.float32)
+
+    @tf.function
+    def forward_and_gradients(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            y = conv(t)
+            signs = tf.cast(tf.range(tf.size(y)) % 3 - 1, y.dtype)  # -1, 0, 1
+            loss = tf.reduce_sum(y * tf.reshape(signs, tf.shape(y)))
+        return [y] + tape.gradient(loss, [t, conv.kernel])
+
+    npusim.clear_launch_records()
+    npusim.clear_cpu_fallback_ops()
+    with tf.device("/NPU:0"):
+        got = [v.numpy() for v in forward_and_gradients(tf.constant(x))]
+    kernels = {r["kernel"].split("_")[0] for r in npusim.launch_records()}
+    assert npusim.cpu_fallback_ops() == {}
+    with tf.device("/CPU:0"):
+        want = [v.numpy() for v in forward_and_gradients(tf.constant(x))]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+    if depthwise:
+        assert any(k.startswith("DepthwiseConv2dNative") for k in kernels), kernels
+    else:
+        assert any(k.startswith("Conv2D") for k in kernels), kernels

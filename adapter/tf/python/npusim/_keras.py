@@ -1,4 +1,4 @@
-"""Keras 3 and the NPU: keep XLA out of model.compile(jit_compile=...).
+"""Keras 3 and the NPU: keep XLA out of model.compile(jit_compile=...) and grouped convolutions.
 
 XLA has no compiler for a PluggableDevice, so a train step compiled with jit_compile=True cannot
 run on the NPU.
@@ -13,6 +13,16 @@ run on the NPU.
   The check is in TensorFlowTrainer.make_train/test/predict_function
   (keras/src/backend/tensorflow/trainer.py), which every fit/evaluate/predict calls first.
 
+- Grouped convolutions (Conv1D/2D/3D with groups > 1, e.g. ConvNeXt's depthwise Conv2D with
+  groups = channels): Keras' TensorFlow backend always runs them as a jit_compile=True
+  tf.function (keras/src/backend/tensorflow/nn.py, conv: TF's CPU kernels lack them), which fails
+  on the NPU ("No JIT device registered for NPU"). When the convolution runs on the NPU and its
+  data is channels_last, the patched `conv` computes the same result without XLA: groups =
+  channels as one DepthwiseConv2dNative (2-D, its kernel [kh, kw, 1, C * m] reshaped to
+  [kh, kw, C, m]: output channel c * m + j is group c's j-th filter in both), otherwise one
+  convolution per group on a split of the input channels and of the filters, concatenated.
+  Elsewhere (another device scope, channels_first) Keras' own conv runs.
+
 tf-keras (TF_USE_LEGACY_KERAS=1) needs none of this: it turns XLA on only when a GPU exists.
 
 Keras is not imported here: each patch is applied when its module is first imported (a one-shot
@@ -26,6 +36,7 @@ import sys
 
 TRAINER_MODULE = "keras.src.trainers.trainer"
 TF_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+TF_NN_MODULE = "keras.src.backend.tensorflow.nn"
 
 XLA_MESSAGE = (
     "jit_compile=True asks XLA to compile the model's step function, and XLA cannot compile "
@@ -89,7 +100,45 @@ def _patch_tf_trainer(module):
     trainer._npusim_patched = True  # pylint: disable=protected-access
 
 
-PATCHES = {TRAINER_MODULE: _patch_trainer, TF_TRAINER_MODULE: _patch_tf_trainer}
+def _grouped_conv(tf, inputs, kernel, strides, padding, dilation_rate):
+    """Keras' channels_last grouped convolution (kernel [..., C / groups, filters]) without XLA."""
+    rank = len(inputs.shape) - 2
+    channels, per_group = int(inputs.shape[-1]), int(kernel.shape[-2])
+    groups = channels // per_group
+    strides = (strides,) * rank if isinstance(strides, int) else tuple(strides)
+    dilations = (dilation_rate,) * rank if isinstance(dilation_rate, int) else tuple(dilation_rate)
+    if rank == 2 and per_group == 1 and (max(strides) == 1 or max(dilations) == 1):
+        depthwise = tf.reshape(kernel, tuple(kernel.shape[:2]) + (channels, -1))
+        return tf.nn.depthwise_conv2d(inputs, depthwise, (1,) + strides + (1,), padding.upper(),
+                                      dilations=dilations)
+    outputs = [tf.nn.convolution(x, k, strides, padding.upper(), dilations=dilations)
+               for x, k in zip(tf.split(inputs, groups, axis=-1),
+                               tf.split(kernel, groups, axis=-1))]
+    return tf.concat(outputs, axis=-1)
+
+
+def _patch_tf_nn(module):
+    original = getattr(module, "conv", None)
+    if original is None or getattr(original, "_npusim_patched", False):
+        return
+
+    def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
+        import tensorflow as tf
+        from keras.src import backend
+
+        channels_last = backend.standardize_data_format(data_format) == "channels_last"
+        if (channels_last and inputs.shape[-1] is not None
+                and inputs.shape[-1] != kernel.shape[-2] and _runs_on_the_npu()):
+            return _grouped_conv(tf, inputs, kernel, strides, padding, dilation_rate)
+        return original(inputs, kernel, strides, padding, data_format, dilation_rate)
+
+    functools.update_wrapper(conv, original)
+    conv._npusim_patched = True  # pylint: disable=protected-access
+    module.conv = conv
+
+
+PATCHES = {TRAINER_MODULE: _patch_trainer, TF_TRAINER_MODULE: _patch_tf_trainer,
+           TF_NN_MODULE: _patch_tf_nn}
 
 
 class _ImportHook(importlib.abc.MetaPathFinder):
