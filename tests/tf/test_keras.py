@@ -39,21 +39,25 @@ def test_dense_inference_runs_on_the_npu(npusim, tf):
     assert "MatMul" in kernels, kernels
 
 
-@pytest.mark.parametrize("rank,filters,groups,strides,depthwise", [
-    (2, 16, 8, 1, True),    # ConvNeXt's depthwise Conv2D (groups = channels), multiplier 2
-    (2, 8, 8, 2, True),     # strided, multiplier 1
-    (2, 8, 2, 1, False),    # two groups of four channels: a convolution per group
-    (1, 8, 4, 1, False),    # Conv1D, four groups
+@pytest.mark.parametrize("rank,filters,groups,strides,dilation,depthwise", [
+    (2, 16, 8, 1, 1, True),   # ConvNeXt's depthwise Conv2D (groups = channels), multiplier 2
+    (2, 8, 8, 2, 1, True),    # strided, multiplier 1
+    (2, 8, 2, 1, 1, False),   # two groups of four channels: a convolution per group
+    (1, 8, 4, 1, 1, False),   # Conv1D, four groups
+    (2, 8, 1, 1, 2, False),   # dilated Conv2D (no groups)
+    (1, 8, 1, 1, 3, False),   # dilated Conv1D (a WaveNet / TCN layer)
+    (2, 8, 2, 1, 2, False),   # dilated and grouped
 ])
-def test_grouped_convolution_runs_on_the_npu(npusim, tf, rank, filters, groups, strides,
-                                             depthwise):
+def test_grouped_and_dilated_convolutions_run_on_the_npu(npusim, tf, rank, filters, groups,
+                                                         strides, dilation, depthwise):
     """Keras runs grouped convolutions as a jit_compile=True function, which cannot run on the
-    NPU; npusim's patch computes them without XLA. Forward and gradients against Keras' own
-    XLA path on the CPU, on small integers and quarters (exact in fp16, which the default
-    precision mode casts the cube's fp32 operands to)."""
+    NPU, and tf.nn.convolution wraps dilated ones in SpaceToBatchND / BatchToSpaceND, which ran
+    on the CPU; npusim's patch computes both on the NPU. Forward and gradients against Keras'
+    own path on the CPU (XLA for the grouped ones), on small integers and quarters (exact in
+    fp16, which the default precision mode casts the cube's fp32 operands to)."""
     rng = np.random.default_rng(rank * 100 + groups)
     conv = (keras.layers.Conv1D if rank == 1 else keras.layers.Conv2D)(
-        filters, 3, strides=strides, padding="same", groups=groups)
+        filters, 3, strides=strides, padding="same", groups=groups, dilation_rate=dilation)
     shape = (2,) + (9,) * rank + (8,)
     conv.build(shape)
     kernel = np.round(rng.uniform(-2, 2, conv.kernel.shape) * 4) / 4

@@ -21,6 +21,9 @@ run on the NPU.
   channels as one DepthwiseConv2dNative (2-D, its kernel [kh, kw, 1, C * m] reshaped to
   [kh, kw, C, m]: output channel c * m + j is group c's j-th filter in both), otherwise one
   convolution per group on a split of the input channels and of the filters, concatenated.
+  Dilated 1-D and 2-D convolutions (dilation_rate > 1, stride 1), which tf.nn.convolution wraps
+  in SpaceToBatchND / BatchToSpaceND (no NPU kernels: they ran on the CPU), go to Conv2D with
+  its dilations attribute instead (conv1d for 1-D), which the NPU computes.
   Elsewhere (another device scope, channels_first) Keras' own conv runs.
 
 tf-keras (TF_USE_LEGACY_KERAS=1) needs none of this: it turns XLA on only when a GPU exists.
@@ -100,18 +103,36 @@ def _patch_tf_trainer(module):
     trainer._npusim_patched = True  # pylint: disable=protected-access
 
 
-def _grouped_conv(tf, inputs, kernel, strides, padding, dilation_rate):
-    """Keras' channels_last grouped convolution (kernel [..., C / groups, filters]) without XLA."""
+def _sequence(value, rank):
+    return (value,) * rank if isinstance(value, int) else tuple(value)
+
+
+def _dilated_natively(rank, strides, dilations):
+    """Whether TF's Conv2D (1-D: through conv1d's ExpandDims) takes these dilations itself:
+    tf.nn.convolution instead wraps a dilated convolution in SpaceToBatchND / BatchToSpaceND."""
+    return rank in (1, 2) and max(dilations) > 1 and max(strides) == 1
+
+
+def _conv_ungrouped(tf, inputs, kernel, strides, padding, dilations):
+    rank = len(inputs.shape) - 2
+    if _dilated_natively(rank, strides, dilations):
+        conv = tf.nn.conv2d if rank == 2 else tf.nn.conv1d
+        return conv(inputs, kernel, strides if rank == 2 else strides[0], padding.upper(),
+                    dilations=dilations if rank == 2 else dilations[0])
+    return tf.nn.convolution(inputs, kernel, strides, padding.upper(), dilations=dilations)
+
+
+def _conv_without_xla(tf, inputs, kernel, strides, padding, dilations):
+    """Keras' channels_last convolution (kernel [..., C / groups, filters]) without XLA."""
     rank = len(inputs.shape) - 2
     channels, per_group = int(inputs.shape[-1]), int(kernel.shape[-2])
     groups = channels // per_group
-    strides = (strides,) * rank if isinstance(strides, int) else tuple(strides)
-    dilations = (dilation_rate,) * rank if isinstance(dilation_rate, int) else tuple(dilation_rate)
-    if rank == 2 and per_group == 1 and (max(strides) == 1 or max(dilations) == 1):
+    if groups == 1:
+        return _conv_ungrouped(tf, inputs, kernel, strides, padding, dilations)
+    if rank == 2 and per_group == 1 and max(dilations) == 1:
         depthwise = tf.reshape(kernel, tuple(kernel.shape[:2]) + (channels, -1))
-        return tf.nn.depthwise_conv2d(inputs, depthwise, (1,) + strides + (1,), padding.upper(),
-                                      dilations=dilations)
-    outputs = [tf.nn.convolution(x, k, strides, padding.upper(), dilations=dilations)
+        return tf.nn.depthwise_conv2d(inputs, depthwise, (1,) + strides + (1,), padding.upper())
+    outputs = [_conv_ungrouped(tf, x, k, strides, padding, dilations)
                for x, k in zip(tf.split(inputs, groups, axis=-1),
                                tf.split(kernel, groups, axis=-1))]
     return tf.concat(outputs, axis=-1)
@@ -126,10 +147,13 @@ def _patch_tf_nn(module):
         import tensorflow as tf
         from keras.src import backend
 
-        channels_last = backend.standardize_data_format(data_format) == "channels_last"
-        if (channels_last and inputs.shape[-1] is not None
-                and inputs.shape[-1] != kernel.shape[-2] and _runs_on_the_npu()):
-            return _grouped_conv(tf, inputs, kernel, strides, padding, dilation_rate)
+        rank = len(inputs.shape) - 2
+        strides, dilations = _sequence(strides, rank), _sequence(dilation_rate, rank)
+        grouped = inputs.shape[-1] is not None and inputs.shape[-1] != kernel.shape[-2]
+        if (backend.standardize_data_format(data_format) == "channels_last"
+                and (grouped or _dilated_natively(rank, strides, dilations))
+                and _runs_on_the_npu()):
+            return _conv_without_xla(tf, inputs, kernel, strides, padding, dilations)
         return original(inputs, kernel, strides, padding, data_format, dilation_rate)
 
     functools.update_wrapper(conv, original)
