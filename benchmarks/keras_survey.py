@@ -6,8 +6,10 @@ the host wall of the measured call, and the measured call's NPU launches, summed
 and device timeline (first launch's host dispatch to last launch's end) in cycles and us.
 
 With CPU_CHECK=1 (functional runs only) the same model, its weights copied, also runs on the CPU
-and the line gives the largest difference of the outputs (infer) or of the losses (train),
-relative to the CPU's largest magnitude.
+and the line gives the largest difference of the outputs (infer) or of the first step's losses
+and each weight's update in it (train; OPTIMIZER=sgd makes the update the gradient's multiple),
+relative to the CPU's largest magnitude (a model with dropout draws other masks on each device,
+so its training figures differ by more than rounding).
 
 A crash of the process shows as no JSON line: run each model in a process of its own, e.g.
 
@@ -30,6 +32,9 @@ import keras  # pylint: disable=wrong-import-position
 from keras import layers  # pylint: disable=wrong-import-position
 
 BATCH = int(os.environ.get("BATCH", "2"))
+# DROPOUT=0 builds the Conv1D and U-Net models with dropout rates 0 (for CPU_CHECK: each device
+# draws other masks).
+DROPOUT = float(os.environ.get("DROPOUT", "1"))
 CLASSES = 10
 
 
@@ -102,7 +107,7 @@ def _conv1d():
         x = layers.BatchNormalization()(x)
         x = layers.Conv1D(64, 3, dilation_rate=2, padding="same", activation="relu")(x)
         x = layers.GlobalMaxPooling1D()(x)
-        x = layers.Dropout(0.3)(x)
+        x = layers.Dropout(0.3 * DROPOUT)(x)
         return keras.Model(inp, layers.Dense(CLASSES, activation="softmax")(x))
     return build, (128, 8), "float32"
 
@@ -113,12 +118,12 @@ def _unet():
     def build():
         inp = keras.Input((32, 32, 3))
         c1 = layers.Conv2D(16, 3, padding="same", activation="relu")(inp)
-        c1 = layers.SpatialDropout2D(0.1)(c1)
+        c1 = layers.SpatialDropout2D(0.1 * DROPOUT)(c1)
         p1 = layers.MaxPooling2D()(c1)
         c2 = layers.Conv2D(32, 3, padding="same", activation="relu")(p1)
         p2 = layers.MaxPooling2D()(c2)
         b = layers.Conv2D(64, 3, padding="same", activation="relu")(p2)
-        b = layers.Dropout(0.2)(b)
+        b = layers.Dropout(0.2 * DROPOUT)(b)
         u2 = layers.Conv2DTranspose(32, 2, strides=2, padding="same")(b)
         c3 = layers.Conv2D(32, 3, padding="same", activation="relu")(
             layers.Concatenate()([u2, c2]))
@@ -157,8 +162,11 @@ def _data(shape, dtype, out_shape):
 
 
 def _compile(model):
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss="sparse_categorical_crossentropy")
+    # SGD for comparisons with the CPU: Adam's first step moves every weight by about its
+    # learning rate times the gradient's sign, which rounding flips where a gradient is ~0.
+    optimizer = (keras.optimizers.SGD(0.1) if os.environ.get("OPTIMIZER") == "sgd"
+                 else keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
 
 
 def _launch_figures(records):
@@ -192,6 +200,7 @@ def main():
         else:
             run = lambda: model.predict_on_batch(x)  # noqa: E731
         first = run()
+        after_first = [np.asarray(w) for w in model.get_weights()] if mode == "train" else None
         npusim.clear_launch_records()
         t0 = time.perf_counter()
         result = run()
@@ -207,6 +216,15 @@ def main():
                     # The first step's loss, both from the same initial weights.
                     _compile(cpu_model)
                     want, got = np.asarray(cpu_model.train_on_batch(x, y)), np.asarray(first)
+                    # And the weights after that step: the largest difference, relative to the
+                    # CPU's largest update of any weight (a weight whose gradient is ~0, as an
+                    # attention key's bias, has updates of rounding noise on both devices).
+                    after_cpu = cpu_model.get_weights()
+                    scale = max(float(np.max(np.abs(b - w0)))
+                                for w0, b in zip(initial_weights, after_cpu) if b.size)
+                    diffs = [(float(np.max(np.abs(a - b))) / max(scale, 1e-30), v.path)
+                             for v, a, b in zip(model.weights, after_first, after_cpu) if b.size]
+                    out["cpu_update_max_rel_diff"], out["cpu_update_worst_weight"] = max(diffs)
                 else:
                     want, got = np.asarray(cpu_model.predict_on_batch(x)), np.asarray(result)
             scale = max(float(np.max(np.abs(want))), 1e-30)
