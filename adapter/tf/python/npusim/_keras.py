@@ -26,6 +26,14 @@ run on the NPU.
   its dilations attribute instead (conv1d for 1-D), which the NPU computes.
   Elsewhere (another device scope, channels_first) Keras' own conv runs.
 
+- Sparse gradients (Embedding's IndexedSlices) applied straight to a variable: Keras' TensorFlow
+  optimizers do that with scatter_add / scatter_sub (plain SGD: ResourceScatterSub), which has
+  no NPU kernel, and the variable's colocation then failed the step ("Cannot assign a device
+  for operation ... ReadVariableOp"). For a variable on the NPU the patched
+  TFOptimizer.assign_add / assign_sub densify the slices first (tf.convert_to_tensor:
+  UnsortedSegmentSum, which sums repeated indices as the scatter would) and update the whole
+  variable with AssignAdd/SubVariableOp on the chip: the same values, a dense update's time.
+
 tf-keras (TF_USE_LEGACY_KERAS=1) needs none of this: it turns XLA on only when a GPU exists.
 
 Keras is not imported here: each patch is applied when its module is first imported (a one-shot
@@ -40,6 +48,7 @@ import sys
 TRAINER_MODULE = "keras.src.trainers.trainer"
 TF_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
 TF_NN_MODULE = "keras.src.backend.tensorflow.nn"
+TF_OPTIMIZER_MODULE = "keras.src.backend.tensorflow.optimizer"
 
 XLA_MESSAGE = (
     "jit_compile=True asks XLA to compile the model's step function, and XLA cannot compile "
@@ -161,8 +170,32 @@ def _patch_tf_nn(module):
     module.conv = conv
 
 
+def _patch_tf_optimizer(module):
+    optimizer = getattr(module, "TFOptimizer", None)
+    if optimizer is None or vars(optimizer).get("_npusim_patched", False):
+        return
+
+    def densified(update):
+        def assign_update(self, variable, value):
+            import tensorflow as tf
+            from keras.src import backend
+
+            if isinstance(value, tf.IndexedSlices):
+                inner = variable.value if isinstance(variable, backend.Variable) else variable
+                if "NPU" in (getattr(inner, "device", "") or "").upper():
+                    value = tf.convert_to_tensor(value)
+            return update(self, variable, value)
+
+        functools.update_wrapper(assign_update, update)
+        return assign_update
+
+    for name in ("assign_add", "assign_sub"):
+        setattr(optimizer, name, densified(getattr(optimizer, name)))
+    optimizer._npusim_patched = True  # pylint: disable=protected-access
+
+
 PATCHES = {TRAINER_MODULE: _patch_trainer, TF_TRAINER_MODULE: _patch_tf_trainer,
-           TF_NN_MODULE: _patch_tf_nn}
+           TF_NN_MODULE: _patch_tf_nn, TF_OPTIMIZER_MODULE: _patch_tf_optimizer}
 
 
 class _ImportHook(importlib.abc.MetaPathFinder):
