@@ -189,6 +189,9 @@ def main():
     out = {"model": name, "mode": mode, "batch": BATCH,
            "functional": os.environ.get("NPUSIM_FUNCTIONAL", "1") != "0"}
     t_start = time.perf_counter()
+    if os.environ.get("KERAS_POLICY"):  # e.g. mixed_float16: Keras' own mixed precision
+        keras.mixed_precision.set_global_policy(os.environ["KERAS_POLICY"])
+        out["keras_policy"] = os.environ["KERAS_POLICY"]
     try:
         keras.utils.set_random_seed(0)
         model = build()
