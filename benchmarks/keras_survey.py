@@ -32,14 +32,17 @@ import keras  # pylint: disable=wrong-import-position
 from keras import layers  # pylint: disable=wrong-import-position
 
 BATCH = int(os.environ.get("BATCH", "2"))
-# DROPOUT=0 builds the Conv1D and U-Net models with dropout rates 0 (for CPU_CHECK: each device
+# DROPOUT=0 builds the Conv1D, U-Net and MobileNetV3Small models with dropout rates 0 (for CPU_CHECK: each device
 # draws other masks).
 DROPOUT = float(os.environ.get("DROPOUT", "1"))
 CLASSES = 10
 
 
 def _application(constructor, size, **kw):
-    """A keras.applications model on size x size x 3 images with a CLASSES-way classifier."""
+    """A keras.applications model on size x size x 3 images (SIZE overrides) with a CLASSES-way
+    classifier."""
+    size = int(os.environ.get("SIZE", size))
+
     def build():
         return getattr(keras.applications, constructor)(
             weights=None, input_shape=(size, size, 3), classes=CLASSES, **kw)
@@ -135,7 +138,7 @@ def _unet():
 
 
 MODELS = {
-    "mobilenetv3small": lambda: _application("MobileNetV3Small", 32),
+    "mobilenetv3small": lambda: _application("MobileNetV3Small", 32, dropout_rate=0.2 * DROPOUT),
     "efficientnetb0": lambda: _application("EfficientNetB0", 32),
     "densenet121": lambda: _application("DenseNet121", 32),
     "inceptionv3": lambda: _application("InceptionV3", 75),
