@@ -56,16 +56,25 @@ def test_grouped_and_dilated_convolutions_run_on_the_npu(npusim, tf, rank, filte
     own path on the CPU (XLA for the grouped ones), on small integers and quarters (exact in
     fp16, which the default precision mode casts the cube's fp32 operands to)."""
     rng = np.random.default_rng(rank * 100 + groups)
-    conv = (keras.layers.Conv1D if rank == 1 else keras.layers.Conv2D)(
-        filters, 3, strides=strides, padding="same", groups=groups, dilation_rate=dilation)
     shape = (2,) + (9,) * rank + (8,)
-    conv.build(shape)
-    kernel = np.round(rng.uniform(-2, 2, conv.kernel.shape) * 4) / 4
-    conv.set_weights([kernel.astype(np.float32), np.zeros(filters, np.float32)])
+
+    def make():
+        conv = (keras.layers.Conv1D if rank == 1 else keras.layers.Conv2D)(
+            filters, 3, strides=strides, padding="same", groups=groups, dilation_rate=dilation)
+        conv.build(shape)
+        return conv
+
+    npu_conv = make()
+    kernel = np.round(rng.uniform(-2, 2, npu_conv.kernel.shape) * 4) / 4
+    npu_conv.set_weights([kernel.astype(np.float32), np.zeros(filters, np.float32)])
+    # The reference: Keras' own conv (XLA for the grouped ones) on a layer whose variables are
+    # on the CPU (XLA on the CPU cannot read an NPU variable).
+    with tf.device("/CPU:0"):
+        cpu_conv = make()
+    cpu_conv.set_weights(npu_conv.get_weights())
     x = rng.integers(-3, 4, shape).astype(np.float32)
 
-    @tf.function
-    def forward_and_gradients(t):
+    def forward_and_gradients(conv, t):
         with tf.GradientTape() as tape:
             tape.watch(t)
             y = conv(t)
@@ -76,11 +85,13 @@ def test_grouped_and_dilated_convolutions_run_on_the_npu(npusim, tf, rank, filte
     npusim.clear_launch_records()
     npusim.clear_cpu_fallback_ops()
     with tf.device("/NPU:0"):
-        got = [v.numpy() for v in forward_and_gradients(tf.constant(x))]
+        got = [v.numpy() for v in
+               tf.function(lambda t: forward_and_gradients(npu_conv, t))(tf.constant(x))]
     kernels = {r["kernel"].split("_")[0] for r in npusim.launch_records()}
     assert npusim.cpu_fallback_ops() == {}
     with tf.device("/CPU:0"):
-        want = [v.numpy() for v in forward_and_gradients(tf.constant(x))]
+        want = [v.numpy() for v in
+                tf.function(lambda t: forward_and_gradients(cpu_conv, t))(tf.constant(x))]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
     if depthwise:
@@ -126,3 +137,4 @@ def test_embedding_with_plain_sgd_trains_on_the_npu(npusim, tf):
     for g, w in zip(got, want):
         # The Dense MatMul's operands are fp16 on the cube in the default precision mode.
         np.testing.assert_allclose(g, w, rtol=0, atol=2e-3 * np.max(np.abs(w)))
+

@@ -24,7 +24,11 @@ run on the NPU.
   Dilated 1-D and 2-D convolutions (dilation_rate > 1, stride 1), which tf.nn.convolution wraps
   in SpaceToBatchND / BatchToSpaceND (no NPU kernels: they ran on the CPU), go to Conv2D with
   its dilations attribute instead (conv1d for 1-D), which the NPU computes.
-  Elsewhere (another device scope, channels_first) Keras' own conv runs.
+  Elsewhere (another device scope, channels_first) Keras' own conv runs. The choice is made when
+  a function is traced; a function traced for the NPU and called under a CPU scope runs the same
+  ops on the CPU, whose kernels compute them correctly (dilated Conv2D and its gradients agree
+  with tf.nn.convolution's SpaceToBatchND form there). Dilated depthwise convolutions are not
+  rewritten: TF's CPU DepthwiseConv2dNativeBackpropInput/Filter ignore dilations.
 
 - Sparse gradients (Embedding's IndexedSlices) applied straight to a variable: Keras' TensorFlow
   optimizers do that with scatter_add / scatter_sub (plain SGD: ResourceScatterSub), which has
