@@ -21,6 +21,11 @@
 //     relative error: 1.2e-7 + (x^2 / 2 + 3) 8u relative, plus u for 0.5 x *.
 //   Gelu approximate x / (1 + exp(-2y)): y has 4 roundings (relative 4u), exp turns its absolute
 //     error |2y| 4u into relative error; then +, /: (|2y| + 1) 4u + 3u relative.
+//   Erfc: erfc(|x|) by erfcc as Gelu's, within 1.2e-7 + (x^2 + 3) 8u relative; for x < 0,
+//     2 - that: the same absolute error, plus 2u |ref| for the subtraction's rounding.
+//   Erf: |x| >= 1/2, 1 - erfc(|x|): erfc's absolute error, plus 2u |ref|; |x| < 1/2, the
+//     Maclaurin series to x^13 (truncation below 1e-9 relative; 15 roundings on terms of
+//     decreasing size, within 16u relative).
 //   EluGrad, SeluGrad, SoftplusGrad: 2 to 4 roundings: 4u relative (SoftplusGrad 5u).
 //   SigmoidGrad dy * y * (1 - y): 3 roundings, 3u relative.
 //   TanhGrad dy * (1 - y * y): y * y is within u, so 1 - y * y within u absolute (it cancels as
@@ -144,6 +149,17 @@ const ActCase kCases[] = {
      [](auto& x, DataType) {
        double y = x[0] / (std::exp(-x[1]) + 1);
        return Ref{y, 5 * kU * std::fabs(y)};
+     }},    {"Erfc", 1, -4, 4, false,
+     [](auto& x, DataType) {
+       const double v = x[0], y = std::erfc(v), e = std::erfc(std::fabs(v));
+       return Ref{y, (1.2e-7 + (v * v + 3) * 8 * kU) * e + 2 * kU * std::fabs(y)};
+     }},
+    {"Erf", 1, -3, 3, false,
+     [](auto& x, DataType) {
+       const double v = x[0], y = std::erf(v);
+       if (std::fabs(v) < 0.5) return Ref{y, (1e-9 + 16 * kU) * std::fabs(y)};
+       return Ref{y, (1.2e-7 + (v * v + 3) * 8 * kU) * std::erfc(std::fabs(v)) +
+                         2 * kU * std::fabs(y)};
      }},
 };
 

@@ -731,3 +731,52 @@ def test_concurrent_graphs_updating_shared_variables_neither_deadlock_nor_lose_u
     np.testing.assert_array_equal(np.array(result["s1"]), np.full((4, 4), 2.0 * steps))
     np.testing.assert_array_equal(np.array(result["s2"]), np.full((4, 4), 8.0 * steps))
     assert result["updates"] > 0 and result["updates_alone"] == 0, result
+
+
+# A lowered cond (tf.cond in a tf.function becomes Switch / Merge before grappler sees it) after
+# a chain of NPU ops, as Keras' mixed-precision step conds its update on the gradients being
+# finite: the chain before the cond is one graph run, the branches' nodes (their tensors may be
+# dead) run node by node.
+COND = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+def body(x):
+    h = tf.nn.relu(tf.multiply(x, 3.0, name="pre_scaled"), name="pre_relu")
+    h = tf.add(h, 1.0, name="pre_shifted")
+    s = tf.reduce_sum(h, name="pre_sum")
+    finite = tf.reduce_all(tf.math.is_finite(h, name="pre_finite"), name="pre_all")
+    y = tf.cond(finite, lambda: tf.multiply(h, s, name="then_scaled"),
+                lambda: tf.subtract(h, 1.0, name="else_shifted"))
+    return tf.add(y, 2.0, name="post_add")
+
+x = tf.constant(np.arange(-6, 6, dtype=np.float32).reshape(3, 4) / 4)
+""" + RUN_AND_GROUP + r"""
+task_lists = len({("g", r["graph_run"]) if r["graph_run"] else ("op", r["dispatch"])
+                  for r in recs})
+print("NPUSIM_RESULT " + json.dumps({
+    "got": got.numpy().tolist(), "want": want.numpy().tolist(),
+    "groups": sorted(sorted(g) for g in groups.values()),
+    "ops": sorted(r["op_name"] for r in recs), "task_lists": task_lists}))
+"""
+
+
+def test_nodes_before_a_cond_run_as_one_graph():
+    result = _result(run_child(COND))
+    off = _result(run_child(COND, extra_env={"NPUSIM_GRAPH_CONTROL_FLOW": "0"}))
+    np.testing.assert_allclose(result["got"], result["want"], rtol=1e-6)
+    assert result["got"] == off["got"] and result["ops"] == off["ops"]
+    groups = result["groups"]
+    # The chain before the cond (its predicate included; the element-wise chain fused under its
+    # last node's name) is one graph run ...
+    pre = [g for g in groups if any(n.startswith("pre_") for n in g)]
+    assert len(pre) == 1 and {"pre_shifted", "pre_sum", "pre_all"} <= set(pre[0]), groups
+    # ... and nothing a Switch reaches (the taken branch, the add after the Merge) is in one.
+    assert all(n.startswith("pre_") for g in groups for n in g), groups
+    assert any(n.startswith("cond/then_scaled") or n.endswith("then_scaled")
+               for n in result["ops"]), result["ops"]
+    # Off: the graph with control flow is left node by node, a task list per node.
+    assert off["groups"] == [], off["groups"]
+    assert result["task_lists"] < off["task_lists"], (result["task_lists"], off["task_lists"])

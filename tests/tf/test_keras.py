@@ -37,3 +37,104 @@ def test_dense_inference_runs_on_the_npu(npusim, tf):
     np.testing.assert_array_equal(y, x @ kernel + bias)
     kernels = {r["kernel"].split("_")[0] for r in npusim.launch_records()}
     assert "MatMul" in kernels, kernels
+
+
+@pytest.mark.parametrize("rank,filters,groups,strides,dilation,depthwise", [
+    (2, 16, 8, 1, 1, True),   # ConvNeXt's depthwise Conv2D (groups = channels), multiplier 2
+    (2, 8, 8, 2, 1, True),    # strided, multiplier 1
+    (2, 8, 2, 1, 1, False),   # two groups of four channels: a convolution per group
+    (1, 8, 4, 1, 1, False),   # Conv1D, four groups
+    (2, 8, 1, 1, 2, False),   # dilated Conv2D (no groups)
+    (1, 8, 1, 1, 3, False),   # dilated Conv1D (a WaveNet / TCN layer)
+    (2, 8, 2, 1, 2, False),   # dilated and grouped
+])
+def test_grouped_and_dilated_convolutions_run_on_the_npu(npusim, tf, rank, filters, groups,
+                                                         strides, dilation, depthwise):
+    """Keras runs grouped convolutions as a jit_compile=True function, which cannot run on the
+    NPU, and tf.nn.convolution wraps dilated ones in SpaceToBatchND / BatchToSpaceND, which ran
+    on the CPU; npusim's patch computes both on the NPU. Forward and gradients against Keras'
+    own path on the CPU (XLA for the grouped ones), on small integers and quarters (exact in
+    fp16, which the default precision mode casts the cube's fp32 operands to)."""
+    rng = np.random.default_rng(rank * 100 + groups)
+    shape = (2,) + (9,) * rank + (8,)
+
+    def make():
+        conv = (keras.layers.Conv1D if rank == 1 else keras.layers.Conv2D)(
+            filters, 3, strides=strides, padding="same", groups=groups, dilation_rate=dilation)
+        conv.build(shape)
+        return conv
+
+    npu_conv = make()
+    kernel = np.round(rng.uniform(-2, 2, npu_conv.kernel.shape) * 4) / 4
+    npu_conv.set_weights([kernel.astype(np.float32), np.zeros(filters, np.float32)])
+    # The reference: Keras' own conv (XLA for the grouped ones) on a layer whose variables are
+    # on the CPU (XLA on the CPU cannot read an NPU variable).
+    with tf.device("/CPU:0"):
+        cpu_conv = make()
+    cpu_conv.set_weights(npu_conv.get_weights())
+    x = rng.integers(-3, 4, shape).astype(np.float32)
+
+    def forward_and_gradients(conv, t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            y = conv(t)
+            signs = tf.cast(tf.range(tf.size(y)) % 3 - 1, y.dtype)  # -1, 0, 1
+            loss = tf.reduce_sum(y * tf.reshape(signs, tf.shape(y)))
+        return [y] + tape.gradient(loss, [t, conv.kernel])
+
+    npusim.clear_launch_records()
+    npusim.clear_cpu_fallback_ops()
+    with tf.device("/NPU:0"):
+        got = [v.numpy() for v in
+               tf.function(lambda t: forward_and_gradients(npu_conv, t))(tf.constant(x))]
+    kernels = {r["kernel"].split("_")[0] for r in npusim.launch_records()}
+    assert npusim.cpu_fallback_ops() == {}
+    with tf.device("/CPU:0"):
+        want = [v.numpy() for v in
+                tf.function(lambda t: forward_and_gradients(cpu_conv, t))(tf.constant(x))]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+    if depthwise:
+        assert any(k.startswith("DepthwiseConv2dNative") for k in kernels), kernels
+    else:
+        assert any(k.startswith("Conv2D") for k in kernels), kernels
+
+
+def test_embedding_with_plain_sgd_trains_on_the_npu(npusim, tf):
+    """Plain SGD applies an Embedding's sparse gradient with scatter_sub (ResourceScatterSub, no
+    NPU kernel: the step failed to place); npusim's patch applies it densified on the chip.
+    The weights after two steps against the same model trained on the CPU; ids repeat within
+    and across rows (a scatter's repeated indices add up)."""
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 12, (4, 6)).astype(np.int32)
+    labels = rng.integers(0, 3, (4,)).astype(np.int32)
+
+    def build():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((6,), dtype="int32"),
+                                  keras.layers.Embedding(16, 8),
+                                  keras.layers.GlobalAveragePooling1D(),
+                                  keras.layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.SGD(0.5),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    npusim.clear_cpu_fallback_ops()
+    model = build()
+    start = model.get_weights()
+    assert "NPU" in model.layers[0].embeddings.value.device
+    for _ in range(2):
+        model.train_on_batch(ids, labels)
+    assert npusim.cpu_fallback_ops() == {}
+    with tf.device("/CPU:0"):
+        reference = build()
+        reference.set_weights(start)
+        for _ in range(2):
+            reference.train_on_batch(ids, labels)
+    got, want = model.get_weights(), reference.get_weights()
+    assert not np.array_equal(want[0], start[0])  # the embedding moved
+    assert np.array_equal(want[0][12:], start[0][12:])  # rows no id picks stay
+    for g, w in zip(got, want):
+        # The Dense MatMul's operands are fp16 on the cube in the default precision mode.
+        np.testing.assert_allclose(g, w, rtol=0, atol=2e-3 * np.max(np.abs(w)))
+

@@ -319,6 +319,23 @@ def test_activations_and_gradients(npusim, tf, strict_placement, op):
                rtol=1e-5, atol=1e-6)
 
 
+def test_erf_erfc_and_exact_gelu(npusim, tf, strict_placement):
+    x = _floats((3, 37), 33, -4.0, 4.0)
+    x[0, :5] = [0.0, 0.4999, -0.5001, 1e-3, -1e-6]  # both sides of Erf's series / erfc switch
+    _check(npusim, tf, tf.math.erf, [x], "Erf_", rtol=2e-6, atol=1e-7)
+    _check(npusim, tf, tf.math.erfc, [x], "Erfc", rtol=2e-6, atol=1e-7)
+
+    # tf.nn.gelu's erf form (Keras' "gelu" activation: 0.5 x erfc(-x / sqrt 2)) and its
+    # gradient, with no op left to the CPU.
+    def gelu_and_gradient(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            y = tf.nn.gelu(t, approximate=False)
+        return y, tape.gradient(y, t)
+
+    _check(npusim, tf, gelu_and_gradient, [x], "Erfc", rtol=1e-5, atol=1e-6)
+
+
 def test_l2loss_and_softmax_cross_entropy(npusim, tf, strict_placement):
     x = _floats((6, 29), 25)
     # L2Loss compiles to a squaring sum (its kernel is named Sum_...).

@@ -24,6 +24,9 @@
 //                stays accurate for large negative x where 1 + erf cancels;
 //                approximate = true: 0.5 x (1 + tanh(y)), y = sqrt(2/pi) (x + 0.044715 x^3),
 //                evaluated as x / (1 + exp(-2 y)) (the same value, no cancellation)
+//   Erfc         erfc(|x|) by erfcc (as Gelu's), 2 - erfc(|x|) for x < 0
+//   Erf          |x| >= 1/2: sign(x) (1 - erfc(|x|)); |x| < 1/2, where that cancels: erf's
+//                Maclaurin series to x^13 (truncation below 1e-9 relative)
 //   GeluGrad     g * gelu'(x)   (g, x = gradients, features; attr approximate; see gelu_grad_*)
 //   ReluGrad     g * (x > 0)          (g, x = gradients, features; a product, as TF, so
 //   Relu6Grad    g * (0 < x < 6)       g = inf or NaN gives NaN where the factor is 0)
@@ -40,6 +43,7 @@
 //   L2Loss       sum(x * x) / 2 over all elements (f32 accumulation), a scalar
 #include <cmath>
 #include <functional>
+#include <iterator>
 #include <stdexcept>
 #include <variant>
 
@@ -67,6 +71,12 @@ constexpr double kGeluTanhCubic = 0.044715;
 // Numerical Recipes' erfcc: erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), z >= 0.
 constexpr double kErfc[] = {-1.26551223, 1.00002368, 0.37409196,  0.09678418, -0.18628806,
                             0.27886807,  -1.13520398, 1.48851587, -0.82215223, 0.17087277};
+// erf's Maclaurin series: erf(x) = x sum_k kErfSeries[k] x^2k, kErfSeries[k] = 2 / sqrt(pi)
+// (-1)^k / (k! (2k + 1)); for |x| < 1/2 the first term left out is below 1e-9 relative.
+constexpr double kErfSeries[] = {1.1283791670955126,     -0.37612638903183754,
+                                 0.11283791670955126,    -0.026866170645131252,
+                                 0.0052239776254421878,  -0.00085483270234508529,
+                                 0.00012055332981789664};
 
 // Scratch buffers of the compute step (f32 or s32 lanes), after the widened inputs and output:
 // at most kScratch, as many as the op's compute uses (ActOp::scratch).
@@ -176,10 +186,11 @@ double softplus_threshold(DataType dt) {
   return round(round(std::log(eps)) + 2);
 }
 
-// erfc(z) for z = |v| / sqrt(2) of the lanes at v, into d (uses tmp[1..3]).
-void erfc_half_sqrt2(Lanes& l, uint64_t d, uint64_t v) {
+// erfc(z) for z = |v| * scale of the lanes at v, into d (uses tmp[1..3]; v is read first and d
+// written last, so d may be v). scale 1 takes no multiplication.
+void erfc_abs(Lanes& l, uint64_t d, uint64_t v, double scale) {
   l.un(Opcode::op_vabs, l.tmp[1], v);
-  l.muls(l.tmp[1], l.tmp[1], kSqrtHalf);                  // z
+  if (scale != 1) l.muls(l.tmp[1], l.tmp[1], scale);      // z
   l.muls(l.tmp[2], l.tmp[1], 0.5);
   l.adds(l.tmp[2], l.tmp[2], 1);
   l.un(Opcode::op_vrec, l.tmp[2], l.tmp[2]);              // t
@@ -247,6 +258,39 @@ const ActOp kOps[] = {
                            VOperand(l.tmp[3]), 0);
        l.sel(l.out, l.bits, VOperand(x), VOperand(l.tmp[2]));
      }},
+    {"Erfc", 1, false,
+     [](Lanes& l, DataType) {
+       const uint64_t x = l.in[0];
+       erfc_abs(l, l.tmp[0], x, 1);                             // erfc(|x|)
+       l.muls(l.tmp[1], l.tmp[0], -1);
+       l.adds(l.tmp[1], l.tmp[1], 2);                           // erfc(x) = 2 - erfc(-x)
+       l.cmp(isa::Cmp::LT, l.bits, x, kZero);
+       l.sel(l.out, l.bits, VOperand(l.tmp[1]), VOperand(l.tmp[0]));
+     }},
+    {"Erf", 1, false,
+     [](Lanes& l, DataType) {
+       const uint64_t x = l.in[0];
+       // |x| >= 1/2: sign(x) (1 - erfc(|x|)).
+       erfc_abs(l, l.tmp[0], x, 1);
+       l.adds(l.tmp[1], l.tmp[0], -1);                          // -erf(|x|)
+       l.muls(l.tmp[2], l.tmp[1], -1);                          // erf(|x|)
+       l.cmp(isa::Cmp::LT, l.bits, x, kZero);
+       l.sel(l.tmp[0], l.bits, VOperand(l.tmp[1]), VOperand(l.tmp[2]));
+       // |x| < 1/2, where 1 - erfc cancels: the series x sum_k kErfSeries[k] x^2k by Horner.
+       l.bin(Opcode::op_vmul, l.tmp[1], x, x);
+       constexpr int kLast = static_cast<int>(std::size(kErfSeries)) - 1;
+       l.muls(l.tmp[2], l.tmp[1], kErfSeries[kLast]);
+       for (int k = kLast - 1; k >= 1; --k) {
+         l.adds(l.tmp[2], l.tmp[2], kErfSeries[k]);
+         l.bin(Opcode::op_vmul, l.tmp[2], l.tmp[2], l.tmp[1]);
+       }
+       l.adds(l.tmp[2], l.tmp[2], kErfSeries[0]);
+       l.bin(Opcode::op_vmul, l.tmp[2], l.tmp[2], x);
+       l.un(Opcode::op_vabs, l.tmp[3], x);
+       l.muls(l.tmp[3], l.tmp[3], 2);
+       l.cmp(isa::Cmp::LT, l.bits, l.tmp[3], kOne);             // 2|x| < 1
+       l.sel(l.out, l.bits, VOperand(l.tmp[2]), VOperand(l.tmp[0]));
+     }},
     {"ReluGrad", 2, true,
      [](Lanes& l, DataType) {
        l.cmp(isa::Cmp::GT, l.bits, l.in[1], kZero);
@@ -313,7 +357,7 @@ const ActOp kOps[] = {
 // Gelu: attr approximate selects the formula.
 void gelu_exact(Lanes& l, DataType) {
   const uint64_t x = l.in[0];
-  erfc_half_sqrt2(l, l.tmp[0], x);                          // erfc(|x| / sqrt 2)
+  erfc_abs(l, l.tmp[0], x, kSqrtHalf);                      // erfc(|x| / sqrt 2)
   l.muls(l.tmp[1], l.tmp[0], -1);
   l.adds(l.tmp[1], l.tmp[1], 2);                            // 2 - erfc: x >= 0
   l.cmp(isa::Cmp::LT, l.bits, x, kZero);
@@ -358,7 +402,7 @@ constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 
 void gelu_grad_exact(Lanes& l, DataType) {
   const uint64_t g = l.in[0], x = l.in[1];
-  erfc_half_sqrt2(l, l.tmp[0], x);                          // erfc(|x| / sqrt 2)
+  erfc_abs(l, l.tmp[0], x, kSqrtHalf);                      // erfc(|x| / sqrt 2)
   l.muls(l.tmp[1], l.tmp[0], -1);
   l.adds(l.tmp[1], l.tmp[1], 2);                            // 2 - erfc: x >= 0
   l.cmp(isa::Cmp::LT, l.bits, x, kZero);

@@ -260,6 +260,8 @@ const std::vector<OpEntry>& op_table() {
       {"Sigmoid", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"Tanh", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"Softplus", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"Erf", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"Erfc", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       // TF has no Gelu op (tf.nn.gelu is a composition): the plugin defines CANN's (graph
       // rewrite 11 makes it from tf.nn.gelu's approximate form).
       {"Gelu", "activation", compile_activation, npu_t(K::kLlm, kFloatTypes)},

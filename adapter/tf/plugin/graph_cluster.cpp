@@ -28,9 +28,13 @@
 //    types of the chip of one size) whose host input comes from a Const: it joins only the set of
 //    its input's producer (a set never starts with a view, so its place is always an earlier
 //    step's), and an outside reader of its output reads a copy of it left outside the set (below);
-//  - its graph has no control flow (Switch, Merge, Enter, Exit, NextIteration: the tensors of a
-//    lowered cond or loop may be dead, which a task list cannot express), in which case nothing
-//    of that graph is clustered.
+//  - no control-flow op (Switch, Merge, Enter, Exit, NextIteration, LoopCond, ...) reaches it
+//    along data or control edges, nor is it one: the tensors of a lowered cond or loop may be
+//    dead, which a task list cannot express, and a node that no such op reaches is always live
+//    and in the graph's top frame (a cond's predicate and all before it: the forward and
+//    backward pass of Keras' mixed-precision step, whose loss-scale optimizer conds on the
+//    gradients being finite). A graph whose edges hold a cycle (a loop's NextIteration) is left
+//    alone, and NPUSIM_GRAPH_CONTROL_FLOW=0 leaves every graph with control flow alone.
 // Clusters grow along data edges between such nodes (union of connected sets), and two sets
 // merge only if no path leads from one to the other through a node outside both (control edges
 // included): the contracted graph stays acyclic, so the NpuGraph node can run after all its
@@ -354,6 +358,28 @@ std::vector<tfc::DataType> output_types(const tfc::NodeDef& node) {
   return std::vector<tfc::DataType>(out.begin(), out.end());
 }
 
+// For each node: whether it is a control-flow op or one reaches it along data or control edges
+// (its tensors may be dead, or it runs in a loop's frame).
+std::vector<char> below_control_flow(const Graph& g) {
+  std::vector<char> below(g.nodes.size(), 0);
+  std::vector<int> stack;
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    if (is_control_flow_op(g.nodes[v]->op())) {
+      below[v] = 1;
+      stack.push_back(static_cast<int>(v));
+    }
+  while (!stack.empty()) {
+    const int u = stack.back();
+    stack.pop_back();
+    for (int v : g.succ[u])
+      if (!below[v]) {
+        below[v] = 1;
+        stack.push_back(v);
+      }
+  }
+  return below;
+}
+
 std::string unused_name(const Graph& g, int* counter) {
   for (;;) {
     std::string name = "npu_graph_" + std::to_string((*counter)++);
@@ -366,14 +392,16 @@ std::string unused_name(const Graph& g, int* counter) {
 ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
                                 const std::unordered_set<std::string>& preserve) {
   ClusterCounts counts;
-  for (const tfc::NodeDef& n : graph.node())
-    if (is_control_flow_op(n.op())) return counts;
+  if (!graph_control_flow_enabled())
+    for (const tfc::NodeDef& n : graph.node())
+      if (is_control_flow_op(n.op())) return counts;
   // The clustering reads (and rewrites) a copy: `graph` changes only if a set is made.
   tfc::GraphDef work = graph;
   read_after_noop_as_after_update(work);
   const Graph g(work);
   const std::vector<int> order = topological_order(g);
   if (order.size() != g.nodes.size()) return counts;  // a cycle: leave the graph alone
+  const std::vector<char> below = below_control_flow(g);
 
   std::vector<char> ok(g.nodes.size(), 0);
   std::unordered_map<int, std::vector<int>> members;  // set root -> members
@@ -382,7 +410,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   std::unordered_map<int, std::map<std::string, std::string>> handles;
   std::unordered_map<int, std::set<std::pair<std::string, std::string>>> reads;
   for (size_t v = 0; v < g.nodes.size(); ++v)
-    if (clusterable(g, *g.nodes[v], preserve)) {
+    if (!below[v] && clusterable(g, *g.nodes[v], preserve)) {
       const tfc::NodeDef& n = *g.nodes[v];
       ok[v] = 1;
       members[static_cast<int>(v)] = {static_cast<int>(v)};

@@ -130,6 +130,9 @@ ClusterCounts cluster_npu_graph(tensorflow::GraphDef& graph,
 bool graph_mode_enabled();
 // Whether sets may hold variable updates: graph mode, and NPUSIM_GRAPH_UPDATES is not "0".
 bool graph_updates_enabled();
+// Whether a graph with v1 control flow (a lowered cond or loop) has its nodes that no
+// control-flow op reaches clustered: NPUSIM_GRAPH_CONTROL_FLOW is not "0" (read at each call).
+bool graph_control_flow_enabled();
 // Whether a plan places contiguous slices in their inputs and concatenations' pieces in their
 // outputs instead of running them (NPUSIM_GRAPH_IN_PLACE is not "0"; read when a plan is built).
 bool in_place_enabled();

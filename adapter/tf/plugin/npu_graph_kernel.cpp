@@ -1256,6 +1256,11 @@ bool in_place_enabled() {
   return !(v && std::string(v) == "0");
 }
 
+bool graph_control_flow_enabled() {
+  const char* v = std::getenv("NPUSIM_GRAPH_CONTROL_FLOW");
+  return !(v && std::string(v) == "0");
+}
+
 bool graph_updates_enabled() {
   const char* v = std::getenv("NPUSIM_GRAPH_UPDATES");
   return graph_mode_enabled() && !(v && std::string(v) == "0");

@@ -1,4 +1,4 @@
-"""Keras 3 and the NPU: keep XLA out of model.compile(jit_compile=...).
+"""Keras 3 and the NPU: keep XLA out of model.compile(jit_compile=...) and grouped convolutions.
 
 XLA has no compiler for a PluggableDevice, so a train step compiled with jit_compile=True cannot
 run on the NPU.
@@ -13,6 +13,31 @@ run on the NPU.
   The check is in TensorFlowTrainer.make_train/test/predict_function
   (keras/src/backend/tensorflow/trainer.py), which every fit/evaluate/predict calls first.
 
+- Grouped convolutions (Conv1D/2D/3D with groups > 1, e.g. ConvNeXt's depthwise Conv2D with
+  groups = channels): Keras' TensorFlow backend always runs them as a jit_compile=True
+  tf.function (keras/src/backend/tensorflow/nn.py, conv: TF's CPU kernels lack them), which fails
+  on the NPU ("No JIT device registered for NPU"). When the convolution runs on the NPU and its
+  data is channels_last, the patched `conv` computes the same result without XLA: groups =
+  channels as one DepthwiseConv2dNative (2-D, its kernel [kh, kw, 1, C * m] reshaped to
+  [kh, kw, C, m]: output channel c * m + j is group c's j-th filter in both), otherwise one
+  convolution per group on a split of the input channels and of the filters, concatenated.
+  Dilated 1-D and 2-D convolutions (dilation_rate > 1, stride 1), which tf.nn.convolution wraps
+  in SpaceToBatchND / BatchToSpaceND (no NPU kernels: they ran on the CPU), go to Conv2D with
+  its dilations attribute instead (conv1d for 1-D), which the NPU computes.
+  Elsewhere (another device scope, channels_first) Keras' own conv runs. The choice is made when
+  a function is traced; a function traced for the NPU and called under a CPU scope runs the same
+  ops on the CPU, whose kernels compute them correctly (dilated Conv2D and its gradients agree
+  with tf.nn.convolution's SpaceToBatchND form there). Dilated depthwise convolutions are not
+  rewritten: TF's CPU DepthwiseConv2dNativeBackpropInput/Filter ignore dilations.
+
+- Sparse gradients (Embedding's IndexedSlices) applied straight to a variable: Keras' TensorFlow
+  optimizers do that with scatter_add / scatter_sub (plain SGD: ResourceScatterSub), which has
+  no NPU kernel, and the variable's colocation then failed the step ("Cannot assign a device
+  for operation ... ReadVariableOp"). For a variable on the NPU the patched
+  TFOptimizer.assign_add / assign_sub densify the slices first (tf.convert_to_tensor:
+  UnsortedSegmentSum, which sums repeated indices as the scatter would) and update the whole
+  variable with AssignAdd/SubVariableOp on the chip: the same values, a dense update's time.
+
 tf-keras (TF_USE_LEGACY_KERAS=1) needs none of this: it turns XLA on only when a GPU exists.
 
 Keras is not imported here: each patch is applied when its module is first imported (a one-shot
@@ -26,6 +51,8 @@ import sys
 
 TRAINER_MODULE = "keras.src.trainers.trainer"
 TF_TRAINER_MODULE = "keras.src.backend.tensorflow.trainer"
+TF_NN_MODULE = "keras.src.backend.tensorflow.nn"
+TF_OPTIMIZER_MODULE = "keras.src.backend.tensorflow.optimizer"
 
 XLA_MESSAGE = (
     "jit_compile=True asks XLA to compile the model's step function, and XLA cannot compile "
@@ -89,7 +116,90 @@ def _patch_tf_trainer(module):
     trainer._npusim_patched = True  # pylint: disable=protected-access
 
 
-PATCHES = {TRAINER_MODULE: _patch_trainer, TF_TRAINER_MODULE: _patch_tf_trainer}
+def _sequence(value, rank):
+    return (value,) * rank if isinstance(value, int) else tuple(value)
+
+
+def _dilated_natively(rank, strides, dilations):
+    """Whether TF's Conv2D (1-D: through conv1d's ExpandDims) takes these dilations itself:
+    tf.nn.convolution instead wraps a dilated convolution in SpaceToBatchND / BatchToSpaceND."""
+    return rank in (1, 2) and max(dilations) > 1 and max(strides) == 1
+
+
+def _conv_ungrouped(tf, inputs, kernel, strides, padding, dilations):
+    rank = len(inputs.shape) - 2
+    if _dilated_natively(rank, strides, dilations):
+        conv = tf.nn.conv2d if rank == 2 else tf.nn.conv1d
+        return conv(inputs, kernel, strides if rank == 2 else strides[0], padding.upper(),
+                    dilations=dilations if rank == 2 else dilations[0])
+    return tf.nn.convolution(inputs, kernel, strides, padding.upper(), dilations=dilations)
+
+
+def _conv_without_xla(tf, inputs, kernel, strides, padding, dilations):
+    """Keras' channels_last convolution (kernel [..., C / groups, filters]) without XLA."""
+    rank = len(inputs.shape) - 2
+    channels, per_group = int(inputs.shape[-1]), int(kernel.shape[-2])
+    groups = channels // per_group
+    if groups == 1:
+        return _conv_ungrouped(tf, inputs, kernel, strides, padding, dilations)
+    if rank == 2 and per_group == 1 and max(dilations) == 1:
+        depthwise = tf.reshape(kernel, tuple(kernel.shape[:2]) + (channels, -1))
+        return tf.nn.depthwise_conv2d(inputs, depthwise, (1,) + strides + (1,), padding.upper())
+    outputs = [_conv_ungrouped(tf, x, k, strides, padding, dilations)
+               for x, k in zip(tf.split(inputs, groups, axis=-1),
+                               tf.split(kernel, groups, axis=-1))]
+    return tf.concat(outputs, axis=-1)
+
+
+def _patch_tf_nn(module):
+    original = getattr(module, "conv", None)
+    if original is None or getattr(original, "_npusim_patched", False):
+        return
+
+    def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
+        import tensorflow as tf
+        from keras.src import backend
+
+        rank = len(inputs.shape) - 2
+        strides, dilations = _sequence(strides, rank), _sequence(dilation_rate, rank)
+        grouped = inputs.shape[-1] is not None and inputs.shape[-1] != kernel.shape[-2]
+        if (backend.standardize_data_format(data_format) == "channels_last"
+                and (grouped or _dilated_natively(rank, strides, dilations))
+                and _runs_on_the_npu()):
+            return _conv_without_xla(tf, inputs, kernel, strides, padding, dilations)
+        return original(inputs, kernel, strides, padding, data_format, dilation_rate)
+
+    functools.update_wrapper(conv, original)
+    conv._npusim_patched = True  # pylint: disable=protected-access
+    module.conv = conv
+
+
+def _patch_tf_optimizer(module):
+    optimizer = getattr(module, "TFOptimizer", None)
+    if optimizer is None or vars(optimizer).get("_npusim_patched", False):
+        return
+
+    def densified(update):
+        def assign_update(self, variable, value):
+            import tensorflow as tf
+            from keras.src import backend
+
+            if isinstance(value, tf.IndexedSlices):
+                inner = variable.value if isinstance(variable, backend.Variable) else variable
+                if "NPU" in (getattr(inner, "device", "") or "").upper():
+                    value = tf.convert_to_tensor(value)
+            return update(self, variable, value)
+
+        functools.update_wrapper(assign_update, update)
+        return assign_update
+
+    for name in ("assign_add", "assign_sub"):
+        setattr(optimizer, name, densified(getattr(optimizer, name)))
+    optimizer._npusim_patched = True  # pylint: disable=protected-access
+
+
+PATCHES = {TRAINER_MODULE: _patch_trainer, TF_TRAINER_MODULE: _patch_tf_trainer,
+           TF_NN_MODULE: _patch_tf_nn, TF_OPTIMIZER_MODULE: _patch_tf_optimizer}
 
 
 class _ImportHook(importlib.abc.MetaPathFinder):
