@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <new>
 #include <stdexcept>
 #include <variant>
@@ -67,8 +68,29 @@ std::vector<uint64_t> Launch::bind(const std::vector<uint64_t>& inputs,
   return v;
 }
 
+const std::vector<std::string>& lowering_switches() {
+  static const std::vector<std::string> names = {"NPUSIM_CONV_PLAN_RANK",
+                                                 "NPUSIM_CONV_STRIDED_INPUT_GRAD",
+                                                 "NPUSIM_DEPTHWISE_GROUPS_PER_STEP",
+                                                 "NPUSIM_DEPTHWISE_TILE_ORDER",
+                                                 "NPUSIM_FILTER_GRAD_PLAN_RANK",
+                                                 "NPUSIM_FILTER_GRAD_POINTWISE",
+                                                 "NPUSIM_FUSION_ADD_RELU_CAST",
+                                                 "NPUSIM_FUSION_CHANNEL_EPILOGUE",
+                                                 "NPUSIM_FUSION_CONV_BN_REDUCE_TILES",
+                                                 "NPUSIM_L2_STREAM_POLICY",
+                                                 "NPUSIM_MATMUL_CORE_SPLIT",
+                                                 "NPUSIM_SOFTMAX_RAGGED_RESIDENT",
+                                                 "NPUSIM_TRANSPOSE_CANN",
+                                                 "NPUSIM_TRANSPOSE_ROW_GATHER"};
+  return names;
+}
+
 std::string kernel_cache_key(const OpDesc& op, const ChipConfig& cfg, PrecisionMode precision) {
-  return fmt::format("{}|{}|{}", op.key(), precision_mode_name(precision), cfg.name);
+  std::string key = fmt::format("{}|{}|{}", op.key(), precision_mode_name(precision), cfg.name);
+  for (const std::string& name : lowering_switches())
+    if (const char* v = std::getenv(name.c_str())) key += fmt::format("|{}={}", name, v);
+  return key;
 }
 
 std::vector<std::string> supported_ops() {

@@ -108,9 +108,17 @@ struct CompiledKernel {
 CompiledKernel compile(const OpDesc& op, const ChipConfig& cfg,
                        PrecisionMode precision = PrecisionMode::kAllowFp32ToFp16);
 
-// The kernel cache key: OpDesc::key(), the precision mode and the chip's name. (The chip config
-// is fixed once a device opens, so its name identifies it within a process.)
+// The kernel cache key: OpDesc::key(), the precision mode, the chip's name (the chip config is
+// fixed once a device opens, so its name identifies it within a process) and the value of every
+// lowering switch that is set (lowering_switches()), so a switch changed within a process gives
+// the kernels compiled under it, not those cached before.
 std::string kernel_cache_key(const OpDesc& op, const ChipConfig& cfg, PrecisionMode precision);
+
+// The environment variables the compiler reads that change what it emits for an op (switches
+// that give an older lowering back, forced plans; docs/compiler.md), by name. Every
+// "NPUSIM_..." name the compiler's sources read is here (tests/compiler/test_compiler_cache_key.cpp
+// checks the sources).
+const std::vector<std::string>& lowering_switches();
 
 // Every TF op name compile() accepts, in table order.
 std::vector<std::string> supported_ops();

@@ -41,10 +41,10 @@ struct CompiledOpCacheStats {
 };
 
 // Compiled ops keyed by compiler::kernel_cache_key (op, dtypes, shapes, attributes, chip,
-// precision mode). The runtime's KernelCache holds one program per key; a compiled op is
-// several launches plus how to bind their arguments, so the plugin keeps its own cache with the
-// same once-per-key semantics: concurrent requests for one key compile once, a failed compile
-// is returned to its waiters and not cached. Thread-safe.
+// precision mode, the lowering switches set). The runtime's KernelCache holds one program per key;
+// a compiled op is several launches plus how to bind their arguments, so the plugin keeps its own
+// cache with the same once-per-key semantics: concurrent requests for one key compile once, a
+// failed compile is returned to its waiters and not cached. Thread-safe.
 class CompiledOpCache {
  public:
   static CompiledOpCache& instance();
