@@ -735,8 +735,10 @@ def test_concurrent_graphs_updating_shared_variables_neither_deadlock_nor_lose_u
 
 # A lowered cond (tf.cond in a tf.function becomes Switch / Merge before grappler sees it) after
 # a chain of NPU ops, as Keras' mixed-precision step conds its update on the gradients being
-# finite: the chain before the cond is one graph run, the branches' nodes (their tensors may be
-# dead) run node by node.
+# finite. Each branch holds two ops. By default the chain before the cond is one graph run and
+# the taken branch another (graph_liveness.h: its nodes are live together); the branch's nodes
+# never share a run with the chain's (they may be dead). `NPUSIM_GRAPH_CONTROL_FLOW=top` keeps
+# to the chain, `=0` leaves the graph node by node.
 COND = r"""
 import json
 import numpy as np
@@ -748,35 +750,143 @@ def body(x):
     h = tf.add(h, 1.0, name="pre_shifted")
     s = tf.reduce_sum(h, name="pre_sum")
     finite = tf.reduce_all(tf.math.is_finite(h, name="pre_finite"), name="pre_all")
-    y = tf.cond(finite, lambda: tf.multiply(h, s, name="then_scaled"),
-                lambda: tf.subtract(h, 1.0, name="else_shifted"))
+    y = tf.cond(finite,
+                lambda: tf.reduce_max(tf.multiply(h, s, name="then_scaled"), axis=1,
+                                      name="then_max"),
+                lambda: tf.reduce_min(tf.subtract(h, 1.0, name="else_shifted"), axis=1,
+                                      name="else_min"))
     return tf.add(y, 2.0, name="post_add")
 
-x = tf.constant(np.arange(-6, 6, dtype=np.float32).reshape(3, 4) / 4)
+out = {}
+for case, values in (("finite", np.arange(-6, 6, dtype=np.float32).reshape(3, 4) / 4),
+                     ("infinite", np.array([[1, np.inf, 2, 3]] * 3, np.float32))):
+    x = tf.constant(values)
+""" + "\n".join("    " + line for line in RUN_AND_GROUP.strip("\n").split("\n")) + r"""
+    task_lists = len({("g", r["graph_run"]) if r["graph_run"] else ("op", r["dispatch"])
+                      for r in recs})
+    out[case] = {"got": got.numpy().tolist(), "want": want.numpy().tolist(),
+                 "groups": sorted(sorted(g) for g in groups.values()),
+                 "ops": sorted(r["op_name"] for r in recs), "task_lists": task_lists}
+print("NPUSIM_RESULT " + json.dumps(out))
+"""
+
+
+def _part(name, prefix):
+    return name.startswith(prefix) or "/" + prefix in name
+
+
+def test_cond_branches_run_as_graphs_of_their_own():
+    result = _result(run_child(COND))
+    top = _result(run_child(COND, extra_env={"NPUSIM_GRAPH_CONTROL_FLOW": "top"}))
+    off = _result(run_child(COND, extra_env={"NPUSIM_GRAPH_CONTROL_FLOW": "0"}))
+    for case, branch, other in (("finite", "then_", "else_"), ("infinite", "else_", "then_")):
+        r, t, o = result[case], top[case], off[case]
+        np.testing.assert_allclose(r["got"], r["want"], rtol=1e-6)
+        assert r["got"] == t["got"] == o["got"] and r["ops"] == t["ops"] == o["ops"], case
+        groups = r["groups"]
+        # The chain before the cond (its predicate included) is one graph run ...
+        pre = [g for g in groups if any(_part(n, "pre_") for n in g)]
+        assert len(pre) == 1 and {"pre_shifted", "pre_sum", "pre_all"} <= set(pre[0]), groups
+        assert all(_part(n, "pre_") for n in pre[0]), groups
+        # ... the taken branch's two ops another (the untaken one's never run) ...
+        taken = [g for g in groups if any(_part(n, branch) for n in g)]
+        assert len(taken) == 1 and all(_part(n, branch) for n in taken[0]), groups
+        assert not any(_part(n, other) for n in r["ops"]), r["ops"]
+        # ... and the add after the Merge runs on its own.
+        assert not any(_part(n, "post_") for g in groups for n in g), groups
+        assert r["task_lists"] == t["task_lists"] - 1, (r["task_lists"], t["task_lists"])
+        # `top`: only the chain before the cond; off: node by node, a task list per node.
+        assert [g for g in t["groups"] if not all(_part(n, "pre_") for n in g)] == [], t["groups"]
+        assert o["groups"] == [], o["groups"]
+        assert t["task_lists"] < o["task_lists"], (t["task_lists"], o["task_lists"])
+
+
+# A tf.while_loop whose body is a recurrent cell of four ops (MatMul, add, tanh, a scaled copy
+# kept for the output): each iteration's body runs as one graph run; the loop's counter and
+# condition (int32, host memory) stay TensorFlow's. The same numbers as the CPU's and as with
+# `NPUSIM_GRAPH_CONTROL_FLOW=top` (every body node its own task list).
+LOOP = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+STEPS = 5
+w = tf.constant(np.linspace(-0.5, 0.5, 64, dtype=np.float32).reshape(8, 8))
+
+def body(x):
+    def step(i, h, acc):
+        h = tf.tanh(tf.add(tf.matmul(h, w, name="cell_matmul"), x[i], name="cell_add"),
+                    name="cell_tanh")
+        return i + 1, h, tf.add(acc, tf.multiply(h, 0.5, name="cell_half"), name="cell_acc")
+    _, h, acc = tf.while_loop(lambda i, h, acc: i < STEPS, step,
+                              (tf.constant(0), tf.zeros([4, 8]), tf.zeros([4, 8])))
+    return tf.concat([h, acc], axis=1, name="joined")
+
+x = tf.constant(np.sin(np.arange(STEPS * 32, dtype=np.float32)).reshape(STEPS, 4, 8))
 """ + RUN_AND_GROUP + r"""
 task_lists = len({("g", r["graph_run"]) if r["graph_run"] else ("op", r["dispatch"])
                   for r in recs})
 print("NPUSIM_RESULT " + json.dumps({
     "got": got.numpy().tolist(), "want": want.numpy().tolist(),
-    "groups": sorted(sorted(g) for g in groups.values()),
+    "groups": [sorted(g) for g in groups.values()],
     "ops": sorted(r["op_name"] for r in recs), "task_lists": task_lists}))
 """
 
 
-def test_nodes_before_a_cond_run_as_one_graph():
-    result = _result(run_child(COND))
-    off = _result(run_child(COND, extra_env={"NPUSIM_GRAPH_CONTROL_FLOW": "0"}))
-    np.testing.assert_allclose(result["got"], result["want"], rtol=1e-6)
-    assert result["got"] == off["got"] and result["ops"] == off["ops"]
-    groups = result["groups"]
-    # The chain before the cond (its predicate included; the element-wise chain fused under its
-    # last node's name) is one graph run ...
-    pre = [g for g in groups if any(n.startswith("pre_") for n in g)]
-    assert len(pre) == 1 and {"pre_shifted", "pre_sum", "pre_all"} <= set(pre[0]), groups
-    # ... and nothing a Switch reaches (the taken branch, the add after the Merge) is in one.
-    assert all(n.startswith("pre_") for g in groups for n in g), groups
-    assert any(n.startswith("cond/then_scaled") or n.endswith("then_scaled")
-               for n in result["ops"]), result["ops"]
-    # Off: the graph with control flow is left node by node, a task list per node.
-    assert off["groups"] == [], off["groups"]
-    assert result["task_lists"] < off["task_lists"], (result["task_lists"], off["task_lists"])
+def test_loop_body_runs_as_one_graph_per_iteration():
+    result = _result(run_child(LOOP))
+    top = _result(run_child(LOOP, extra_env={"NPUSIM_GRAPH_CONTROL_FLOW": "top"}))
+    # The cube takes the f32 MatMul's operands in fp16 (the default precision mode).
+    np.testing.assert_allclose(result["got"], result["want"], rtol=5e-3, atol=2e-3)
+    assert result["got"] == top["got"] and result["ops"] == top["ops"]
+    body = [g for g in result["groups"] if any(_part(n, "cell_") for n in g)]
+    assert len(body) == 5, result["groups"]  # one graph run per iteration ...
+    for g in body:  # ... holding the whole cell
+        assert any(_part(n, "cell_matmul") for n in g) and all(_part(n, "cell_") for n in g), g
+    assert not any(_part(n, "cell_") for g in top["groups"] for n in g), top["groups"]
+    assert result["task_lists"] < top["task_lists"], (result["task_lists"], top["task_lists"])
+
+
+# Keras' LSTM and GRU (a While loop over the sequence, and its gradient another) trained one
+# step: each loop's body runs as one graph per iteration; the loss and the weights after the
+# step are those of `NPUSIM_GRAPH_CONTROL_FLOW=top` (the bodies node by node) bit for bit.
+RNN = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+import keras
+
+keras.utils.set_random_seed(0)
+with tf.device("/NPU:0"):
+    model = keras.Sequential([keras.Input((8,), dtype="int32"), keras.layers.Embedding(50, 8),
+                              keras.layers.%s(16), keras.layers.Dense(4)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+rng = np.random.default_rng(0)
+x = rng.integers(0, 50, (2, 8)).astype(np.int32)
+y = rng.integers(0, 4, (2,)).astype(np.int32)
+model.train_on_batch(x, y)
+npusim.clear_launch_records()
+loss = model.train_on_batch(x, y)
+recs = npusim.launch_records()
+print("NPUSIM_RESULT " + json.dumps({
+    "loss": float(loss), "weights": [w.numpy().tolist() for w in model.weights],
+    "launches": len(recs), "task_lists": len({("g", r["graph_run"]) if r["graph_run"]
+                                               else ("op", r["dispatch"]) for r in recs})}))
+"""
+
+
+@pytest.mark.parametrize("layer", ["LSTM", "GRU"])
+def test_recurrent_layer_trains_with_loop_bodies_as_graphs(layer):
+    result = _result(run_child(RNN % layer, timeout=600))
+    top = _result(run_child(RNN % layer, timeout=600,
+                            extra_env={"NPUSIM_GRAPH_CONTROL_FLOW": "top"}))
+    assert result["loss"] == top["loss"]
+    for a, b in zip(result["weights"], top["weights"]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+    # (Fewer launches: a body's graph casts a tensor two cube ops read to fp16 once.)
+    assert result["launches"] <= top["launches"], (result["launches"], top["launches"])
+    # 8 forward and 8 backward iterations, each body's launches now one task list.
+    assert result["task_lists"] <= top["task_lists"] - 8 * 4, (result, top)

@@ -1,5 +1,6 @@
 #include "adapter/tf/plugin/compiled_op_table.h"
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -162,6 +163,26 @@ const std::vector<AttrSpec>* task_list_op_attrs(const std::string& op,
   static const std::vector<AttrSpec> random_attrs = {{"dtype", AttrSpec::Kind::kType}};
   *host_inputs = &row->tf.host_inputs;
   return &random_attrs;
+}
+
+bool table_kernel_takes_types(const std::string& op,
+                              const std::map<std::string, std::vector<TF_DataType>>& types) {
+  const compiler::ops::OpEntry* row = nullptr;
+  for (const OpEntry& e : compiler::ops::op_table())
+    if (op == e.tf_op) row = &e;
+  if (!row) return false;
+  for (const auto& constraints : row->tf.types) {
+    bool admitted = true;
+    for (const compiler::ops::TypeConstraint& c : constraints) {
+      const auto it = types.find(c.attr);
+      if (it == types.end()) continue;  // the node leaves it at a default the kernel checks
+      const std::vector<TF_DataType> allowed = tf_types(c.types);
+      for (const TF_DataType t : it->second)
+        admitted = admitted && std::find(allowed.begin(), allowed.end(), t) != allowed.end();
+    }
+    if (admitted) return true;
+  }
+  return row->tf.types.empty();
 }
 
 std::vector<TF_DataType> tf_types(const std::vector<compiler::DataType>& types) {

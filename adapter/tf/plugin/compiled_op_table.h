@@ -6,6 +6,8 @@
 // TensorFlow creates the kernel.
 #pragma once
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "adapter/compiler/ops/registry.h"
@@ -34,5 +36,13 @@ const std::vector<AttrSpec>* compiled_op_attrs(const std::string& op,
 // passes to the compiler, dtype, and the row's host inputs, shape and alg). Null for any other.
 const std::vector<AttrSpec>* task_list_op_attrs(const std::string& op,
                                                 const std::vector<HostAttrInput>** host_inputs);
+
+// Whether the kernel the plugin registers for a table op takes a node's types: `types` maps each
+// type attribute of the node to its value (a list attribute to its values). False for an op
+// without a table row and where none of the row's type-constraint lists admits them: then
+// TensorFlow's DEVICE_DEFAULT kernel runs the node (int32 shape arithmetic in host memory: Less,
+// AddV2 ... on int32) or no kernel does, so a task list must not run it as a compiled step.
+bool table_kernel_takes_types(const std::string& op,
+                              const std::map<std::string, std::vector<TF_DataType>>& types);
 
 }  // namespace npusim::tf

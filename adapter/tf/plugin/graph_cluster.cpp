@@ -28,17 +28,23 @@
 //    types of the chip of one size) whose host input comes from a Const: it joins only the set of
 //    its input's producer (a set never starts with a view, so its place is always an earlier
 //    step's), and an outside reader of its output reads a copy of it left outside the set (below);
-//  - no control-flow op (Switch, Merge, Enter, Exit, NextIteration, LoopCond, ...) reaches it
-//    along data or control edges, nor is it one: the tensors of a lowered cond or loop may be
-//    dead, which a task list cannot express, and a node that no such op reaches is always live
-//    and in the graph's top frame (a cond's predicate and all before it: the forward and
-//    backward pass of Keras' mixed-precision step, whose loss-scale optimizer conds on the
-//    gradients being finite). A graph whose edges hold a cycle (a loop's NextIteration) is left
-//    alone, and NPUSIM_GRAPH_CONTROL_FLOW=0 leaves every graph with control flow alone.
-// Clusters grow along data edges between such nodes (union of connected sets), and two sets
-// merge only if no path leads from one to the other through a node outside both (control edges
-// included): the contracted graph stays acyclic, so the NpuGraph node can run after all its
-// inputs and before all its consumers. A Const's edge into the other set that its member reads
+//  - it is no control-flow op (Switch, Merge, Enter, Exit, NextIteration, LoopCond, ...) and has
+//    a liveness class (graph_liveness.h: its loop frame and the predicates it runs under); a
+//    set holds nodes of one class only. The tensors of a lowered cond or loop may be dead, and
+//    an NpuGraph node runs all its members or none: members of one class are live in exactly
+//    the same executions (a loop body's nodes run once per iteration as one NpuGraph node, a
+//    cond branch's nodes as one when the branch is taken, the nodes no control-flow op reaches
+//    as one: the forward and backward pass of Keras' mixed-precision step, whose loss-scale
+//    optimizer conds on the gradients being finite). A set in a loop's frame needs an input
+//    from outside it (an NpuGraph node without inputs would run in the top frame).
+//    NPUSIM_GRAPH_CONTROL_FLOW=top keeps to the nodes no control-flow op reaches along data or
+//    control edges, =0 leaves every graph with control flow alone (graph_control_flow_clustering).
+// Edges out of NextIteration nodes lead to the next iteration of a loop and are left out of
+// the graph below (a graph still cyclic without them is left alone). Clusters grow along data
+// edges between such nodes (union of connected sets), and two sets merge only if no path leads
+// from one to the other through a node outside both (control edges included): the contracted
+// graph stays acyclic, so the NpuGraph node can run after all its inputs and before all its
+// consumers. A Const's edge into the other set that its member reads
 // only as host inputs is not such a path's edge: the merged set copies the value and takes no
 // input from the Const (grappler's constant-folded ShapeN Consts keep control inputs). An update
 // left alone (no data edge to a member) then joins the largest set it can under the same rule, and
@@ -63,6 +69,9 @@
 #include <utility>
 #include <vector>
 
+#include "adapter/tf/plugin/compiled_op_table.h"
+#include "adapter/tf/plugin/gen_mask_task.h"
+#include "adapter/tf/plugin/graph_liveness.h"
 #include "adapter/tf/plugin/npu_graph.h"
 #include "adapter/tf/plugin/tensor_names.h"
 #include "adapter/tf/plugin/tf_graph_headers.h"
@@ -74,26 +83,47 @@ namespace tfc = ::tensorflow;
 
 bool on_npu(const tfc::NodeDef& n) { return on_npu_device(n.device()); }
 
+bool is_next_iteration(const tfc::NodeDef& n) {
+  return n.op() == "NextIteration" || n.op() == "RefNextIteration";
+}
+
 std::string tensor_name(const std::string& node, int port) {
   return port == 0 ? node : node + ":" + std::to_string(port);
 }
 
-// The graph's nodes with their edges (data and control), indexed.
+// The graph's nodes with their edges (data and control), indexed. An edge out of a NextIteration
+// leads to the loop's next iteration: it is replaced by edges to the Exits of the loop (the Exits
+// whose input lies in the NextIteration's frame, `liveness`), so that paths stay within one
+// iteration inside the loop (a body's last node does not reach its first), while everything the
+// body computes still reaches what runs after the loop.
 struct Graph {
   std::vector<const tfc::NodeDef*> nodes;
   std::unordered_map<std::string, int> index;
   std::vector<std::vector<int>> succ;  // data and control successors (repeats possible)
 
-  explicit Graph(const tfc::GraphDef& g) {
+  Graph(const tfc::GraphDef& g, const LivenessClasses& liveness) {
     for (const tfc::NodeDef& n : g.node()) {
       index[n.name()] = static_cast<int>(nodes.size());
       nodes.push_back(&n);
     }
     succ.resize(nodes.size());
+    std::map<int, std::vector<int>> exits_of;  // loop frame -> its Exits
+    for (size_t v = 0; v < nodes.size(); ++v) {
+      const std::string& op = nodes[v]->op();
+      if ((op != "Exit" && op != "RefExit") || nodes[v]->input_size() < 1) continue;
+      const auto in = index.find(split_input(nodes[v]->input(0)).first);
+      if (in != index.end()) exits_of[liveness.frame[in->second]].push_back(static_cast<int>(v));
+    }
     for (size_t v = 0; v < nodes.size(); ++v)
       for (const std::string& in : nodes[v]->input()) {
         const auto it = index.find(split_input(in).first);
-        if (it != index.end()) succ[it->second].push_back(static_cast<int>(v));
+        if (it == index.end()) continue;
+        if (!is_next_iteration(*nodes[it->second])) {
+          succ[it->second].push_back(static_cast<int>(v));
+        } else if (succ[it->second].empty()) {
+          const auto e = exits_of.find(liveness.frame[it->second]);
+          if (e != exits_of.end()) succ[it->second] = e->second;
+        }
       }
   }
 };
@@ -218,6 +248,25 @@ bool same_size_bitcast(const tfc::NodeDef& n) {
   const auto b =
       compiler::data_type_from_name(compiler_type_name(static_cast<int>(to->second.type())));
   return a && b && compiler::data_type_bytes(*a) == compiler::data_type_bytes(*b);
+}
+
+// A node's type attributes and their values (compiled_op_table.h, table_kernel_takes_types).
+std::map<std::string, std::vector<TF_DataType>> types_of(const tfc::NodeDef& node) {
+  std::map<std::string, std::vector<TF_DataType>> types;
+  for (const auto& [name, value] : node.attr()) {
+    if (value.value_case() == tfc::AttrValue::kType)
+      types[name].push_back(static_cast<TF_DataType>(value.type()));
+    else if (value.value_case() == tfc::AttrValue::kList && value.list().type_size() > 0)
+      for (const int t : value.list().type()) types[name].push_back(static_cast<TF_DataType>(t));
+  }
+  return types;
+}
+
+// Whether node by node TensorFlow's DEVICE_DEFAULT kernel runs `node` on the host, not the
+// plugin's (int32 shape arithmetic: Less, AddV2 ... on int32; table_kernel_takes_types).
+bool host_kernel(const tfc::NodeDef& node) {
+  return !is_update(node) && !is_view(node) && node.op() != kGenMaskOp &&
+         node.op() != "ReadVariableOp" && !table_kernel_takes_types(node.op(), types_of(node));
 }
 
 bool clusterable(const Graph& g, const tfc::NodeDef& node,
@@ -392,16 +441,21 @@ std::string unused_name(const Graph& g, int* counter) {
 ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
                                 const std::unordered_set<std::string>& preserve) {
   ClusterCounts counts;
-  if (!graph_control_flow_enabled())
+  const ControlFlowClustering control_flow = graph_control_flow_clustering();
+  if (control_flow == ControlFlowClustering::off)
     for (const tfc::NodeDef& n : graph.node())
       if (is_control_flow_op(n.op())) return counts;
   // The clustering reads (and rewrites) a copy: `graph` changes only if a set is made.
   tfc::GraphDef work = graph;
   read_after_noop_as_after_update(work);
-  const Graph g(work);
+  const LivenessClasses liveness = liveness_classes(work);
+  const Graph g(work, liveness);
   const std::vector<int> order = topological_order(g);
   if (order.size() != g.nodes.size()) return counts;  // a cycle: leave the graph alone
-  const std::vector<char> below = below_control_flow(g);
+  const std::vector<std::string>& live_class = liveness.of;
+  const std::vector<char> below = control_flow == ControlFlowClustering::top
+                                      ? below_control_flow(g)
+                                      : std::vector<char>(g.nodes.size(), 0);
 
   std::vector<char> ok(g.nodes.size(), 0);
   std::unordered_map<int, std::vector<int>> members;  // set root -> members
@@ -409,8 +463,26 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   // update (handle, the update each reads after).
   std::unordered_map<int, std::map<std::string, std::string>> handles;
   std::unordered_map<int, std::set<std::pair<std::string, std::string>>> reads;
+  // The nodes that may join a set. One that TensorFlow's host kernel runs node by node
+  // (host_kernel) only when a data input comes from one that may join and computes on the chip:
+  // int32 arithmetic on the chip's values (a finiteness test's bit compare) joins, arithmetic
+  // on host values (a loop's counter and condition) stays TensorFlow's.
+  std::vector<char> candidate(g.nodes.size(), 0), on_host(g.nodes.size(), 0);
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    candidate[v] = !below[v] && !live_class[v].empty() && clusterable(g, *g.nodes[v], preserve);
+    on_host[v] = candidate[v] && host_kernel(*g.nodes[v]);
+  }
+  auto reads_chip_value = [&](size_t v) {
+    for (const std::string& in : g.nodes[v]->input()) {
+      const auto [src, port] = split_input(in);
+      const auto it = g.index.find(src);
+      if (port >= 0 && it != g.index.end() && candidate[it->second] && !on_host[it->second])
+        return true;
+    }
+    return false;
+  };
   for (size_t v = 0; v < g.nodes.size(); ++v)
-    if (!below[v] && clusterable(g, *g.nodes[v], preserve)) {
+    if (candidate[v] && (!on_host[v] || reads_chip_value(v))) {
       const tfc::NodeDef& n = *g.nodes[v];
       ok[v] = 1;
       members[static_cast<int>(v)] = {static_cast<int>(v)};
@@ -459,7 +531,9 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
         data |= split_input(in).second >= 0 && split_input(in).first == g.nodes[u]->name();
       if (!data) continue;
       const int a = sets.find(u), b = sets.find(v);
-      if (a == b || !on_npu(*g.nodes[v]) || g.nodes[u]->device() != g.nodes[v]->device()) continue;
+      if (a == b || !on_npu(*g.nodes[v]) || g.nodes[u]->device() != g.nodes[v]->device() ||
+          live_class[u] != live_class[v])
+        continue;
       if (share_handle(a, b) || path_through_outside(g, sets, members, a, b)) continue;
       merge(a, b);
     }
@@ -474,6 +548,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     int best = -1;
     for (const auto& [root, list] : members)
       if (list.size() >= 2 && g.nodes[root]->device() == g.nodes[u]->device() &&
+          live_class[root] == live_class[u] &&
           (best < 0 || list.size() > members[best].size() ||
            (list.size() == members[best].size() && root < best)))
         if (!share_handle(root, u) && !path_through_outside(g, sets, members, root, u) &&
@@ -636,6 +711,8 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     for (const std::string& v : variables) node.add_input(v);
     (*node.mutable_attr())[kVariablesAttr].set_i(static_cast<int64_t>(variables.size()));
     for (const std::string& c : controls) node.add_input("^" + c);
+    if (node.input_size() == 0 && liveness.frame[list[0]] != 0)
+      continue;  // it would leave the frame
     (*node.mutable_attr())[kGraphAttr].set_s(sub.SerializeAsString());
     auto& outs = *(*node.mutable_attr())[kOutputsOfAttr].mutable_list();
     for (const std::string& t : outputs) outs.add_s(t);

@@ -130,9 +130,13 @@ ClusterCounts cluster_npu_graph(tensorflow::GraphDef& graph,
 bool graph_mode_enabled();
 // Whether sets may hold variable updates: graph mode, and NPUSIM_GRAPH_UPDATES is not "0".
 bool graph_updates_enabled();
-// Whether a graph with v1 control flow (a lowered cond or loop) has its nodes that no
-// control-flow op reaches clustered: NPUSIM_GRAPH_CONTROL_FLOW is not "0" (read at each call).
-bool graph_control_flow_enabled();
+// How a graph with v1 control flow (a lowered cond or loop) is clustered, by
+// NPUSIM_GRAPH_CONTROL_FLOW (read at each call): unset (or anything else) `all`, sets of nodes
+// of one liveness class (graph_liveness.h: inside a loop's body, a cond's branch, and around
+// them); "top" only nodes no control-flow op reaches (always live, in the top frame); "0" none:
+// such a graph is left node by node.
+enum class ControlFlowClustering { off, top, all };
+ControlFlowClustering graph_control_flow_clustering();
 // Whether a plan places contiguous slices in their inputs and concatenations' pieces in their
 // outputs instead of running them (NPUSIM_GRAPH_IN_PLACE is not "0"; read when a plan is built).
 bool in_place_enabled();

@@ -1256,9 +1256,12 @@ bool in_place_enabled() {
   return !(v && std::string(v) == "0");
 }
 
-bool graph_control_flow_enabled() {
+ControlFlowClustering graph_control_flow_clustering() {
   const char* v = std::getenv("NPUSIM_GRAPH_CONTROL_FLOW");
-  return !(v && std::string(v) == "0");
+  const std::string value = v ? v : "";
+  return value == "0"     ? ControlFlowClustering::off
+         : value == "top" ? ControlFlowClustering::top
+                          : ControlFlowClustering::all;
 }
 
 bool graph_updates_enabled() {
