@@ -427,6 +427,7 @@ TEST_CASE("Grouped Conv2D and both gradients: one cube launch for all the groups
       {ConvCase{1, 9, 8, 24, 3, 3, 16}.window(2, 2, 1, 1, "SAME"), 4},   // 6 -> 4, stride 2
       {ConvCase{2, 8, 7, 64, 3, 3, 64}.window(2, 1, 1, 1, "VALID"), 4},  // 16 -> 16
       {ConvCase{1, 6, 6, 12, 1, 1, 24}, 2},                              // 1x1: 6 -> 12
+      {ConvCase{1, 7, 7, 8, 3, 3, 16}.window(1, 1, 2, 2, "SAME"), 8},    // 1 -> 2, dilated
   };
   uint32_t seed = 300;
   for (const Grouped& g : cases) {
