@@ -116,7 +116,7 @@ def _conv1d():
 
 
 def _regnetx002():
-    """RegNetX-200MF (RegNetX002) on 32x32x3, as tf.keras 2.x's keras.applications.RegNetX002
+    """RegNetX-200MF (RegNetX002) on 32x32x3 (SIZE overrides), as tf.keras 2.x's keras.applications.RegNetX002
     builds it (Keras 3 dropped the RegNets): a 3x3 stride-2 stem of 32 channels, then stages of
     depths 1, 1, 4, 7 and widths 24, 56, 152, 368 of X blocks (1x1 conv, 3x3 grouped conv of
     group width 8 with the stage's stride 2 in its first block, 1x1 conv, each with batch norm;
@@ -136,15 +136,17 @@ def _regnetx002():
         y = bn_relu(layers.Conv2D(width, 1, use_bias=False)(y), False)
         return layers.ReLU()(layers.Add()([y, skip]))
 
+    size = int(os.environ.get("SIZE", 32))
+
     def build():
-        inp = keras.Input((32, 32, 3))
+        inp = keras.Input((size, size, 3))
         x = bn_relu(layers.Conv2D(32, 3, strides=2, padding="same", use_bias=False)(inp))
         for depth, width in zip((1, 1, 4, 7), (24, 56, 152, 368)):
             for i in range(depth):
                 x = x_block(x, width, 2 if i == 0 else 1)
         x = layers.GlobalAveragePooling2D()(x)
         return keras.Model(inp, layers.Dense(CLASSES, activation="softmax")(x))
-    return build, (32, 32, 3), "float32"
+    return build, (size, size, 3), "float32"
 
 
 def _unet():
