@@ -42,7 +42,7 @@ def test_dense_inference_runs_on_the_npu(npusim, tf):
 @pytest.mark.parametrize("rank,filters,groups,strides,dilation,depthwise", [
     (2, 16, 8, 1, 1, True),   # ConvNeXt's depthwise Conv2D (groups = channels), multiplier 2
     (2, 8, 8, 2, 1, True),    # strided, multiplier 1
-    (2, 8, 2, 1, 1, False),   # two groups of four channels: a convolution per group
+    (2, 8, 2, 1, 1, False),   # two groups of four channels: one grouped Conv2D
     (1, 8, 4, 1, 1, False),   # Conv1D, four groups
     (2, 8, 1, 1, 2, False),   # dilated Conv2D (no groups)
     (1, 8, 1, 1, 3, False),   # dilated Conv1D (a WaveNet / TCN layer)
@@ -145,8 +145,7 @@ def test_grouped_conv2d_trains_with_one_launch_per_layer(npusim, tf):
     layer, and its gradients one Conv2DBackpropInput and one Conv2DBackpropFilter: one cube
     launch each for all four groups (a convolution per group would be four). The forward and
     the weights after one SGD step against the same model on the CPU, whose reference computes
-    each group on its own (tf.split of the input and kernel, Conv2D, tf.concat: TF's CPU Conv2D
-    refuses grouped shapes)."""
+    each group on its own (tf.split of the input and kernel, Conv2D, tf.concat)."""
     rng = np.random.default_rng(11)
     x = rng.integers(-3, 4, (2, 8, 8, 16)).astype(np.float32)
     labels = rng.integers(0, 3, (2,)).astype(np.int32)
