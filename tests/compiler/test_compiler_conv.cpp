@@ -443,6 +443,22 @@ TEST_CASE("Grouped Conv2D and both gradients: one cube launch for all the groups
                                      c.cout / c.groups)));
     }
   }
+  // One image of 64 x 64: on a chip of many cube cores (910b) the filter gradient's k split
+  // cuts its chunks into parts (on a split chip added by the kernel's own vector cores), each
+  // part a product of every group; groups of 6 -> 4 and of 16 -> 16.
+  for (const Grouped& g : {Grouped{ConvCase{1, 64, 64, 24, 3, 3, 16}, 4},
+                           Grouped{ConvCase{1, 64, 64, 32, 3, 3, 32}, 2}}) {
+    ConvCase c = g.c;
+    c.groups = g.groups;
+    for (DataType dt : {DataType::F16, DataType::F32}) {
+      const std::vector<std::string> dw = check_conv2d_backprop_filter(dt, c, seed++);
+      CHECK(cube_launches(dw) == 1);
+      // (with fewer cube cores than groups, the groups' tiles fill the cores unsplit)
+      const ChipConfig& cfg = test_sim().config();
+      if (cfg.split && compiler::ops::cube_core(cfg, "test").count > 2 * c.groups)
+        CHECK(mentions(dw, "the parts added by the vector cores"));
+    }
+  }
   // Channels that are no multiple of the filter's, or outputs of the groups': invalid, named.
   const TensorDesc x{DataType::F16, {1, 5, 5, 12}};
   const ConvCase v{1, 5, 5, 12, 3, 3, 8};
