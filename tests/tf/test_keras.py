@@ -140,12 +140,17 @@ def test_embedding_with_plain_sgd_trains_on_the_npu(npusim, tf):
 
 
 
-def test_grouped_conv2d_trains_with_one_launch_per_layer(npusim, tf):
+@pytest.mark.parametrize("one_launch", [True, False], ids=["grouped", "per_group"])
+def test_grouped_conv2d_trains_with_one_launch_per_layer(npusim, tf, monkeypatch, one_launch):
     """Keras' Conv2D(groups=4) (ResNeXt / RegNet's grouped layers) on the NPU is one Conv2D per
     layer, and its gradients one Conv2DBackpropInput and one Conv2DBackpropFilter: one cube
     launch each for all four groups (a convolution per group would be four). The forward and
     the weights after one SGD step against the same model on the CPU, whose reference computes
-    each group on its own (tf.split of the input and kernel, Conv2D, tf.concat)."""
+    each group on its own (tf.split of the input and kernel, Conv2D, tf.concat).
+    NPUSIM_FUSION_GROUPED_CONV=0 keeps the per-group form: the same results, four launches
+    for each."""
+    if not one_launch:
+        monkeypatch.setenv("NPUSIM_FUSION_GROUPED_CONV", "0")
     rng = np.random.default_rng(11)
     x = rng.integers(-3, 4, (2, 8, 8, 16)).astype(np.float32)
     labels = rng.integers(0, 3, (2,)).astype(np.int32)
@@ -197,10 +202,11 @@ def test_grouped_conv2d_trains_with_one_launch_per_layer(npusim, tf):
     kernels = [r["kernel"] for r in npusim.launch_records()]
     assert npusim.cpu_fallback_ops() == {}
     # Two layers forward, the second's input gradient (the first's input is the data), both
-    # filter gradients: one cube launch each.
-    assert len([k for k in kernels if k.startswith("Conv2D_")]) == 2, kernels
-    assert len([k for k in kernels if k.startswith("Conv2DBackpropInput")]) == 1, kernels
-    assert len([k for k in kernels if k.startswith("FilterGrad")]) == 2, kernels
+    # filter gradients: one cube launch each (per group: four).
+    per = 1 if one_launch else 4
+    assert len([k for k in kernels if k.startswith("Conv2D_")]) == 2 * per, kernels
+    assert len([k for k in kernels if k.startswith("Conv2DBackpropInput")]) == per, kernels
+    assert len([k for k in kernels if k.startswith("FilterGrad")]) == 2 * per, kernels
     for g, w, s in zip(model.get_weights(), want, start):
         # The cube's operands are fp16 in the default precision mode: compare the updates.
         np.testing.assert_allclose(g - s, w - s, rtol=0, atol=2e-2 * np.max(np.abs(w - s)))
