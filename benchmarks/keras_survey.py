@@ -17,7 +17,7 @@ A crash of the process shows as no JSON line: run each model in a process of its
 
 Models: see MODELS below (keras.applications at small input sizes, an LSTM and a GRU text
 classifier, a small ViT, a Conv1D classifier, a small U-Net with dropout and transposed
-convolutions). Chip: $CHIP (default 910b).
+convolutions, RegNetX002 with its grouped convolutions). Chip: $CHIP (default 910b).
 """
 import json, os, sys, time, traceback
 
@@ -115,6 +115,40 @@ def _conv1d():
     return build, (128, 8), "float32"
 
 
+def _regnetx002():
+    """RegNetX-200MF (RegNetX002) on 32x32x3 (SIZE overrides), as tf.keras 2.x's keras.applications.RegNetX002
+    builds it (Keras 3 dropped the RegNets): a 3x3 stride-2 stem of 32 channels, then stages of
+    depths 1, 1, 4, 7 and widths 24, 56, 152, 368 of X blocks (1x1 conv, 3x3 grouped conv of
+    group width 8 with the stage's stride 2 in its first block, 1x1 conv, each with batch norm;
+    a 1x1 stride-2 projection on the skip where the shape changes; add, ReLU), global average
+    pooling and a Dense head. Its 13 grouped layers have 3 to 46 groups of 8 channels."""
+    def bn_relu(x, relu=True):
+        x = layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
+        return layers.ReLU()(x) if relu else x
+
+    def x_block(x, width, stride):
+        skip = x
+        if stride != 1 or x.shape[-1] != width:
+            skip = bn_relu(layers.Conv2D(width, 1, strides=stride, use_bias=False)(x), False)
+        y = bn_relu(layers.Conv2D(width, 1, use_bias=False)(x))
+        y = bn_relu(layers.Conv2D(width, 3, strides=stride, padding="same", groups=width // 8,
+                                  use_bias=False)(y))
+        y = bn_relu(layers.Conv2D(width, 1, use_bias=False)(y), False)
+        return layers.ReLU()(layers.Add()([y, skip]))
+
+    size = int(os.environ.get("SIZE", 32))
+
+    def build():
+        inp = keras.Input((size, size, 3))
+        x = bn_relu(layers.Conv2D(32, 3, strides=2, padding="same", use_bias=False)(inp))
+        for depth, width in zip((1, 1, 4, 7), (24, 56, 152, 368)):
+            for i in range(depth):
+                x = x_block(x, width, 2 if i == 0 else 1)
+        x = layers.GlobalAveragePooling2D()(x)
+        return keras.Model(inp, layers.Dense(CLASSES, activation="softmax")(x))
+    return build, (size, size, 3), "float32"
+
+
 def _unet():
     """A small U-Net on 32x32x3: two down levels (Conv2D, SpatialDropout2D, MaxPooling2D), up by
     Conv2DTranspose and by UpSampling2D with skip concatenations, Dropout, a 1x1 softmax head."""
@@ -146,6 +180,7 @@ MODELS = {
     "xception": lambda: _application("Xception", 71),
     "nasnetmobile": lambda: _application("NASNetMobile", 32),
     "convnexttiny": lambda: _application("ConvNeXtTiny", 32),
+    "regnetx002": _regnetx002,
     "lstm": lambda: _text_rnn(layers.LSTM),
     "gru": lambda: _text_rnn(layers.GRU),
     "vit": _vit,

@@ -215,9 +215,10 @@ inline void summarize(const compiler::CompiledKernel& k) {
   for (const compiler::Launch& l : k.launches) UNSCOPED_INFO(l.summary);
 }
 
-inline void check_conv2d(DataType dt, const ConvCase& c, uint32_t seed,
-                         PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
-                         const ChipConfig* cfg = nullptr) {
+// Returns per launch its kernel name and summary.
+inline std::vector<std::string> check_conv2d(DataType dt, const ConvCase& c, uint32_t seed,
+                                             PrecisionMode mode = PrecisionMode::kAllowFp32ToFp16,
+                                             const ChipConfig* cfg = nullptr) {
   INFO(compiler::data_type_name(dt)
        << " x [" << c.n << "," << c.h << "," << c.w << "," << c.c << "] filter " << c.kh << "x"
        << c.kw << " -> " << c.cout << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh
@@ -243,6 +244,10 @@ inline void check_conv2d(DataType dt, const ConvCase& c, uint32_t seed,
   const DataType rounded =
       dt == DataType::F32 && mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : dt;
   check_against(r.outputs[0].values, ref, rounded, dt == DataType::F32, "y");
+  std::vector<std::string> launches;
+  for (const compiler::Launch& l : k.launches)
+    launches.push_back(l.kernel.program.name + ": " + l.summary);
+  return launches;
 }
 
 inline Reference new_reference(size_t n) {
@@ -276,7 +281,7 @@ inline BackpropInputRun check_conv2d_backprop_input(
   INFO("BackpropInput " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << "," << c.w
                         << "," << c.c << "] filter " << c.kh << "x" << c.kw << " -> " << c.cout
                         << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh << "x" << c.dw
-                        << " " << c.padding);
+                        << " " << c.padding << " groups " << c.groups);
   HostTensor sizes{TensorDesc{DataType::S32, {4}},
                    {double(c.n), double(c.h), double(c.w), double(c.c)}};
   HostTensor f = random_tensor(dt, filter_shape(c), -1, 1, seed);
@@ -309,10 +314,10 @@ inline std::vector<std::string> check_conv2d_backprop_filter(
   INFO("BackpropFilter " << compiler::data_type_name(dt) << " x [" << c.n << "," << c.h << ","
                          << c.w << "," << c.c << "] filter " << c.kh << "x" << c.kw << " -> "
                          << c.cout << " stride " << c.sh << "x" << c.sw << " dilation " << c.dh
-                         << "x" << c.dw << " " << c.padding);
+                         << "x" << c.dw << " " << c.padding << " groups " << c.groups);
   HostTensor x = random_tensor(dt, {c.n, c.h, c.w, c.c}, -2, 2, seed);
   HostTensor sizes{TensorDesc{DataType::S32, {4}},
-                   {double(c.kh), double(c.kw), double(c.c), double(c.cout)}};
+                   {double(c.kh), double(c.kw), double(c.c / c.groups), double(c.cout)}};
   HostTensor dy = random_tensor(dt, y_shape(c), -1, 1, seed + 1);
   auto op = make_op("Conv2DBackpropFilter", {x.desc, sizes.desc, dy.desc}, c.attrs());
   op.outputs = {TensorDesc{dt, filter_shape(c)}};

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <fmt/format.h>
+
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/cube_pipeline.h"
@@ -401,6 +403,75 @@ TEST_CASE("Conv2DBackpropFilter: the fused kernel's windows, channels and types"
     CHECK(mentions(check_conv2d_backprop_filter(dt, first.window(2, 2, 1, 1, "VALID"), 64),
                    "(7x1 window"));
   }
+}
+
+namespace {
+// The launches among `launches` (check_conv2d's "name: summary" list) of the cube kernels.
+int cube_launches(const std::vector<std::string>& launches) {
+  return static_cast<int>(std::count_if(launches.begin(), launches.end(), [](const auto& l) {
+    return l.rfind("Conv2D", 0) == 0 || l.rfind("FilterGrad", 0) == 0;
+  }));
+}
+}  // namespace
+
+TEST_CASE("Grouped Conv2D and both gradients: one cube launch for all the groups") {
+  // x's channels G times the filter's (TF's grouped Conv2D, Keras' Conv2D(groups=G)): groups
+  // of 16 channels and of 6 (not whole 16-channel blocks: each group's channels start inside
+  // a block), strides 1 and 2, SAME and VALID, f16 and f32; against the per-group products.
+  struct Grouped {
+    ConvCase c;
+    int64_t groups;
+  };
+  const std::vector<Grouped> cases = {
+      {ConvCase{2, 7, 6, 32, 3, 3, 32}, 2},                              // 16 -> 16 per group
+      {ConvCase{1, 9, 8, 24, 3, 3, 16}.window(2, 2, 1, 1, "SAME"), 4},   // 6 -> 4, stride 2
+      {ConvCase{2, 8, 7, 64, 3, 3, 64}.window(2, 1, 1, 1, "VALID"), 4},  // 16 -> 16
+      {ConvCase{1, 6, 6, 12, 1, 1, 24}, 2},                              // 1x1: 6 -> 12
+      {ConvCase{1, 7, 7, 8, 3, 3, 16}.window(1, 1, 2, 2, "SAME"), 8},    // 1 -> 2, dilated
+  };
+  uint32_t seed = 300;
+  for (const Grouped& g : cases) {
+    ConvCase c = g.c;
+    c.groups = g.groups;
+    for (DataType dt : {DataType::F16, DataType::F32}) {
+      CHECK(cube_launches(check_conv2d(dt, c, seed++)) == 1);
+      const std::vector<std::string> dx = check_conv2d_backprop_input(dt, c, seed++).launches;
+      CHECK(cube_launches(dx) == 1);
+      const std::vector<std::string> dw = check_conv2d_backprop_filter(dt, c, seed++);
+      CHECK(cube_launches(dw) == 1);
+      CHECK(mentions(dw, fmt::format("; {} groups of {} -> {} channels", c.groups, c.c / c.groups,
+                                     c.cout / c.groups)));
+    }
+  }
+  // One image of 64 x 64: on a chip of many cube cores (910b) the filter gradient's k split
+  // cuts its chunks into parts (on a split chip added by the kernel's own vector cores), each
+  // part a product of every group; groups of 6 -> 4 and of 16 -> 16.
+  for (const Grouped& g : {Grouped{ConvCase{1, 64, 64, 24, 3, 3, 16}, 4},
+                           Grouped{ConvCase{1, 64, 64, 32, 3, 3, 32}, 2}}) {
+    ConvCase c = g.c;
+    c.groups = g.groups;
+    for (DataType dt : {DataType::F16, DataType::F32}) {
+      const std::vector<std::string> dw = check_conv2d_backprop_filter(dt, c, seed++);
+      CHECK(cube_launches(dw) == 1);
+      // (with fewer cube cores than groups, the groups' tiles fill the cores unsplit)
+      const ChipConfig& cfg = test_sim().config();
+      if (cfg.split && compiler::ops::cube_core(cfg, "test").count > 2 * c.groups)
+        CHECK(mentions(dw, "the parts added by the vector cores"));
+    }
+  }
+  // Channels that are no multiple of the filter's, or outputs of the groups': invalid, named.
+  const TensorDesc x{DataType::F16, {1, 5, 5, 12}};
+  const ConvCase v{1, 5, 5, 12, 3, 3, 8};
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("Conv2D", {x, TensorDesc{DataType::F16, {3, 3, 5, 8}}}, v.attrs()),
+                        test_sim().config()),
+      Catch::Contains("input channels 12 are not a multiple of the filter's 5"));
+  OpDesc dw = make_op("Conv2DBackpropFilter",
+                      {x, TensorDesc{DataType::S32, {4}}, TensorDesc{DataType::F16, {1, 5, 5, 10}}},
+                      v.attrs());
+  dw.outputs = {TensorDesc{DataType::F16, {3, 3, 3, 10}}};
+  CHECK_THROWS_WITH(compiler::compile(dw, test_sim().config()),
+                    Catch::Contains("output channels 10 are not a multiple of the 4 groups"));
 }
 
 namespace {
@@ -801,9 +872,9 @@ TEST_CASE("Conv2DBackpropInput: a 1x1 window of stride 2 on an L0C alignment of 
     compiler::ops::MatmulTiling m = compiler::ops::plan_matmul_tiling(
         256, 64, 64, false, true, isa::Dtype::F16, isa::Dtype::F16, cfg, "test", 1, true);
     m.c_strided = compiler::ops::StridedRows{8, 128, 2048, 8, 16384, 64, 65536};
-    CHECK_THROWS_WITH(compiler::ops::build_matmul_launch(m, cfg, "test"),
-                      Catch::Contains("alignment.l0c = 128 bytes") &&
-                          Catch::Contains("must divide 64"));
+    CHECK_THROWS_WITH(
+        compiler::ops::build_matmul_launch(m, cfg, "test"),
+        Catch::Contains("alignment.l0c = 128 bytes") && Catch::Contains("must divide 64"));
   }
 }
 

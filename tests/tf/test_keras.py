@@ -42,7 +42,7 @@ def test_dense_inference_runs_on_the_npu(npusim, tf):
 @pytest.mark.parametrize("rank,filters,groups,strides,dilation,depthwise", [
     (2, 16, 8, 1, 1, True),   # ConvNeXt's depthwise Conv2D (groups = channels), multiplier 2
     (2, 8, 8, 2, 1, True),    # strided, multiplier 1
-    (2, 8, 2, 1, 1, False),   # two groups of four channels: a convolution per group
+    (2, 8, 2, 1, 1, False),   # two groups of four channels: one grouped Conv2D
     (1, 8, 4, 1, 1, False),   # Conv1D, four groups
     (2, 8, 1, 1, 2, False),   # dilated Conv2D (no groups)
     (1, 8, 1, 1, 3, False),   # dilated Conv1D (a WaveNet / TCN layer)
@@ -138,3 +138,75 @@ def test_embedding_with_plain_sgd_trains_on_the_npu(npusim, tf):
         # The Dense MatMul's operands are fp16 on the cube in the default precision mode.
         np.testing.assert_allclose(g, w, rtol=0, atol=2e-3 * np.max(np.abs(w)))
 
+
+
+@pytest.mark.parametrize("one_launch", [True, False], ids=["grouped", "per_group"])
+def test_grouped_conv2d_trains_with_one_launch_per_layer(npusim, tf, monkeypatch, one_launch):
+    """Keras' Conv2D(groups=4) (ResNeXt / RegNet's grouped layers) on the NPU is one Conv2D per
+    layer, and its gradients one Conv2DBackpropInput and one Conv2DBackpropFilter: one cube
+    launch each for all four groups (a convolution per group would be four). The forward and
+    the weights after one SGD step against the same model on the CPU, whose reference computes
+    each group on its own (tf.split of the input and kernel, Conv2D, tf.concat).
+    NPUSIM_FUSION_GROUPED_CONV=0 keeps the per-group form: the same results, four launches
+    for each."""
+    if not one_launch:
+        monkeypatch.setenv("NPUSIM_FUSION_GROUPED_CONV", "0")
+    rng = np.random.default_rng(11)
+    x = rng.integers(-3, 4, (2, 8, 8, 16)).astype(np.float32)
+    labels = rng.integers(0, 3, (2,)).astype(np.int32)
+
+    def build():
+        keras.utils.set_random_seed(2)
+        model = keras.Sequential([
+            keras.Input((8, 8, 16)),
+            keras.layers.Conv2D(16, 3, padding="same", groups=4, activation="relu"),  # 4 -> 4
+            keras.layers.Conv2D(8, 3, strides=2, padding="valid", groups=4),         # 4 -> 2
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    model = build()
+    # Quarters: exact in fp16, the cube's operand type in the default precision mode.
+    start = [np.round(w * 8) / 8 for w in model.get_weights()]
+    model.set_weights(start)
+
+    def grouped_conv(t, kernel, bias, strides, padding):  # the CPU's per-group reference
+        groups = t.shape[-1] // kernel.shape[-2]
+        ys = [tf.nn.conv2d(a, k, strides, padding)
+              for a, k in zip(tf.split(t, groups, axis=-1), tf.split(kernel, groups, axis=-1))]
+        return tf.concat(ys, axis=-1) + bias
+
+    def reference_forward(weights, t):
+        k1, b1, k2, b2, kd, bd = weights
+        h = tf.nn.relu(grouped_conv(t, k1, b1, 1, "SAME"))
+        h = grouped_conv(h, k2, b2, 2, "VALID")
+        return tf.reduce_mean(h, axis=[1, 2]) @ kd + bd
+
+    npusim.clear_cpu_fallback_ops()
+    with tf.device("/NPU:0"):
+        got_y = model.predict(x, verbose=0)
+    with tf.device("/CPU:0"):
+        weights = [tf.Variable(w) for w in start]
+        want_y = reference_forward(weights, tf.constant(x))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels, reference_forward(weights, tf.constant(x))))
+        want = [w - 0.05 * g for w, g in zip(start, tape.gradient(loss, weights))]
+    np.testing.assert_allclose(got_y, want_y.numpy(), rtol=0,
+                               atol=2e-3 * np.max(np.abs(want_y.numpy())))
+
+    npusim.clear_launch_records()
+    model.train_on_batch(x, labels)
+    kernels = [r["kernel"] for r in npusim.launch_records()]
+    assert npusim.cpu_fallback_ops() == {}
+    # Two layers forward, the second's input gradient (the first's input is the data), both
+    # filter gradients: one cube launch each (per group: four).
+    per = 1 if one_launch else 4
+    assert len([k for k in kernels if k.startswith("Conv2D_")]) == 2 * per, kernels
+    assert len([k for k in kernels if k.startswith("Conv2DBackpropInput")]) == per, kernels
+    assert len([k for k in kernels if k.startswith("FilterGrad")]) == 2 * per, kernels
+    for g, w, s in zip(model.get_weights(), want, start):
+        # The cube's operands are fp16 in the default precision mode: compare the updates.
+        np.testing.assert_allclose(g - s, w - s, rtol=0, atol=2e-2 * np.max(np.abs(w - s)))

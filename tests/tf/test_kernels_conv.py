@@ -118,6 +118,38 @@ def test_conv2d_and_gradients_exact(npusim, tf, strict_placement, x_shape, w_sha
              ["Conv2D_", "Conv2DBackpropInput_", "FilterGrad_"], cpu_fn=conv_undilated)
 
 
+# Grouped convolutions (x's channels G times the filter's: TF's Conv2D shape rule, Keras'
+# Conv2D(groups=G)): G = 4 of 6 -> 2 channels, 2 of 16 -> 16 with stride 2, 4 of 3 -> 2 in a
+# 1x1 window, 8 of 1 -> 1 dilated. Forward and both gradients, each one NPU launch for all the
+# groups, against the per-group convolutions on the CPU (tf.split, conv2d, tf.concat).
+@pytest.mark.parametrize("x_shape,w_shape,stride,padding,dilation", [
+    ((2, 7, 9, 24), (3, 3, 6, 8), 1, "SAME", 1),
+    ((1, 8, 8, 32), (3, 3, 16, 32), 2, "VALID", 1),
+    ((2, 6, 5, 12), (1, 1, 3, 8), 1, "SAME", 1),
+    ((1, 9, 9, 8), (3, 3, 1, 8), 1, "SAME", 2),
+], ids=str)
+def test_grouped_conv2d_and_gradients_exact(npusim, tf, strict_placement, x_shape, w_shape,
+                                            stride, padding, dilation):
+    x = _quarters(x_shape, 5)
+    w = _quarters(w_shape, 6)
+    groups = x_shape[3] // w_shape[2]
+
+    def conv(a, b):
+        return tf.nn.conv2d(a, b, strides=stride, padding=padding, dilations=dilation)
+
+    def per_group(a, b):  # (undilated on the CPU: as test_conv2d_and_gradients_exact)
+        b = _zero_inserted_filter(tf, b, dilation)
+        return tf.concat([tf.nn.conv2d(xa, wb, strides=stride, padding=padding)
+                          for xa, wb in zip(tf.split(a, groups, axis=3),
+                                            tf.split(b, groups, axis=3))], axis=3)
+
+    _compare(npusim, tf, conv, [x, w], ["Conv2D_", "Conv2DBackpropInput_", "FilterGrad_"],
+             cpu_fn=per_group)
+    names = [r["kernel"] for r in npusim.launch_records()]
+    for kernel in ("Conv2D_", "Conv2DBackpropInput_", "FilterGrad_"):
+        assert len([n for n in names if n.startswith(kernel)]) == 1, (kernel, names)
+
+
 # The filter gradient's paths: a 1x1 window of stride 1 (x is the img2col matrix: the MatMul)
 # and the fused kernel (img2col made in L0A by load3dt), here over the width-folded view of few
 # channels without padding along W, and a 7x7 stride 2 over 3 channels with SAME padding; 1x1

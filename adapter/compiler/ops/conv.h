@@ -371,14 +371,22 @@ inline uint64_t img2col_rep_bytes(int64_t rep, int block_dim) {
 // where the chunks (image, m tile), image-major, are cut into `parts` equal ranges, each its own
 // partial product (the k split), summed by the caller. x may be a strided view (x_pixel, x_row,
 // x_image as Img2colSpec: the width fold; HWIO rows tap * C + c are then the unfolded rows).
+// Grouped (groups > 1, x dense NHWC): x has groups * c channels and dy cout = groups * cg
+// channels; group g multiplies img2col of x's channels [g * c, (g + 1) * c) by dy's channels
+// [g * cg, (g + 1) * cg) into those columns of out (each tile: one group's rows and columns).
 // Arguments (bind them): x, dy ([images][OH*OW][cout], the same type), out.
 struct FilterGradSpec {
   isa::Dtype in_type = isa::Dtype::F16;  // 16-bit (load3dt)
   int64_t images = 1, h = 1, w = 1, c = 1, cout = 1;
+  int64_t groups = 1;  // c: one group's input channels (the filter's Cin); cout all groups'
+  int64_t cg_out() const { return cout / groups; }
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
   int64_t x_pixel = 0, x_row = 0, x_image = 0;
   int64_t parts = 1;  // must divide the chunks (plan_filter_grad skips chunk sizes it does not)
   int64_t pitch = 0;  // elements per output row (>= cout; whole 32-byte blocks via the UB)
+  // Grouped: elements from one group's first column in a row of out to the next group's
+  // (>= cg_out(); 0: cg_out()), so that through the UB each group's columns are whole blocks.
+  int64_t group_pitch = 0;
   isa::Dtype out_type = isa::Dtype::F32;  // or f16 / bf16 (FIXPIPE rounds to nearest even)
   // Split chips, parts > 1, out f32 without padding (pitch = cout): the launch's vector cores
   // add the parts' products after a barrier of its cube cores (a mix kernel, fifth argument dw
@@ -392,7 +400,7 @@ struct FilterGradSpec {
 struct FilterGradTiling {
   int64_t tk = 0, tn = 0, tp = 0, ks = 0;  // tile rows, tile channels, chunk positions, L0 k step
   int64_t kc1 = 0, slab_rows = 0, slab_bytes = 0;  // slab planes and rows (largest), L1 bytes
-  int64_t k_tiles = 0, n_tiles = 0, m_tiles = 0, tiles = 0, chunks = 0, per = 0;
+  int64_t k_tiles = 0, n_tiles = 0, m_tiles = 0, tiles = 0, chunks = 0, per = 0;  // n: per group
   int block_dim = 0, l0c_buffers = 0;
   double cycles = 0;
 };

@@ -9,6 +9,7 @@
 //     (OH-1)*sh + 1; the part of that beyond (KH-1)*dh - 1 appended as zero rows), the same
 //     for W, dilation (dh, dw), and the filter flipped and transposed:
 //     B[(kh, kw, cout)][cin] = filter[KH-1-kh][KW-1-kw][cin][cout] (kRowsN, flipped).
+//     C = G * Cin: G groups, group g's Cout/G channels of dy to its Cin of dx (one launch).
 //   Conv2DBackpropFilter(x, filter_sizes, dy) -> dW [KH,KW,Cin,Cout]
 //     dW = img2col(x)^T * dy by the fused kernel (build_filter_grad): img2col(x) made in L0A
 //     by load3dt from slabs of x in L1, never in GM; few input channels without padding along
@@ -16,6 +17,8 @@
 //     x^T * dy (transpose_a). Few output tiles over a long k (N*OH*OW): the product is split
 //     along k into equal parts spread over the cube cores (f32 partial products), summed by a
 //     vector reduction (plan_k_split / append_fused_filter_grad, append_partial_sum).
+//     C = G * Cin: the fused kernel with G groups (FilterGradSpec::groups: a tile is one
+//     group's rows and columns; dense x, no MatMul, no width fold), one launch.
 //   DepthwiseConv2dNative(x [N,H,W,C], filter [KH,KW,C,M]) -> y [N,OH,OW,C*M]
 //     a grouped convolution: groups of 16 input channels, 16*M outputs each, with the
 //     block-diagonal filter Wbd[g][kh][kw][c0][c0'*M + q] = filter[kh][kw][16g + c0'][q] if
@@ -172,6 +175,20 @@ void view_strided_conv(CubeConvSpec& s) {
   const bool rows = s.kh == 1 && s.sh > 1 && s.pt == 0 && s.pb == 0;
   const bool cols = s.kw == 1 && s.sw > 1 && s.pl == 0 && s.pr == 0;
   if (s.groups == 1 && s.x_row == 0 && (rows || cols)) view_strided_rows(s, s.hs, s.ws, s.cs);
+}
+
+// The groups of a convolution of x's c channels by filter f [KH,KW,Cin,Cout] (Conv2D and both
+// gradients, TF's shape rule): c = G * Cin, G dividing Cout; group g convolves x's channels
+// [g * Cin, (g + 1) * Cin) to y's [g * Cout/G, (g + 1) * Cout/G). Anything else is invalid,
+// naming op and the channel counts.
+int64_t conv_groups(const OpDesc& op, int64_t c, const std::vector<int64_t>& f) {
+  const int64_t cin = f[2], cout = f[3];
+  if (cin == 0 ? c != 0 : c % cin != 0)
+    op.invalid(fmt::format("input channels {} are not a multiple of the filter's {}", c, cin));
+  const int64_t groups = cin ? c / cin : 1;
+  if (cout % groups != 0)
+    op.invalid(fmt::format("output channels {} are not a multiple of the {} groups", cout, groups));
+  return groups;
 }
 
 // The width fold for inputs of few channels (the first layer's 3): without padding or dilation
@@ -689,11 +706,7 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   const std::vector<int64_t>& x = op.inputs[0].shape;
   const std::vector<int64_t>& f = op.inputs[1].shape;
   const int64_t c = x[3], cin = f[2], cout = f[3];
-  if (cin == 0 ? c != 0 : c % cin != 0)
-    op.invalid(fmt::format("input channels {} are not a multiple of the filter's {}", c, cin));
-  const int64_t groups = cin ? c / cin : 1;
-  if (cout % groups != 0)
-    op.invalid(fmt::format("output channels {} are not a multiple of the {} groups", cout, groups));
+  const int64_t groups = conv_groups(op, c, f);
   const ConvWindow cw = forward_window(op, x, f[0], f[1], nullptr);
   CompiledKernel k;
   k.outputs = {TensorDesc{y_type, {x[0], cw.h.out, cw.w.out, cout}}};
@@ -929,11 +942,7 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   const std::vector<int64_t> x = shape_attr(op, "input_sizes");
   const std::vector<int64_t>& f = op.inputs[0].shape;
   const std::vector<int64_t>& dy = op.inputs[1].shape;
-  if (x[3] != f[2])
-    op.fail(
-        fmt::format("input channels {} differ from the filter's {} (grouped input gradients "
-                    "are not supported)",
-                    x[3], f[2]));
+  const int64_t groups = conv_groups(op, x[3], f);
   if (dy[0] != x[0] || dy[3] != f[3])
     op.invalid(fmt::format("out_backprop {} does not match batch {} / filter output channels {}",
                            shape_str(dy), x[0], f[3]));
@@ -953,13 +962,19 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   s.ws = dy[2];
   s.cs = dy[3];
   set_transposed_window(s, cw, op);
-  s.cg_in = dy[3];
-  s.cg_out = s.cy = x[3];
+  // Group g: dy's channels [g * Cout/G, (g + 1) * Cout/G) to dx's [g * Cin, (g + 1) * Cin), B_g
+  // the filter's columns of the group read transposed.
+  s.groups = groups;
+  s.cg_in = dy[3] / groups;
+  s.cg_out = f[2];
+  s.cy = x[3];
   s.b_mode = CubeConvSpec::BMode::kRowsN;
   s.b_flip = true;
+  s.b_group = f[3] / groups;
   s.b_tap = f[2] * f[3];
   s.b_row = f[3];
-  if (append_strided_input_grad(k, ctx, ct, cw, dy, s)) return k;
+  // (the strided kernels multiply all of dy's channels by all of the filter's: one group)
+  if (groups == 1 && append_strided_input_grad(k, ctx, ct, cw, dy, s)) return k;
   const ArgRef dyr = cube_operand(k, ctx, ct, 1), wr = cube_operand(k, ctx, ct, 0);
   append_cube_conv(k, ctx, ct, s, dyr, wr);
   return k;
@@ -1191,14 +1206,17 @@ bool filter_grad_parts_in_kernel(const CompileContext& ctx, const CubeTypes& ct,
 
 // Whether the fused kernel of one part writes dW (type dt, cout channels) itself: FIXPIPE
 // rounds to f16 / bf16 (as the packing copy would) or writes f32, not under the widening mixed
-// precision, and through the UB only rows of whole 32-byte blocks; else it writes f32 partial
-// products.
-bool fused_writes_dw(const CompileContext& ctx, const CubeTypes& ct, DataType dt, int64_t cout) {
+// precision, and through the UB only rows (and with groups, each group's channels: cg_out of
+// them) of whole 32-byte blocks; else it writes f32 partial products.
+bool fused_writes_dw(const CompileContext& ctx, const CubeTypes& ct, DataType dt, int64_t cout,
+                     int64_t cg_out) {
   const std::string op = ctx.op.str();
   const bool half = dt == DataType::F16 || dt == DataType::BF16;
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
+  const int64_t bytes = data_type_bytes(dt);
   return !ct.widen && (half || dt == DataType::F32) &&
-         (!via_ub || cout * data_type_bytes(dt) % layout::kBlockBytes == 0);
+         (!via_ub || (cout * bytes % layout::kBlockBytes == 0 &&
+                      cg_out * bytes % layout::kBlockBytes == 0));
 }
 
 // The fused kernel's plan for dW (FilterGradSpec): its spec, tiling and part count (the k
@@ -1221,14 +1239,27 @@ FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const Cube
   FilterGradSpec& s = p.spec;
   s.in_type = device_dtype(ct.cube);
   s.cout = f[3];
-  set_image_window(s, x, cw, true);
-  view_strided_rows(s, s.h, s.w, s.c);
+  // Grouped (x's channels G times the filter's): dense x, each tile one group's (no width fold
+  // or strided view: those view x's channels as one group's).
+  s.groups = x[3] / f[2];
+  set_image_window(s, x, cw, s.groups == 1);
+  if (s.groups == 1)
+    view_strided_rows(s, s.h, s.w, s.c);
+  else
+    s.c = f[2];
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
+  // Through the UB, groups whose f32 channels are not whole blocks: each group's padded to
+  // whole blocks in the products' rows (the packing copy drops the padding).
+  if (via_ub && s.groups > 1 && s.cg_out() * 4 % layout::kBlockBytes != 0) {
+    s.group_pitch = round_up(s.cg_out(), layout::kBlockBytes / 4);
+    s.pitch = s.groups * s.group_pitch;
+  }
   p.rows = s.kh * s.kw * s.c;
   p.mn = p.rows * s.pitch;
   p.add_parts = filter_grad_parts_in_kernel(ctx, ct, dt, p.mn);
-  const bool one_part_writes_dw = fused_writes_dw(ctx, ct, dt, s.cout);
+  const bool one_part_writes_dw =
+      s.group_pitch == 0 && fused_writes_dw(ctx, ct, dt, s.cout, s.cg_out());
   // The candidates: every part count's tilings, each with the parts' sum added; the choice is
   // the first of the lowest estimate (NPUSIM_FILTER_GRAD_PLAN_RANK=k: the k-th lowest, a
   // measuring switch, forced_plan_rank; benchmarks/filter_grad_plan_ranks.py).
@@ -1280,7 +1311,7 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   FilterGradSpec& s = p.spec;
   const FilterGradTiling& best = p.tiling;
   const DataType dt = k.outputs[0].dtype;
-  if (s.parts == 1 && fused_writes_dw(ctx, ct, dt, s.cout)) {
+  if (s.parts == 1 && s.group_pitch == 0 && fused_writes_dw(ctx, ct, dt, s.cout, s.cg_out())) {
     s.out_type = device_dtype(dt);
     s.pitch = s.cout;
     k.launches.push_back(
@@ -1296,7 +1327,11 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
     return;
   }
   k.launches.push_back(with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, products}));
-  append_partial_sum(k, ctx, products, s.parts, p.mn, ct.widen, p.rows, s.cout, s.pitch);
+  if (s.group_pitch != 0)  // each row's groups: rows x groups runs of cg_out, group pitch apart
+    append_partial_sum(k, ctx, products, s.parts, p.mn, ct.widen, p.rows * s.groups, s.cg_out(),
+                       s.group_pitch);
+  else
+    append_partial_sum(k, ctx, products, s.parts, p.mn, ct.widen, p.rows, s.cout, s.pitch);
 }
 
 // NPUSIM_FILTER_GRAD_POINTWISE in the environment: the kernel of a 1x1 stride-1 filter
@@ -1327,11 +1362,7 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   const std::vector<int64_t>& x = op.inputs[0].shape;
   const std::vector<int64_t> f = shape_attr(op, "filter_sizes");
   const std::vector<int64_t>& dy = op.inputs[1].shape;
-  if (x[3] != f[2])
-    op.fail(
-        fmt::format("input channels {} differ from the filter's {} (grouped filter "
-                    "gradients are not supported)",
-                    x[3], f[2]));
+  const int64_t groups = conv_groups(op, x[3], f);
   if (dy[0] != x[0] || dy[3] != f[3])
     op.invalid(fmt::format("out_backprop {} does not match batch {} / filter output channels {}",
                            shape_str(dy), x[0], f[3]));
@@ -1350,7 +1381,9 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   // Every other window: the fused kernel (img2col by load3dt in L0A, append_fused_filter_grad).
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op.str()), op.str());
   const bool blocks = !via_ub || f[2] % (layout::kBlockBytes / data_type_bytes(ct.cube)) == 0;
-  const bool pointwise = blocks && f[0] == 1 && f[1] == 1 && cw.h.s == 1 && cw.w.s == 1 &&
+  // (the MatMul multiplies all of x's channels by all of dy's: one group)
+  const bool pointwise = groups == 1 && blocks && f[0] == 1 && f[1] == 1 && cw.h.s == 1 &&
+                         cw.w.s == 1 &&
                          cw.h.before + cw.h.after + cw.w.before + cw.w.after == 0;
   const ArgRef xr = cube_operand(k, ctx, ct, 0), dyr = cube_operand(k, ctx, ct, 1);
   if (!pointwise) {

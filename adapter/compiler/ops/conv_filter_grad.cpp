@@ -1,9 +1,10 @@
 // The filter gradient's fused cube kernel (ops/conv.h, build_filter_grad) on the cube skeleton
 // (ops/cube_pipeline.h): dW = img2col(x)^T x dy with img2col made in L0A by load3dt.
 //
-// Tiles: (part, n tile, k tile), tile = (part * n_tiles + nt) * k_tiles + kt; each cube core
-// takes a contiguous range. A tile's steps are its part's chunks: chunk = (image of the part,
-// m tile of tp positions). Per step, software-pipelined by one step:
+// Tiles: (part, weight key, k tile), tile = (part * keys + key) * k_tiles + kt, key = group *
+// n_tiles + n tile (keys = groups * n_tiles); each cube core takes a contiguous range. A tile's
+// steps are its part's chunks: chunk = (image of the part, m tile of tp positions). Per step,
+// software-pipelined by one step:
 //   MTE2  the chunk's slab (ops/conv_slab.h: the input rows its positions need, the tile's
 //         channel blocks) into L1 buffer step & 1, and dy's rows [m0, m0 + m_act) x the tile's
 //         channels into the dy buffer of the same parity as NZ with tp rows (rows past m_act
@@ -90,12 +91,19 @@ class FilterGradEmitter {
       : m_s(s),
         m_t(t),
         m_b(fmt::format("FilterGrad_{}", isa::dtype_name(s.in_type)), op, cfg),
-        m_slab(m_b, SlabEmitter::image_geometry(s, t.tp)),
+        m_slab(m_b, slab_geometry(s, t.tp)),
         m_isz(isa::dtype_size(s.in_type)),
         m_osz(isa::dtype_size(s.out_type)),
         m_taps(s.kh * s.kw),
         m_k3(ceil_div(s.c, kBlk) * s.kh * s.kw * kBlk),
         m_pipe(m_b, t.l0c_buffers) {}
+
+  // The slab's geometry: x's pixels hold every group's channels.
+  static SlabEmitter::Geometry slab_geometry(const FilterGradSpec& s, int64_t tp) {
+    SlabEmitter::Geometry g = SlabEmitter::image_geometry(s, tp);
+    g.cs = s.groups * s.c;
+    return g;
+  }
 
   // Whether the slab is loaded per plane and column (SlabEmitter::strided_columns).
   bool slab_by_columns() const { return m_s.x_row != 0 && m_slab.strided_columns(); }
@@ -182,8 +190,8 @@ class FilterGradEmitter {
   }
 
  private:
-  // Step st: its chunk ch, the tile's k tile kt and n tile nt, the chunk's image img and m tile
-  // mt.
+  // Step st: its chunk ch, the tile's k tile kt and weight key nt (group * n_tiles + n tile;
+  // the n tile with one group), the chunk's image img and m tile mt.
   struct StepRegs {
     const Reg &ch, &kt, &nt, &img, &mt;
   };
@@ -194,8 +202,8 @@ class FilterGradEmitter {
     b.add(r.kt, r.kt, *m_tbeg, "tile");
     b.div(r.nt, r.kt, m_t.k_tiles);
     b.rem(r.kt, r.kt, m_t.k_tiles, "k tile");
-    b.div(r.img, r.nt, m_t.n_tiles, "part");
-    b.rem(r.nt, r.nt, m_t.n_tiles, "n tile");
+    b.div(r.img, r.nt, keys(), "part");
+    b.rem(r.nt, r.nt, keys(), m_s.groups > 1 ? "weight key" : "n tile");
     b.mul(r.img, r.img, m_t.chunks, "the part's first chunk");
     b.add(r.img, r.img, r.ch, "chunk of the op: image * m tiles + m tile");
     b.rem(r.mt, r.img, m_t.m_tiles, "m tile");
@@ -217,8 +225,33 @@ class FilterGradEmitter {
     b.add(ncb, ncb, 1, "channel blocks of the tile");
   }
 
-  // n_act = min(tn, cout - nt * tn): the tile's channels.
-  void tile_channels(const Reg& nt, const Reg& n_act) { remaining(n_act, nt, m_t.tn, m_s.cout); }
+  int64_t keys() const { return m_s.groups * m_t.n_tiles; }
+
+  // n_act = min(tn, cout / groups - (nt % n_tiles) * tn): the tile's channels (weight key nt).
+  void tile_channels(const Reg& nt, const Reg& n_act) {
+    if (m_s.groups == 1) {
+      remaining(n_act, nt, m_t.tn, m_s.cout);
+      return;
+    }
+    Reg n = m_b.reg("n tile");
+    m_b.rem(n, nt, m_t.n_tiles);
+    remaining(n_act, n, m_t.tn, m_s.cg_out());
+  }
+  // col = the tile's first channel: (nt / n_tiles) * group_pitch + (nt % n_tiles) * tn (weight
+  // key nt; dy's group pitch is cout / groups, out's FilterGradSpec::group_pitch).
+  void tile_first_channel(const Reg& col, const Reg& nt, int64_t group_pitch) {
+    KernelBuilder& b = m_b;
+    if (m_s.groups == 1) {
+      b.mul(col, nt, m_t.tn);
+      return;
+    }
+    Reg t = b.reg("group's first channel");
+    b.div(t, nt, m_t.n_tiles);
+    b.mul(t, t, group_pitch);
+    b.rem(col, nt, m_t.n_tiles);
+    b.mul(col, col, m_t.tn);
+    b.add(col, col, t, "the tile's first channel");
+  }
 
   // d = min(per, total - i * per): what piece i of `total` in pieces of `per` holds.
   void remaining(const Reg& d, const Reg& i, int64_t per, int64_t total) {
@@ -245,16 +278,21 @@ class FilterGradEmitter {
     {
       Reg r0 = b.reg("first row"), h = b.reg("rows"), dst = b.reg("slab"), x = b.load_arg("x"),
           cbase = b.reg_imm("channel base", 0), cvalid = b.reg_imm("channels", m_s.c);
+      if (m_s.groups > 1) {
+        b.div(cbase, nt, m_t.n_tiles);
+        b.mul(cbase, cbase, m_s.c, "the group's first channel of x");
+      }
       m_slab.slab_rows(m0, m_act, r0, h);
       select(b, dst, p, m_slab_buf);
       m_slab.load_slab({dst, x, img, r0, h, cbase, c1a, ncb, cvalid});
     }
-    // dy + ((img * OH*OW + m0) * cout + nt * tn) * size, rows m_act, the tile's channels.
+    // dy + ((img * OH*OW + m0) * cout + the tile's first channel) * size, rows m_act, the
+    // tile's channels.
     Reg src = b.load_arg("dy"), t = b.reg("offset"), dst = b.reg("dy buffer");
     b.mul(t, img, m_s.oh() * m_s.ow());
     b.add(t, t, m0);
     b.mul(t, t, m_s.cout);
-    b.mul(m0, nt, m_t.tn);
+    tile_first_channel(m0, nt, m_s.cg_out());
     b.add(t, t, m0);
     b.mul(t, t, m_isz);
     b.add(src, src, t);
@@ -372,13 +410,13 @@ class FilterGradEmitter {
     tile_rows(kt, kext);
     tile_channels(nt, n_act);
     {
-      // out + (part * taps*C * pitch + nt * tn) * 4
+      // out + (part * taps*C * pitch + the tile's first channel) * 4
       Reg part = b.reg("part");
       b.div(part, st, m_t.chunks);
       b.add(part, part, *m_tbeg);
-      b.div(part, part, m_t.k_tiles * m_t.n_tiles, "part");
+      b.div(part, part, m_t.k_tiles * keys(), "part");
       b.mul(part, part, m_taps * m_s.c * m_s.pitch);
-      b.mul(cdst, nt, m_t.tn);
+      tile_first_channel(cdst, nt, m_s.group_pitch ? m_s.group_pitch : m_s.cg_out());
       b.add(cdst, cdst, part);
       b.mul(cdst, cdst, m_osz);
       Reg out = b.load_arg("out");
@@ -454,6 +492,11 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
   if (isa::dtype_size(s.in_type) != 2)
     throw CompileError(fmt::format("{}: the fused filter gradient takes 16-bit types", op));
   if (s.parts < 1) throw CompileError(fmt::format("{}: {} parts", op, s.parts));
+  if (s.groups < 1 || s.cout % s.groups != 0 || (s.groups > 1 && s.x_row != 0) ||
+      (s.group_pitch != 0 && (s.group_pitch < s.cg_out() || s.groups * s.group_pitch > s.pitch)))
+    throw CompileError(fmt::format(
+        "{}: {} groups of {} output channels (group pitch {}, row pitch {}){}", op, s.groups,
+        s.cout, s.group_pitch, s.pitch, s.x_row != 0 ? " over a strided view of x" : ""));
   const int64_t isz = 2, taps = s.kh * s.kw, per_c1 = taps * kBlk;
   const int64_t k3 = ceil_div(s.c, kBlk) * per_c1, positions = s.oh() * s.ow();
   // Rates (bytes per cycle) and a step's fixed cost beyond its slowest pipe: the hand-overs'
@@ -483,10 +526,10 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
     }
     tks.push_back(r);
   }
-  const std::vector<int64_t> tns = balanced_sides(s.cout, kMaxTile);
+  const std::vector<int64_t> tns = balanced_sides(s.cg_out(), kMaxTile);
   // x's rows the view reads and dy, each once (bytes).
   const double operand_bytes =
-      static_cast<double>(s.images * s.h * s.w * round_up(s.c, kBlk) * isz) +
+      static_cast<double>(s.images * s.h * s.w * s.groups * round_up(s.c, kBlk) * isz) +
       static_cast<double>(s.images * positions * s.cout * isz);
   std::vector<FilterGradTiling> tilings;
   for (int64_t tp : balanced_sides(positions, kMaxChunk)) {
@@ -518,10 +561,10 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
         if (via_ub && t.tk * t.tn * kL0cElemBytes > static_cast<int64_t>(core.capacity(Buf::UB)))
           continue;
         t.k_tiles = ceil_div(k3, t.tk);
-        t.n_tiles = ceil_div(s.cout, t.tn);
+        t.n_tiles = ceil_div(s.cg_out(), t.tn);
         t.m_tiles = static_cast<int64_t>(mts.size());
         t.chunks = chunks;
-        t.tiles = s.parts * t.k_tiles * t.n_tiles;
+        t.tiles = s.parts * s.groups * t.k_tiles * t.n_tiles;
         const CubeSplit split = contiguous_split(t.tiles, core.count);
         t.per = split.per;
         t.block_dim = split.block_dim;
@@ -603,6 +646,8 @@ Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, con
       "blocks, modelled ~{:.0f} cycles",
       s.images, s.h, s.w, s.c, s.kh, s.kw, s.cout, s.parts, t.tk, t.tn, t.tp, t.ks, t.tiles,
       t.block_dim, t.cycles);
+  if (s.groups > 1)
+    l.summary += fmt::format("; {} groups of {} -> {} channels", s.groups, s.c, s.cg_out());
   if (s.add_parts) l.summary += "; the parts added by the vector cores";
   if (s.x_row != 0)
     l.summary += fmt::format("; x viewed with pixels {} and rows {} elements apart{}", s.x_pixel,

@@ -19,8 +19,12 @@ run on the NPU.
   on the NPU ("No JIT device registered for NPU"). When the convolution runs on the NPU and its
   data is channels_last, the patched `conv` computes the same result without XLA: groups =
   channels as one DepthwiseConv2dNative (2-D, its kernel [kh, kw, 1, C * m] reshaped to
-  [kh, kw, C, m]: output channel c * m + j is group c's j-th filter in both), otherwise one
-  convolution per group on a split of the input channels and of the filters, concatenated.
+  [kh, kw, C, m]: output channel c * m + j is group c's j-th filter in both); other grouped
+  1-D and 2-D convolutions as one Conv2D (tf.nn.conv2d / conv1d with the kernel as it is:
+  TensorFlow's Conv2D and its gradients take input channels G times the filter's, and the NPU
+  computes each as one launch for all the groups; NPUSIM_FUSION_GROUPED_CONV=0, read when a
+  function is traced, keeps the per-group form below); 3-D ones as one convolution per group on
+  a split of the input channels and of the filters, concatenated.
   Dilated 1-D and 2-D convolutions (dilation_rate > 1, stride 1), which tf.nn.convolution wraps
   in SpaceToBatchND / BatchToSpaceND (no NPU kernels: they ran on the CPU), go to Conv2D with
   its dilations attribute instead (conv1d for 1-D), which the NPU computes.
@@ -47,6 +51,7 @@ import hook), or at once if it already is.
 import functools
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 
 TRAINER_MODULE = "keras.src.trainers.trainer"
@@ -129,10 +134,17 @@ def _dilated_natively(rank, strides, dilations):
 def _conv_ungrouped(tf, inputs, kernel, strides, padding, dilations):
     rank = len(inputs.shape) - 2
     if _dilated_natively(rank, strides, dilations):
-        conv = tf.nn.conv2d if rank == 2 else tf.nn.conv1d
-        return conv(inputs, kernel, strides if rank == 2 else strides[0], padding.upper(),
-                    dilations=dilations if rank == 2 else dilations[0])
+        return _conv_2d(tf, inputs, kernel, strides, padding, dilations)
     return tf.nn.convolution(inputs, kernel, strides, padding.upper(), dilations=dilations)
+
+
+def _conv_2d(tf, inputs, kernel, strides, padding, dilations):
+    """One Conv2D (1-D: conv1d's, through ExpandDims) with strides and dilations, grouped or not
+    (input channels G times the kernel's: G groups)."""
+    rank = len(inputs.shape) - 2
+    conv = tf.nn.conv2d if rank == 2 else tf.nn.conv1d
+    return conv(inputs, kernel, strides if rank == 2 else strides[0], padding.upper(),
+                dilations=dilations if rank == 2 else dilations[0])
 
 
 def _conv_without_xla(tf, inputs, kernel, strides, padding, dilations):
@@ -145,6 +157,8 @@ def _conv_without_xla(tf, inputs, kernel, strides, padding, dilations):
     if rank == 2 and per_group == 1 and max(dilations) == 1:
         depthwise = tf.reshape(kernel, tuple(kernel.shape[:2]) + (channels, -1))
         return tf.nn.depthwise_conv2d(inputs, depthwise, (1,) + strides + (1,), padding.upper())
+    if rank in (1, 2) and os.environ.get("NPUSIM_FUSION_GROUPED_CONV") != "0":
+        return _conv_2d(tf, inputs, kernel, strides, padding, dilations)
     outputs = [_conv_ungrouped(tf, x, k, strides, padding, dilations)
                for x, k in zip(tf.split(inputs, groups, axis=-1),
                                tf.split(kernel, groups, axis=-1))]
