@@ -121,9 +121,10 @@ struct KernelLaunch {
   // KernelResult::counter_delta is filled (what a caller that keeps many launches wants: the
   // tree of a 72-core chip costs more than a small launch's simulation).
   bool counter_tree = true;
-  // The device's allocations (the runtime's allocator): with a cold L2 the launch's lines are
-  // filed by allocation, so its L2 outcome does not depend on where its buffers were placed
-  // (sim/chip/l2_placement.h). Empty: lines are filed at their device addresses.
+  // The device's allocations (the runtime's allocator; an offline model's two regions,
+  // graph::OfflineRunner): with a cold L2 the launch's lines are filed by allocation, so its L2
+  // outcome does not depend on where its buffers were placed (sim/chip/l2_placement.h). Empty:
+  // lines are filed at their device addresses.
   GmBlockLookup gm_blocks;
   // Buffers a static memory plan placed inside one allocation (a TF graph's arena: device
   // address ranges [start, start + bytes), pairwise disjoint, any order). With a cold L2 at the
