@@ -122,6 +122,8 @@ KernelResult OfflineRunner::launch(const Task& t, uint64_t run) {
   // The regions are the model's allocations: its lines are filed by region, not at their
   // device addresses.
   kl.gm_blocks = m_regions;
+  for (const TaskBuffer& b : t.buffers)
+    kl.planned_blocks.emplace_back(address(b.region, b.offset), b.bytes);
   kl.program = &m_model.kernels[t.kernel];
   kl.block_dim = t.block_dim;
   kl.counter_tree = m_counter_trees;

@@ -144,3 +144,44 @@ TEST_CASE("offline runner: misplaced regions are refused") {
   CHECK_THROWS_WITH(OfflineRunner(m, sim(), "adds.om", {0x100000, 0x100000}),
                     Catch::Contains("overlaps the activation region"));
 }
+
+TEST_CASE("offline model: each task names the planned buffers its arguments lie in") {
+  const OmModel m = two_adds(random_floats(2), random_floats(3));
+  for (const auto* list : {&m.init_tasks, &m.tasks})
+    for (const Task& t : *list) {
+      INFO("node " << t.node);
+      REQUIRE_FALSE(t.buffers.empty());
+      for (size_t i = 0; i < t.buffers.size(); ++i) {
+        const TaskBuffer& b = t.buffers[i];
+        CHECK(b.bytes > 0);
+        CHECK(b.offset + b.bytes <=
+              (b.region == Region::kConstant ? m.constants.size() : m.activation_bytes));
+        for (size_t j = 0; j < i; ++j)  // pairwise disjoint
+          CHECK((t.buffers[j].region != b.region || t.buffers[j].offset >= b.offset + b.bytes ||
+                 b.offset >= t.buffers[j].offset + t.buffers[j].bytes));
+      }
+      for (const ArgValue& a : t.args) {
+        if (a.scalar) continue;
+        bool inside = false;
+        for (const TaskBuffer& b : t.buffers)
+          inside |= b.region == a.region && a.value >= b.offset && a.value < b.offset + b.bytes;
+        CHECK(inside);
+      }
+    }
+  // The .om keeps them; a buffer outside its region is refused.
+  const std::vector<uint8_t> bytes = serialize_om(m);
+  const OmModel back = parse_om(bytes, "adds.om");
+  REQUIRE(back.tasks.size() == m.tasks.size());
+  for (size_t i = 0; i < m.tasks.size(); ++i) {
+    REQUIRE(back.tasks[i].buffers.size() == m.tasks[i].buffers.size());
+    for (size_t j = 0; j < m.tasks[i].buffers.size(); ++j) {
+      CHECK(back.tasks[i].buffers[j].region == m.tasks[i].buffers[j].region);
+      CHECK(back.tasks[i].buffers[j].offset == m.tasks[i].buffers[j].offset);
+      CHECK(back.tasks[i].buffers[j].bytes == m.tasks[i].buffers[j].bytes);
+    }
+  }
+  OmModel bad = m;
+  bad.tasks[0].buffers[0].bytes = m.activation_bytes + m.constants.size() + 1;
+  CHECK_THROWS_WITH(parse_om(serialize_om(bad), "bad.om"),
+                    Catch::Contains("a buffer of node") && Catch::Contains("outside its region"));
+}
