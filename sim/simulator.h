@@ -121,10 +121,18 @@ struct KernelLaunch {
   // KernelResult::counter_delta is filled (what a caller that keeps many launches wants: the
   // tree of a 72-core chip costs more than a small launch's simulation).
   bool counter_tree = true;
-  // The device's allocations (the runtime's allocator): with a cold L2 the launch's lines are
-  // filed by allocation, so its L2 outcome does not depend on where its buffers were placed
-  // (sim/chip/l2_placement.h). Empty: lines are filed at their device addresses.
+  // The device's allocations (the runtime's allocator; an offline model's two regions,
+  // graph::OfflineRunner): with a cold L2 the launch's lines are filed by allocation, so its L2
+  // outcome does not depend on where its buffers were placed (sim/chip/l2_placement.h). Empty:
+  // lines are filed at their device addresses.
   GmBlockLookup gm_blocks;
+  // Buffers a static memory plan placed inside one allocation (a TF graph's arena: device
+  // address ranges [start, start + bytes), pairwise disjoint, any order). With a cold L2 at the
+  // launch its lines in them are filed by buffer rather than by the whole allocation, so its L2
+  // outcome does not depend on where the plan put them either (MemorySystem::select_l2 decides;
+  // a buffer not starting on an L2 line is filed with its allocation). Ignored with a kept L2
+  // (a graph run's, or across launches). Empty: by allocation.
+  PlannedBlocks planned_blocks;
   // Nonzero: the launch belongs to one run of a graph (a TF graph's task list, an offline
   // model's run), every launch of the run carrying the same value, unique to the run, and the
   // run issuing the same launches in the same order every time. With

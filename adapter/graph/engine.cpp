@@ -274,7 +274,34 @@ class Lowering {
     }
     for (const TensorRef& x : n.inputs) t.inputs.push_back(m_g.desc(x));
     t.outputs = c.kernel.outputs;
+    t.buffers = task_buffers(c);
     return t;
+  }
+
+  // The planned buffers node c's launches touch (Task::buffers), each once.
+  std::vector<TaskBuffer> task_buffers(const CompiledNode& c) const {
+    std::vector<TaskBuffer> buffers;
+    const auto add = [&](Region region, uint64_t offset, uint64_t bytes) {
+      for (const TaskBuffer& b : buffers)
+        if (b.region == region && b.offset == offset) return;
+      buffers.push_back({region, offset, bytes});
+    };
+    const auto add_activation = [&](int buffer) {
+      add(Region::kActivation, m_buffers[buffer].offset, m_buffers[buffer].bytes);
+    };
+    const Node& n = m_g.nodes[c.node];
+    for (size_t i = 0; i < c.inputs.size(); ++i)
+      if (c.inputs[i].region == Region::kConstant)
+        add(Region::kConstant, c.inputs[i].offset,
+            compiler::device_buffer_bytes(m_g.desc(n.inputs[i]).bytes()));
+      else
+        add_activation(c.inputs[i].buffer);
+    for (const Loc& l : c.outputs) add_activation(l.buffer);
+    if (c.workspace >= 0) add_activation(c.workspace);
+    for (size_t d = 0; d < c.kept.size(); ++d)
+      if (c.kept[d])
+        add(Region::kConstant, c.kept[d], compiler::device_buffer_bytes(c.kernel.derived[d].bytes));
+    return buffers;
   }
 
   void emit_tasks(const CompiledNode& c) {

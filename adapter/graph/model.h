@@ -25,6 +25,13 @@ struct ArgValue {
   uint64_t value = 0;  // the scalar, or the offset
 };
 
+// A buffer of the static plan: an activation buffer, a constant, or a weight's derived tensor
+// kept in the constant region; [offset, offset + bytes) of its region.
+struct TaskBuffer {
+  Region region = Region::kActivation;
+  uint64_t offset = 0, bytes = 0;
+};
+
 // One launch of the task list.
 struct Task {
   std::string node;     // the graph node it belongs to (original TF name)
@@ -33,6 +40,11 @@ struct Task {
   int block_dim = 1;
   std::vector<ArgValue> args;                         // in ldarg order
   std::vector<compiler::TensorDesc> inputs, outputs;  // the node's tensors, for reports
+  // The buffers its tensors lie in (inputs, outputs, workspace, kept derived tensors), each
+  // once, pairwise disjoint: the runner passes them as the launch's planned blocks
+  // (KernelLaunch::planned_blocks), so a cold L2 files the launch's lines by buffer. Empty in an
+  // .om written before tasks recorded them (the launch's lines are then filed by region).
+  std::vector<TaskBuffer> buffers;
 };
 
 // A graph input or output: where its bytes live.

@@ -53,13 +53,23 @@ json task_json(const Task& t) {
   for (const ArgValue& a : t.args)
     args.push_back(a.scalar ? json{{"scalar", a.value}}
                             : json{{"region", int(a.region)}, {"offset", a.value}});
+  json buffers = json::array();
+  for (const TaskBuffer& b : t.buffers)
+    buffers.push_back({{"region", int(b.region)}, {"offset", b.offset}, {"bytes", b.bytes}});
   return {{"node", t.node},
           {"op_type", t.op_type},
           {"kernel", t.kernel},
           {"block_dim", t.block_dim},
           {"args", args},
           {"inputs", tensors_json(t.inputs)},
-          {"outputs", tensors_json(t.outputs)}};
+          {"outputs", tensors_json(t.outputs)},
+          {"buffers", buffers}};
+}
+
+Region region_from(const json& j, const std::string& node) {
+  const int r = j.at("region").get<int>();
+  if (r != 0 && r != 1) throw Error(fmt::format("task of node '{}': region {}", node, r));
+  return Region(r);
 }
 
 Task task_from(const json& j) {
@@ -72,15 +82,15 @@ Task task_from(const json& j) {
     ArgValue v;
     v.scalar = a.contains("scalar");
     v.value = v.scalar ? a.at("scalar").get<uint64_t>() : a.at("offset").get<uint64_t>();
-    if (!v.scalar) {
-      const int r = a.at("region").get<int>();
-      if (r != 0 && r != 1) throw Error(fmt::format("task of node '{}': region {}", t.node, r));
-      v.region = Region(r);
-    }
+    if (!v.scalar) v.region = region_from(a, t.node);
     t.args.push_back(v);
   }
   t.inputs = tensors_from(j.at("inputs"));
   t.outputs = tensors_from(j.at("outputs"));
+  if (j.contains("buffers"))  // absent in an .om written before tasks recorded them
+    for (const json& b : j.at("buffers"))
+      t.buffers.push_back(
+          {region_from(b, t.node), b.at("offset").get<uint64_t>(), b.at("bytes").get<uint64_t>()});
   return t;
 }
 
@@ -123,6 +133,8 @@ void check_model(const OmModel& m) {
       for (const ArgValue& a : t.args)
         if (!a.scalar)
           check_in_region(m, a.region, a.value, 0, "an argument of node '" + t.node + "'");
+      for (const TaskBuffer& b : t.buffers)
+        check_in_region(m, b.region, b.offset, b.bytes, "a buffer of node '" + t.node + "'");
     }
   for (const auto* list : {&m.inputs, &m.outputs})
     for (const IoBinding& b : *list)

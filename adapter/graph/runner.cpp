@@ -1,5 +1,6 @@
 #include "adapter/graph/runner.h"
 
+#include <array>
 #include <atomic>
 
 #include <fmt/format.h>
@@ -66,13 +67,40 @@ void check_model_chip(const OmModel& m, const ChipConfig& cfg, const std::string
                     source, cfg.name));
 }
 
-OfflineRunner::OfflineRunner(const OmModel& m, Simulator& sim, const std::string& source)
+OfflineRunner::OfflineRunner(const OmModel& m, Simulator& sim, const std::string& source,
+                             RegionBases bases)
     : m_model(m), m_sim(sim), m_source(source) {
   check_model_chip(m, sim.config(), source);
   for (const isa::Program& p : m.kernels) isa::verify_or_throw(p, sim.config());
-  m_constant_base = kFirstAddress;
-  m_activation_base = align_up(m_constant_base + m.constants.size(), kRegionAlign);
-  m_end = m_activation_base + m.activation_bytes;
+  if (bases.constant == 0 && bases.activation == 0)
+    bases = {kFirstAddress, align_up(kFirstAddress + m.constants.size(), kRegionAlign)};
+  if (bases.constant % kRegionAlign != 0 || bases.activation % kRegionAlign != 0 ||
+      bases.constant < kFirstAddress || bases.activation < kFirstAddress)
+    throw Error(
+        fmt::format("{}: region bases {:#x} (constants), {:#x} (activations): each a "
+                    "multiple of {} from {:#x} on",
+                    source, bases.constant, bases.activation, kRegionAlign, kFirstAddress));
+  if (!m.constants.empty() && m.activation_bytes > 0 &&
+      bases.constant < bases.activation + m.activation_bytes &&
+      bases.activation < bases.constant + m.constants.size())
+    throw Error(fmt::format(
+        "{}: the constant region at {:#x} ({} bytes) overlaps the activation "
+        "region at {:#x} ({} bytes)",
+        source, bases.constant, m.constants.size(), bases.activation, m.activation_bytes));
+  m_constant_base = bases.constant;
+  m_activation_base = bases.activation;
+  m_end = std::max(m_constant_base + m.constants.size(), m_activation_base + m.activation_bytes);
+  m_regions = [regions = std::array{std::pair{m_constant_base, uint64_t{m.constants.size()}},
+                                    std::pair{m_activation_base, m.activation_bytes}}](
+                  uint64_t addr, uint64_t* start, uint64_t* bytes) {
+    for (const auto& [base, size] : regions)
+      if (addr - base < size) {
+        *start = base;
+        *bytes = size;
+        return true;
+      }
+    return false;
+  };
   const uint64_t capacity = sim.gm().capacity();
   if (m_end + compiler::kDeviceBufferAlign > capacity)
     throw Error(fmt::format(
@@ -91,6 +119,11 @@ uint64_t OfflineRunner::address(Region r, uint64_t offset) const {
 KernelResult OfflineRunner::launch(const Task& t, uint64_t run) {
   KernelLaunch kl;
   kl.l2_run = run;
+  // The regions are the model's allocations: its lines are filed by region, not at their
+  // device addresses.
+  kl.gm_blocks = m_regions;
+  for (const TaskBuffer& b : t.buffers)
+    kl.planned_blocks.emplace_back(address(b.region, b.offset), b.bytes);
   kl.program = &m_model.kernels[t.kernel];
   kl.block_dim = t.block_dim;
   kl.counter_tree = m_counter_trees;

@@ -4,6 +4,7 @@
 // runs the task list in order and copies the outputs back.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,23 @@ struct TaskRun {
   KernelResult result;
 };
 
+// Where the runner places the model's two regions (model.h) in device memory: device addresses,
+// each a multiple of 4096, the regions disjoint. 0, 0: the constant region at 0x10000, the
+// activation region after it (what `npusim infer` does).
+struct RegionBases {
+  uint64_t constant = 0, activation = 0;
+};
+
 class OfflineRunner {
  public:
-  // Verifies every kernel for the simulator's chip, uploads the constants and runs the init
-  // tasks. Throws npusim::Error naming `source` if the chip differs, the regions do not fit the
-  // device memory or an init task faults.
-  OfflineRunner(const OmModel& m, Simulator& sim, const std::string& source);
+  // Verifies every kernel for the simulator's chip, places the regions at `bases`, uploads the
+  // constants and runs the init tasks. Throws npusim::Error naming `source` if the chip differs,
+  // the bases are misaligned or the regions overlap, the regions do not fit the device memory or
+  // an init task faults. Every launch names the two regions as its allocations
+  // (KernelLaunch::gm_blocks), so its L2 files lines by region and an inference times the same
+  // wherever the regions lie (sim/chip/l2_placement.h).
+  OfflineRunner(const OmModel& m, Simulator& sim, const std::string& source,
+                RegionBases bases = {});
 
   // One inference. `inputs[i]` (from `labels[i]`, for messages) must have model input i's dtype
   // and shape exactly; throws npusim::Error naming the input, the expected and the given type.
@@ -40,7 +52,8 @@ class OfflineRunner {
                             const std::vector<std::string>& labels,
                             std::vector<TaskRun>* runs = nullptr);
 
-  uint64_t device_bytes() const { return m_end - m_constant_base; }
+  // Device memory the two regions span, from the lower base to the end of the higher region.
+  uint64_t device_bytes() const { return m_end - std::min(m_constant_base, m_activation_base); }
   // Build each launch's counter tree (KernelResult::counters), for reports. Default off.
   void set_counter_trees(bool on) { m_counter_trees = on; }
   // Launches carried out as replays (SimOptions::replay) so far, init tasks included.
@@ -53,6 +66,9 @@ class OfflineRunner {
   uint64_t m_constant_base = 0, m_activation_base = 0, m_end = 0;
   bool m_counter_trees = false;
   uint64_t m_replayed = 0;
+
+  // The two regions as the launches' allocation blocks (KernelLaunch::gm_blocks).
+  GmBlockLookup m_regions;
 
   uint64_t address(Region r, uint64_t offset) const;
   // run: KernelLaunch::l2_run (nonzero for the tasks of one run()).

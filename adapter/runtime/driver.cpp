@@ -796,24 +796,9 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) 
   launch.gm_blocks = op.gm_blocks;
   // A graph's task list is one run (memory.l2.keep_within_graph_run keeps the L2 through it).
   launch.l2_run = op.label ? op.label->graph_run : 0;
-  // A launch with a cold L2 whose tensors lie in a static plan's buffers inside one block: its
-  // lines are filed by those buffers (LaunchLabel::planned_blocks). Not in a graph run's kept L2,
-  // whose placement keeps one L2 range per block through the run (sim/chip/l2_placement.h), nor
-  // with the L2 kept across launches (lines at their device addresses).
-  const bool cold_l2 = !m_cfg->l2_keep_across_launches &&
-                       !(m_cfg->l2_keep_within_graph_run && launch.l2_run != 0);
-  if (cold_l2 && op.label && !op.label->planned_blocks.empty() && op.gm_blocks)
-    launch.gm_blocks = [label = op.label, blocks = op.gm_blocks,
-                        line = uint64_t{m_cfg->l2_line_bytes}](uint64_t addr, uint64_t* start,
-                                                               uint64_t* bytes) {
-      for (const auto& [b_start, b_bytes] : label->planned_blocks)
-        if (addr >= b_start && addr - b_start < b_bytes && b_start % line == 0) {
-          *start = b_start;
-          *bytes = b_bytes;
-          return true;
-        }
-      return blocks(addr, start, bytes);
-    };
+  // The static plan's buffers its tensors lie in (the memory system files by them when the
+  // launch's L2 starts cold).
+  if (op.label) launch.planned_blocks = op.label->planned_blocks;
   launch.block_dim = op.block_dim;
   launch.counter_tree = false;  // records keep the flat delta; the tree is built when read
   // The device idles while the host dispatches the op.

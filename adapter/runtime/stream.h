@@ -103,8 +103,9 @@ struct LaunchLabel {
   // several buffers in one device block (the TF plugin's NpuGraph arena): each [start, start +
   // bytes), pairwise disjoint. With a cold L2 at the launch the L2 model files its lines by
   // these buffers, as it files the lines of tensors allocated on their own, rather than by the
-  // whole block (Driver::run_launch, KernelLaunch::gm_blocks): the launch's L2 outcome then does
-  // not depend on where the plan put its buffers in the arena. Empty: by allocation.
+  // whole block (the driver passes them as KernelLaunch::planned_blocks): the launch's L2
+  // outcome then does not depend on where the plan put its buffers in the arena. Empty: by
+  // allocation.
   std::vector<std::pair<uint64_t, uint64_t>> planned_blocks;
 };
 

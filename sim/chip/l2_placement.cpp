@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 #include <limits>
+#include <memory>
 
 namespace npusim {
 
@@ -13,6 +14,30 @@ void append_block_extents(const GmBlockLookup& blocks, const std::vector<uint64_
     uint64_t start = 0, bytes = 0;
     if (blocks(args[i], &start, &bytes)) out->insert(out->end(), {i, args[i] - start, bytes});
   }
+}
+
+GmBlockLookup planned_block_lookup(const PlannedBlocks& planned, uint32_t line_bytes,
+                                   GmBlockLookup blocks) {
+  auto aligned = std::make_shared<PlannedBlocks>();
+  for (const auto& b : planned)
+    if (b.second > 0 && b.first % line_bytes == 0) aligned->push_back(b);
+  if (aligned->empty()) return blocks;
+  std::sort(aligned->begin(), aligned->end());
+  return [aligned = std::shared_ptr<const PlannedBlocks>(std::move(aligned)),
+          blocks = std::move(blocks)](uint64_t addr, uint64_t* start, uint64_t* bytes) {
+    // The last buffer starting at or below addr: the only one that can hold it (disjoint).
+    auto it = std::upper_bound(aligned->begin(), aligned->end(), addr,
+                               [](uint64_t a, const auto& b) { return a < b.first; });
+    if (it != aligned->begin()) {
+      const auto& [b_start, b_bytes] = *std::prev(it);
+      if (addr - b_start < b_bytes) {
+        *start = b_start;
+        *bytes = b_bytes;
+        return true;
+      }
+    }
+    return blocks && blocks(addr, start, bytes);
+  };
 }
 
 L2Outcome access_placed(L2Tags& l2, L2Placement& placement, const GmAccess& r) {

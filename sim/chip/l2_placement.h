@@ -54,6 +54,18 @@ using GmBlockLookup = std::function<bool(uint64_t addr, uint64_t* start, uint64_
 void append_block_extents(const GmBlockLookup& blocks, const std::vector<uint64_t>& args,
                           std::vector<uint64_t>* out);
 
+// Device address ranges [start, start + bytes) of buffers that a static memory plan placed inside
+// one allocation (KernelLaunch::planned_blocks), pairwise disjoint, in any order.
+using PlannedBlocks = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// The lookup a cold launch with planned buffers files its lines by: an address inside one of
+// `planned` that starts on an L2 line (line_bytes) is in that buffer; any other address is looked
+// up in `blocks` (none: false). A buffer that starts inside a line is left out, as filing it on a
+// fresh line would move its bytes within their lines. `blocks` itself if no buffer is left. A
+// binary search per address (the buffers sorted once here).
+GmBlockLookup planned_block_lookup(const PlannedBlocks& planned, uint32_t line_bytes,
+                                   GmBlockLookup blocks);
+
 class L2Placement {
  public:
   // First L2 address of the packed blocks: above any device address, and a multiple of every

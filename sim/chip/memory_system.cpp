@@ -67,17 +67,18 @@ MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
   dont_initialize();
 }
 
-void MemorySystem::select_l2(uint64_t run, GmBlockLookup blocks) {
+GmBlockLookup MemorySystem::select_l2(uint64_t run, GmBlockLookup blocks,
+                                     const PlannedBlocks& planned) {
   if (m_cfg.l2_keep_across_launches) {
     m_placement.begin_launch({});
     m_l2_carried = true;
-    return;
+    return {};
   }
   if (!m_cfg.l2_keep_within_graph_run) run = 0;
   if (run != 0 && run == m_l2_run) {  // the run's next launch
-    m_placement.continue_launch(std::move(blocks));
+    m_placement.continue_launch(blocks);
     m_l2_carried = true;
-    return;
+    return blocks;
   }
   if (m_l2_run != 0) {  // set the run under way aside, in a free slot or the oldest one's
     RunL2* slot = nullptr;
@@ -106,11 +107,14 @@ void MemorySystem::select_l2(uint64_t run, GmBlockLookup blocks) {
       std::swap(r->tags, m_l2);
       std::swap(r->placement, m_placement);
       r->run = 0;
-      m_placement.continue_launch(std::move(blocks));
-      return;
+      m_placement.continue_launch(blocks);
+      return blocks;
     }
   m_l2.invalidate_all();
-  m_placement.begin_launch(std::move(blocks));
+  // A cold L2 (no run): the launch's planned buffers are filed apart.
+  if (run == 0) blocks = planned_block_lookup(planned, m_l2.line_bytes(), std::move(blocks));
+  m_placement.begin_launch(blocks);
+  return blocks;
 }
 
 void MemorySystem::drop_host_write(uint64_t addr, uint64_t bytes) {

@@ -64,17 +64,22 @@ class MemorySystem : public sc_core::sc_module {
 
   // The L2 state the next launch starts with; called before every launch, replayed or simulated
   // (ChipLauncher::begin). The L2 starts cold, so a launch's timing does not depend on earlier
-  // ones, with its lines filed by `blocks` (the device's allocations, l2_placement.h; empty:
-  // at their device addresses), unless the chip keeps it:
+  // ones, with its lines filed by `planned` (KernelLaunch::planned_blocks) and then `blocks`
+  // (the device's allocations, l2_placement.h; empty: at their device addresses), unless the
+  // chip keeps it:
   // - memory.l2.keep_across_launches: the tags as the last launch left them, lines filed at
-  //   their device addresses (`blocks` ignored);
+  //   their device addresses (`blocks` and `planned` ignored);
   // - memory.l2.keep_within_graph_run and `run` nonzero (KernelLaunch::l2_run): the run's own
-  //   L2. Its first launch starts cold with a fresh placement; each later one starts with the
-  //   tags and the block placement the run's previous launch left (L2Placement::continue_launch).
-  //   A launch in no run (or of another run) gets its own L2 and the run's is set aside,
-  //   untouched, for the run's next launch: the states of up to kRunsAside runs under way at
-  //   once are kept (a run whose state was dropped for a newer one continues cold).
-  void select_l2(uint64_t run, GmBlockLookup blocks);
+  //   L2, lines filed by `blocks` (`planned` ignored: a block keeps one L2 range through the
+  //   run, so an address the plan reuses is one line). Its first launch starts cold with a
+  //   fresh placement; each later one starts with the tags and the block placement the run's
+  //   previous launch left (L2Placement::continue_launch). A launch in no run (or of another
+  //   run) gets its own L2 and the run's is set aside, untouched, for the run's next launch:
+  //   the states of up to kRunsAside runs under way at once are kept (a run whose state was
+  //   dropped for a newer one continues cold).
+  // Returns the lookup the launch's lines are filed by (empty: at their device addresses),
+  // which the launch replay keys and checks recordings with.
+  GmBlockLookup select_l2(uint64_t run, GmBlockLookup blocks, const PlannedBlocks& planned);
   // Whether the L2 select_l2 chose carries over to later launches (kept across launches, or a
   // graph run's): a replay must then leave tags and placement as simulating would have.
   bool l2_carried() const { return m_l2_carried; }

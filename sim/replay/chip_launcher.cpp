@@ -76,6 +76,8 @@ struct ChipLauncher::Pending {
   LaunchKey key, similar;
   // `similar` without the block extents (set with `flow` when relocation is on).
   LaunchKey loose;
+  // The lookup its lines are filed by (MemorySystem::select_l2): its replay keys and checks too.
+  GmBlockLookup blocks;
   bool record = false;                 // record it for replay (Chip::begin_launch's record)
   bool lean = false;                   // ... for replays by translation only (CoreRecording)
   bool ordered = false;                // ... with the effects' order across the cores
@@ -111,7 +113,8 @@ bool ChipLauncher::detail_wanted() const {
 }
 
 bool ChipLauncher::verify(RecordedLaunch& rec, const KernelLaunch& launch,
-                          std::vector<GmAccess>* writes, VerifiedEffects* effects) {
+                          const GmBlockLookup& blocks, std::vector<GmAccess>* writes,
+                          VerifiedEffects* effects) {
   // The L2 and the placement the launch starts with (MemorySystem::select_l2): copies of a
   // kept L2's (across launches, or the graph run's), which a replay then installs.
   const MemorySystem& memory = m_chip.memory();
@@ -120,7 +123,7 @@ bool ChipLauncher::verify(RecordedLaunch& rec, const KernelLaunch& launch,
     *m_verify_placement = memory.placement();
   } else {
     m_verify_l2->invalidate_all();
-    m_verify_placement->begin_launch(launch.gm_blocks);
+    m_verify_placement->begin_launch(blocks);
   }
   return verify_translation(rec, *launch.program, launch.args, launch.block_dim, m_chip.cores(),
                             m_gm, m_cfg, m_store.pool, *m_verify_l2, *m_verify_placement, writes,
@@ -171,7 +174,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // A kept L2 (across launches, or a graph run's): every replay is checked against the L2 and
   // placement the launch starts with, and leaves them as simulating would have.
   MemorySystem& memory = m_chip.memory();
-  memory.select_l2(launch.l2_run, launch.gm_blocks);
+  P->blocks = memory.select_l2(launch.l2_run, launch.gm_blocks, launch.planned_blocks);
   const bool keep_l2 = memory.l2_carried();
   // A graph run's launch (its L2 kept from the run's previous launch, lines filed by block):
   // replayed by translation only after its recorded L2 lookups, moved, give the recorded
@@ -183,7 +186,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // (the translation stands in for the check, not for the effects), so only with `walk`.
   const bool walk = opts.replay != SimOptions::Replay::off;  // replays that walk the program
   const bool translate = (!opts.functional || walk) && opts.replay_translated &&
-                         (!keep_l2 || in_run) && bool(launch.gm_blocks);
+                         (!keep_l2 || in_run) && bool(P->blocks);
   bool loads = false, cross_core = false;
   bool replayable = alone && (walk || translate) && launch.block_dim >= 1 &&
                     replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar,
@@ -230,8 +233,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // lookups are checked on the run's L2 at any layout, run_l2_lookups_match.)
   if (replayable && !keep_l2)
     for (LaunchKey* k : {&P->key, &P->similar}) {
-      append_block_extents(launch.gm_blocks, launch.args, &k->args);
-      append_block_sharing(launch.gm_blocks, launch.args, &k->args);
+      append_block_extents(P->blocks, launch.args, &k->args);
+      append_block_sharing(P->blocks, launch.args, &k->args);
     }
   // A graph run's launch, which starts with the run's L2, is recorded apart from the cold
   // launches (which replay their own key unchecked): its key gets one more argument than any
@@ -318,7 +321,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
           bool sets_moved = false;
           const bool moves =
               in_run ? translated_writes(*candidate, launch.args, granule, &writes)
-                     : relocated_writes(*candidate, launch.args, launch.gm_blocks, granule, &writes,
+                     : relocated_writes(*candidate, launch.args, P->blocks, granule, &writes,
                                         logging ? &refused : nullptr, &sets_moved);
           if (in_run && !moves && logging) refused = "a displacement is not GM-aligned";
           if (in_time(*candidate) && moves && loads_alike(*candidate) && l2_alike(*candidate)) {
@@ -381,14 +384,15 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
                                  m_store.address_flow(P->key, *launch.program).ok;
     // (A steered flow is not ok: its loaded values reach more than data operands.)
     const bool checked = recorded && ((loads && !data_only_loads) || keep_l2);
-    stale = checked && !verify(*recorded, launch, verified_writes, verified_effects);
+    stale = checked && !verify(*recorded, launch, P->blocks, verified_writes, verified_effects);
     have_writes = checked && !stale && verified_writes;
     if (stale) recorded = nullptr;
     if (replayable && !recorded && !detail) {
       // The same launch at other tensor addresses (a training step): replay it if the recorded
       // timing provably holds for these addresses.
       for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_similar(P->similar))
-        if (in_time(*candidate) && verify(*candidate, launch, verified_writes, verified_effects)) {
+        if (in_time(*candidate) &&
+            verify(*candidate, launch, P->blocks, verified_writes, verified_effects)) {
           have_writes = verified_writes != nullptr;
           // Kept under this launch's own key too: the next step finds it without the check.
           memo.alias(P->key, candidate);
@@ -516,7 +520,7 @@ KernelResult ChipLauncher::finish() {
                     record_blocks(*launch.program, m_chip, &rec);
   if (keep && P->flow) {
     record_translation(
-        *launch.program, *P->flow, m_chip, launch.args, launch.gm_blocks, m_gm, &rec,
+        *launch.program, *P->flow, m_chip, launch.args, P->blocks, m_gm, &rec,
         P->in_run && m_chip.memory().l2_traced() ? &m_chip.memory().l2_trace() : nullptr);
     // A lean recording serves translation only: its walk (sections, effect order, transfer
     // order) is never read and need not take memo space.

@@ -94,8 +94,9 @@ class ChipLauncher {
  private:
   struct Pending;
   // verify_translation against the L2 this launch would start with (effects: see there).
-  bool verify(RecordedLaunch& rec, const KernelLaunch& launch, std::vector<GmAccess>* writes,
-              VerifiedEffects* effects);
+  // blocks: the lookup the launch's lines are filed by (Pending::blocks).
+  bool verify(RecordedLaunch& rec, const KernelLaunch& launch, const GmBlockLookup& blocks,
+              std::vector<GmAccess>* writes, VerifiedEffects* effects);
   // rec's counters as this chip's registry's (CounterRegistry::translate).
   CounterRegistry::RawDelta own_counters(const RecordedLaunch& rec);
   KernelResult replayed_result(const KernelLaunch& launch, const RecordedLaunch& rec,

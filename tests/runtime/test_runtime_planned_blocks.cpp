@@ -1,7 +1,8 @@
 // A launch's L2 lines filed by the static plan's buffers inside one device block
-// (rt::LaunchLabel::planned_blocks, Driver::run_launch): its timing does not depend on where the
-// plan put the buffers in the block, as a launch's timing does not depend on where the allocator
-// put tensors allocated on their own.
+// (rt::LaunchLabel::planned_blocks, passed as KernelLaunch::planned_blocks and filed by
+// MemorySystem::select_l2): its timing does not depend on where the plan put the buffers in the
+// block, as a launch's timing does not depend on where the allocator put tensors allocated on
+// their own.
 #include <catch2/catch.hpp>
 
 #include "sim/simulator.h"

@@ -86,6 +86,19 @@ inline KernelResult run_aiv_body(Simulator& sim, const std::string& body, uint64
   return launch(sim, p, {a}, 1);
 }
 
+// A vector-core kernel reading 512 bytes (one L2 line of the tiny chip) of argument a, then of
+// b, then of a again: whether the second read of a hits shows whether b's line took a's set.
+inline const isa::Program& a_b_a() {
+  static const isa::Program p = isa::assemble(
+      ".arg a\n.arg b\n.section aiv\n    ldarg x1, a\n    ldarg x4, b\n    movi x2, 0\n"
+      "    copy_gm2ub x2, x1, 1, 16, 0, 0\n"  // 512 bytes of A
+      "    copy_gm2ub x2, x4, 1, 16, 0, 0\n"  // 512 bytes of B
+      "    copy_gm2ub x2, x1, 1, 16, 0, 0\n"  // A again
+      "    end\n",
+      "a_b_a.s");
+  return p;
+}
+
 // A lookup over a fixed set of allocation blocks (start -> bytes), as the runtime's allocator
 // answers (KernelLaunch::gm_blocks).
 inline GmBlockLookup lookup_of(std::map<uint64_t, uint64_t> blocks) {

@@ -14,6 +14,7 @@
 #include "tests/sim/sim_test_util.h"
 
 using namespace npusim;
+using npusim::test::a_b_a;
 using npusim::test::counter;
 using npusim::test::lookup_of;
 
@@ -23,17 +24,6 @@ Simulator& sim() {
   static Simulator s(load_chip_config("tiny", {"memory.l2.bytes=4 KiB", "memory.l2.ways=1"}),
                      SimOptions{});
   return s;
-}
-
-const isa::Program& a_b_a() {
-  static const isa::Program p = isa::assemble(
-      ".arg a\n.arg b\n.section aiv\n    ldarg x1, a\n    ldarg x4, b\n    movi x2, 0\n"
-      "    copy_gm2ub x2, x1, 1, 16, 0, 0\n"  // 512 bytes of A
-      "    copy_gm2ub x2, x4, 1, 16, 0, 0\n"  // 512 bytes of B
-      "    copy_gm2ub x2, x1, 1, 16, 0, 0\n"  // A again
-      "    end\n",
-      "a_b_a.s");
-  return p;
 }
 
 KernelResult run(uint64_t a, uint64_t b, GmBlockLookup blocks) {
