@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/error.h"
 #include "common/npy.h"
@@ -98,6 +99,24 @@ std::vector<RawNode> raw_nodes(const json& nodes, const std::string& file) {
   return raw;
 }
 
+// A graph holding control flow: an error naming every control-flow node (a loop's NextIteration
+// would otherwise show as a cycle, and a cond's Switch as one unmappable op among the branches').
+void refuse_control_flow(const std::vector<RawNode>& raw, const std::string& file) {
+  std::vector<std::string> found;
+  for (const RawNode& r : raw) {
+    const std::string op = r.j.value("op", "");
+    if (is_tf_control_flow_op(op))
+      found.push_back(fmt::format("  node '{}' ({})", r.j.value("name", ""), op));
+  }
+  if (found.empty()) return;
+  fail(file, "nodes",
+       fmt::format("{} control-flow node(s) of a lowered tf.cond or tf.while_loop (Keras' LSTM, "
+                   "GRU) cannot be mapped: an offline model is one static task list, without "
+                   "branches or loops (through TensorFlow the plugin runs loop bodies and taken "
+                   "branches as whole graphs):\n{}",
+                   found.size(), fmt::join(found, "\n")));
+}
+
 // Depth-first topological order of the raw nodes; throws on a cycle or an unknown input.
 std::vector<size_t> topo_order(const std::vector<RawNode>& raw, const std::string& file) {
   std::map<std::string, size_t> index;
@@ -177,6 +196,13 @@ GraphIo parse_io(const json& j, const Graph& g, const std::map<std::string, int>
 
 }  // namespace
 
+bool is_tf_control_flow_op(const std::string& op) {
+  static const std::set<std::string> kOps = {
+      "Switch", "RefSwitch", "Merge",         "RefMerge",         "Enter",    "RefEnter",
+      "Exit",   "RefExit",   "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
+  return kOps.count(op) > 0;
+}
+
 std::string npy_descr(compiler::DataType t) {
   return t == compiler::DataType::BOOL ? "b1" : npy_dtype(compiler::device_dtype(t));
 }
@@ -210,6 +236,7 @@ Graph load_graph_json(const std::string& path) {
       path.rfind('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
   try {
     std::vector<RawNode> raw = raw_nodes(need(j, "nodes", path, "graph"), path);
+    refuse_control_flow(raw, path);
     Graph g;
     std::map<std::string, int> index;
     for (size_t i : topo_order(raw, path)) {

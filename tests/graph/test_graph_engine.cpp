@@ -2,6 +2,7 @@
 // epilogue fold against a double-precision reference and against the unfused graph, the
 // element-wise chain fusion, the unmappable-op error, the static memory plan, the .om format's
 // checks and the runner's input checks.
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -542,4 +543,37 @@ TEST_CASE("graph.json: loaded in topological order and run; malformed files name
   bad.replace(bad.find("[2, 2]"), 6, "[2, 3]");
   CHECK_THROWS_WITH(load_graph_json(write_graph_json(bad)),
                     Catch::Contains("node 'w': value is f4[2,2], the node declares f32[2,3]"));
+}
+
+TEST_CASE("graph.json: a lowered loop is an error naming every control-flow node, not a cycle") {
+  // x through a loop (Enter, Merge, LoopCond, Switch, NextIteration, Exit; a Relu its body)
+  // into mm.
+  const char* f32_12 = R"("outputs": [{"dtype": "f32", "shape": [1, 2]}])";
+  const std::string loop = fmt::format(
+      R"(
+  {{"name": "mm", "op": "MatMul", "inputs": ["out:0", "w"], "attrs": {{"T": {{"type": "f32"}}}}, {0}}},
+  {{"name": "x", "op": "Placeholder", "inputs": [], {0}}},
+  {{"name": "w", "op": "Const", "inputs": [], "value": "w.npy",
+   "outputs": [{{"dtype": "f32", "shape": [2, 2]}}]}},
+  {{"name": "enter", "op": "Enter", "inputs": ["x"], {0}}},
+  {{"name": "merge", "op": "Merge", "inputs": ["enter", "next"], {0}}},
+  {{"name": "cond", "op": "LoopCond", "inputs": ["pred"], "outputs": [{{"dtype": "bool", "shape": []}}]}},
+  {{"name": "pred", "op": "Placeholder", "inputs": [], "outputs": [{{"dtype": "bool", "shape": []}}]}},
+  {{"name": "switch", "op": "Switch", "inputs": ["merge", "cond"], {0}}},
+  {{"name": "body", "op": "Relu", "inputs": ["switch:1"], {0}}},
+  {{"name": "next", "op": "NextIteration", "inputs": ["body"], {0}}},
+  {{"name": "out", "op": "Exit", "inputs": ["switch:0"], {0}}})",
+      f32_12);
+  try {
+    load_graph_json(write_graph_json(loop));
+    FAIL("a graph with a loop loaded");
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("6 control-flow node(s)"));
+    for (const char* n : {"'enter' (Enter)", "'merge' (Merge)", "'cond' (LoopCond)",
+                          "'switch' (Switch)", "'next' (NextIteration)", "'out' (Exit)"})
+      CHECK_THAT(what, Catch::Contains(n));
+    CHECK_THAT(what, !Catch::Contains("cycle"));
+    CHECK_THAT(what, !Catch::Contains("'body'"));
+  }
 }

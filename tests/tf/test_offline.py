@@ -57,6 +57,18 @@ class M(tf.Module):
 tf.saved_model.save(M(), {out!r} + "/unmappable")
 """
 
+# A model with a loop (tf.while_loop, as Keras' LSTM lowers to): the frontend passes the lowered
+# control flow through; the engine refuses it, naming its nodes.
+MAKE_LOOP = r"""
+import tensorflow as tf
+class M(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([1, 8], tf.float32)])
+    def __call__(self, x):
+        return tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.nn.relu(h) + 1.0),
+                             (tf.constant(0), x))[1]
+tf.saved_model.save(M(), {out!r} + "/loop")
+"""
+
 
 def run(args, check=True):
     env = child_env()
@@ -171,3 +183,14 @@ def test_unmappable_ops_listed(cnn, tmp_path):
     assert "2 node(s) cannot be mapped" in r.stderr
     assert "(Atan)" in r.stderr and "(Sinh)" in r.stderr
     assert not (tmp_path / "u.om").exists()
+
+
+def test_control_flow_is_an_error_naming_its_nodes(cnn, tmp_path):
+    run_python(MAKE_LOOP.format(out=str(tmp_path)))
+    r = run(["compile", str(tmp_path / "loop"), "--chip", "tiny", "-o", str(tmp_path / "l.om"),
+             "--no-estimate"], check=False)
+    assert r.returncode == 1, r.stderr
+    assert "control-flow node(s) of a lowered tf.cond or tf.while_loop" in r.stderr, r.stderr
+    assert "(NextIteration)" in r.stderr and "(LoopCond)" in r.stderr, r.stderr
+    assert "cycle" not in r.stderr, r.stderr
+    assert not (tmp_path / "l.om").exists()

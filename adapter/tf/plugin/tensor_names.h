@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "adapter/graph/graph.h"
+
 namespace npusim::tf {
 
 // "name:3" -> ("name", 3); "name" -> ("name", 0); "^name" (a control input) -> ("name", -1).
@@ -21,12 +23,7 @@ inline bool on_npu_device(const std::string& device) {
   return device.find("/device:NPU:") != std::string::npos;
 }
 
-// TensorFlow's v1 control-flow ops (frames and loops), which the graph passes leave alone.
-inline bool is_control_flow_op(const std::string& op) {
-  static const std::set<std::string> kOps = {
-      "Switch", "RefSwitch", "Merge",         "RefMerge",         "Enter",    "RefEnter",
-      "Exit",   "RefExit",   "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
-  return kOps.count(op) > 0;
-}
+// TensorFlow's v1 control-flow ops (frames and loops), which the graph passes route around.
+inline bool is_control_flow_op(const std::string& op) { return graph::is_tf_control_flow_op(op); }
 
 }  // namespace npusim::tf
