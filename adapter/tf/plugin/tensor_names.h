@@ -21,11 +21,13 @@ inline bool on_npu_device(const std::string& device) {
   return device.find("/device:NPU:") != std::string::npos;
 }
 
-// TensorFlow's v1 control-flow ops (frames and loops), which the graph passes leave alone.
+// TensorFlow's v1 control-flow ops (frames and loops; _SwitchN: a lowered Case's switch on the
+// branch index), which the graph passes leave alone.
 inline bool is_control_flow_op(const std::string& op) {
   static const std::set<std::string> kOps = {
-      "Switch", "RefSwitch", "Merge",         "RefMerge",         "Enter",    "RefEnter",
-      "Exit",   "RefExit",   "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
+      "Switch",        "RefSwitch", "_SwitchN", "Merge",         "RefMerge",         "Enter",
+      "RefEnter",      "Exit",      "RefExit",  "NextIteration", "RefNextIteration", "LoopCond",
+      "ControlTrigger"};
   return kOps.count(op) > 0;
 }
 
