@@ -48,22 +48,22 @@ def task_lists(recs):
     return len({("g", r["graph_run"]) if r["graph_run"] else ("op", r["dispatch"])
                 for r in recs})
 
+def graph_runs(recs):  # the launches' op names of each graph run, sorted
+    runs = {r["graph_run"] for r in recs if r["graph_run"]}
+    return sorted(sorted({r["op_name"] for r in recs if r["graph_run"] == g}) for g in runs)
+
 def run(name, body, *args):
-    f = tf.function(body)
-    f(*args)
+    npu = tf.function(body)
+    npu(*args)  # traced and planned; the second run is measured
     npusim.clear_launch_records()
-    got = tf.nest.flatten(f(*args))
+    got = tf.nest.flatten(npu(*args))
     recs = npusim.launch_records()
-    groups = {}
-    for r in recs:
-        if r["graph_run"]:
-            groups.setdefault(r["graph_run"], set()).add(r["op_name"])
     with tf.device("/CPU:0"):
         want = tf.nest.flatten(tf.function(body)(*args))
     out[name] = {"bits": [g.numpy().tobytes().hex() for g in got],
                  "got": [g.numpy().astype(np.float64).tolist() for g in got],
                  "want": [w.numpy().astype(np.float64).tolist() for w in want],
-                 "groups": sorted(sorted(g) for g in groups.values()),
+                 "groups": graph_runs(recs),
                  "ops": sorted(r["op_name"] for r in recs), "task_lists": task_lists(recs)}
 
 rng = np.random.default_rng(0)
