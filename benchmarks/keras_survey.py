@@ -214,7 +214,11 @@ def _launch_figures(records):
     span = (max(r["start_cycle"] + r["cycles"] for r in records)
             - min(r["start_cycle"] - r["host_dispatch_cycles"] for r in records))
     failed = sorted({r["op_type"] for r in records if not r.get("ok", True)})
-    return {"launches": len(records), "kernel_cycles": sum(r["cycles"] for r in records),
+    # A task list: the launches of one graph run, or of one op dispatched on its own.
+    task_lists = len({("graph", r["graph_run"]) if r["graph_run"] else ("op", r["dispatch"])
+                      for r in records})
+    return {"launches": len(records), "task_lists": task_lists,
+            "kernel_cycles": sum(r["cycles"] for r in records),
             "timeline_cycles": span, "timeline_us": round(span * us_per_cycle, 1),
             "failed_launch_ops": failed}
 

@@ -198,8 +198,9 @@ GraphIo parse_io(const json& j, const Graph& g, const std::map<std::string, int>
 
 bool is_tf_control_flow_op(const std::string& op) {
   static const std::set<std::string> kOps = {
-      "Switch", "RefSwitch", "Merge",         "RefMerge",         "Enter",    "RefEnter",
-      "Exit",   "RefExit",   "NextIteration", "RefNextIteration", "LoopCond", "ControlTrigger"};
+      "Switch",        "RefSwitch", "_SwitchN", "Merge",         "RefMerge",         "Enter",
+      "RefEnter",      "Exit",      "RefExit",  "NextIteration", "RefNextIteration", "LoopCond",
+      "ControlTrigger"};
   return kOps.count(op) > 0;
 }
 

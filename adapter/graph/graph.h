@@ -13,8 +13,9 @@
 
 namespace npusim::graph {
 
-// TensorFlow's v1 control-flow ops: a lowered tf.cond (Switch, Merge) or tf.while_loop (Enter,
-// Exit, NextIteration, LoopCond), which route tensors between frames and branches. An offline
+// TensorFlow's v1 control-flow ops: a lowered tf.cond (Switch, Merge), tf.case / switch_case
+// (_SwitchN on the branch index) or tf.while_loop (Enter, Exit, NextIteration, LoopCond), which
+// route tensors between frames and branches. An offline
 // model (one static task list) has none: load_graph_json refuses them, naming every such node.
 bool is_tf_control_flow_op(const std::string& op);
 

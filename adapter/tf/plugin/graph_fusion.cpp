@@ -31,6 +31,7 @@
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/fused_elementwise.h"
 #include "adapter/tf/plugin/graph_fusion.h"
+#include "adapter/tf/plugin/graph_liveness.h"
 #include "adapter/tf/plugin/graph_view.h"
 #include "adapter/tf/plugin/host_cpu_time.h"
 #include "adapter/tf/plugin/mixed_precision.h"
@@ -1754,12 +1755,16 @@ struct KeyedCandidates {
 
 // Groups of candidates (graph indices) that may each become one node: per key (in key order),
 // greedily, candidates no one of which depends on another (no path either way, so the merged
-// node sits on no cycle by itself), groups of at least two; each group kept only if the graph
-// with every kept group contracted stays acyclic.
+// node sits on no cycle by itself) and all of one liveness class (graph_liveness.h: live in
+// exactly the same executions; a node of a cond's branch and one of the other branch, or of a
+// loop's body and outside it, would make a node one of whose inputs is dead whenever the other
+// runs, so that neither runs; a node without a class joins none), groups of at least two; each
+// group kept only if the graph with every kept group contracted stays acyclic.
 std::vector<std::vector<int>> independent_groups(const tfc::GraphDef& graph,
                                                  const std::unordered_map<std::string, int>& index,
                                                  const KeyedCandidates& candidates) {
   const int n_nodes = graph.node_size();
+  const std::vector<std::string> live_class = liveness_classes(graph).of;
   // Out-edges (data and control) by graph index.
   std::vector<std::vector<int>> out(static_cast<size_t>(n_nodes));
   for (int i = 0; i < n_nodes; ++i)
@@ -1791,8 +1796,9 @@ std::vector<std::vector<int>> independent_groups(const tfc::GraphDef& graph,
     std::vector<std::vector<size_t>> open;  // candidate positions per group of this key
     for (size_t a = 0; a < cands.size(); ++a) {
       bool placed = false;
+      const std::string& live = live_class[static_cast<size_t>(cands[a])];
       for (std::vector<size_t>& g : open) {
-        bool independent = true;
+        bool independent = !live.empty() && live == live_class[static_cast<size_t>(cands[g[0]])];
         for (size_t b : g)
           independent = independent && !reach[a][static_cast<size_t>(cands[b])] &&
                         !reach[b][static_cast<size_t>(cands[a])];

@@ -154,7 +154,9 @@
 //   5b. Multi-tensor updates, after 6: FusedVariableUpdate nodes of one optimizer (the same
 //      device, T, M, N, steps and updates) that wait for the same NpuCollective nodes (in a
 //      data-parallel step: one gradient segment's all-reduce, so a group never waits for a
-//      later segment), none of which depends on another (no path between them), become one node
+//      later segment), none of which depends on another (no path between them), all of one
+//      liveness class (graph_liveness.h: not of two branches of a cond, whose node would never
+//      run, one of its inputs always dead), become one node
 //      "npusim_multi_tensor_update_<k>" (attribute members = their count; its resources and inputs
 //      the members' in turn; `_npusim_members` their names), as CANN's foreach / multi-tensor apply
 //      kernels update a list of tensors in one launch: the compiler runs the small members (at most

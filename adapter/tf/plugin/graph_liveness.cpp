@@ -25,14 +25,23 @@ bool is_op(const tfc::NodeDef& n, const char* op) {
 }
 
 // An atom is "<frame>:<text>": the frame it is defined in, then a predicate's literal
-// ("<tensor>=1" / "<tensor>=0") or "@<node>" (a node's own, opaque atom).
+// ("<tensor>=1" / "<tensor>=0" for a Switch's boolean predicate, "<tensor>#<n>=<k>" for a
+// _SwitchN's branch index with n outputs) or "@<node>" (a node's own, opaque atom). TensorFlow's
+// node names hold neither '=' nor '#'.
 int atom_frame(const std::string& atom) { return std::stoi(atom.substr(0, atom.find(':'))); }
 
-// Whether two atoms are the two literals of one predicate.
-bool complementary(const std::string& a, const std::string& b) {
-  return a.size() == b.size() && a.size() > 2 &&
-         a.compare(0, a.size() - 1, b, 0, b.size() - 1) == 0 && a[a.size() - 2] == '=' &&
-         a.back() != b.back();
+// A literal's predicate (the atom up to its last '=') and value; an empty predicate for an own
+// atom.
+std::pair<std::string, std::string> literal(const std::string& atom) {
+  const size_t eq = atom.rfind('=');
+  if (eq == std::string::npos) return {"", ""};
+  return {atom.substr(0, eq), atom.substr(eq + 1)};
+}
+
+// The number of values a literal's predicate takes: 2 for a Switch's, n for a _SwitchN's "#<n>".
+int outcomes(const std::string& predicate) {
+  const size_t hash = predicate.rfind('#');
+  return hash == std::string::npos ? 2 : std::stoi(predicate.substr(hash + 1));
 }
 
 class Analysis {
@@ -112,6 +121,13 @@ class Analysis {
       const auto [pred, pred_port] = split_input(s.input(1));
       a.insert(std::to_string(m_frame[src]) + ":" + pred + ":" + std::to_string(pred_port) +
                (port == 1 ? "=1" : "=0"));
+    } else if (s.op() == "_SwitchN" && port >= 0 && s.input_size() >= 2) {
+      // A lowered Case (tf.switch_case): output `port` is live iff the index selects it.
+      const auto n = s.attr().find("num_outs");
+      const auto [index, index_port] = split_input(s.input(1));
+      if (n == s.attr().end() || port >= n->second.i()) return own_atom(src);
+      a.insert(std::to_string(m_frame[src]) + ":" + index + ":" + std::to_string(index_port) + "#" +
+               std::to_string(n->second.i()) + "=" + std::to_string(port));
     }
     return a;
   }
@@ -181,19 +197,32 @@ class Analysis {
     std::vector<Atoms> in;
     for (const auto& [src, port] : data) in.push_back(input_atoms(src, port));
     if (std::all_of(in.begin(), in.end(), [&](const Atoms& a) { return a == in[0]; })) return in[0];
-    if (in.size() == 2) {
-      Atoms only0, only1, common;
-      std::set_difference(in[0].begin(), in[0].end(), in[1].begin(), in[1].end(),
-                          std::inserter(only0, only0.end()));
-      std::set_difference(in[1].begin(), in[1].end(), in[0].begin(), in[0].end(),
-                          std::inserter(only1, only1.end()));
-      if (only0.size() == 1 && only1.size() == 1 && complementary(*only0.begin(), *only1.begin())) {
-        std::set_intersection(in[0].begin(), in[0].end(), in[1].begin(), in[1].end(),
-                              std::inserter(common, common.end()));
-        return common;
-      }
+    // The branches of one predicate: each input the common atoms and one literal of the
+    // predicate, every value of the predicate once (a cond's two, a Case's n).
+    Atoms common = in[0];
+    for (const Atoms& a : in) {
+      Atoms both;
+      std::set_intersection(common.begin(), common.end(), a.begin(), a.end(),
+                            std::inserter(both, both.end()));
+      common = std::move(both);
     }
-    return own_atom(v);
+    std::string predicate;
+    std::set<std::string> values;
+    for (const Atoms& a : in) {
+      Atoms rest;
+      std::set_difference(a.begin(), a.end(), common.begin(), common.end(),
+                          std::inserter(rest, rest.end()));
+      if (rest.size() != 1) return own_atom(v);
+      const auto [p, value] = literal(*rest.begin());
+      if (p.empty() || (!predicate.empty() && p != predicate) || !values.insert(value).second)
+        return own_atom(v);
+      predicate = p;
+    }
+    const int n = outcomes(predicate);
+    if (static_cast<int>(values.size()) != n) return own_atom(v);
+    for (int k = 0; k < n; ++k)
+      if (!values.count(std::to_string(k))) return own_atom(v);
+    return common;
   }
 
   Atoms exit_atoms(int v) const {

@@ -16,9 +16,14 @@
 //  - an ordinary node: its inputs' frame, the union of its inputs' atoms (data and control);
 //  - Switch(data, pred): output 1 adds the atom "pred is true", output 0 "pred is false" (the
 //    predicate named by its tensor and frame); its control output has the Switch's own atoms;
-//  - Merge of a cond (no NextIteration input): its inputs' formula when they agree; S when the
-//    two inputs are S and "p" and S and "not p" (the two branches of one predicate); otherwise
-//    an atom of its own;
+//  - _SwitchN(data, index) (a lowered Case, tf.switch_case): output k adds the atom "index
+//    selects k" of the n outputs. It is a control-flow op like Switch: without that atom a
+//    branch's nodes took the class of the nodes before the case, and a branch's lone op of
+//    variable reads joined their set (run whatever the index, its output empty);
+//  - Merge of a cond or Case (no NextIteration input): its inputs' formula when they agree; S
+//    when the inputs are S and one literal each of one predicate, every value of it once (S and
+//    "p", S and "not p"; or S and "index selects k" for k = 0 .. n-1); otherwise an atom of its
+//    own;
 //  - Merge of a loop (inputs: an Enter and a NextIteration): the Enter's formula, taken as
 //    true in every iteration of the frame. TensorFlow's lowering gates every node of a loop's
 //    body on the loop's predicate (the body's pivot), so all NextIterations of an iteration are

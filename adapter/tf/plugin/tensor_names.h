@@ -23,7 +23,8 @@ inline bool on_npu_device(const std::string& device) {
   return device.find("/device:NPU:") != std::string::npos;
 }
 
-// TensorFlow's v1 control-flow ops (frames and loops), which the graph passes route around.
+// TensorFlow's v1 control-flow ops (frames, loops and branches), which the graph passes route
+// around.
 inline bool is_control_flow_op(const std::string& op) { return graph::is_tf_control_flow_op(op); }
 
 }  // namespace npusim::tf
