@@ -21,12 +21,13 @@
 //             tensors are added by one launch of the compiler's AddV2 into a new device buffer;
 //   ZerosLike per element, uninitialised stays uninitialised, a tensor gets a new device buffer
 //             filled by one launch of the compiler's ZerosLike.
-// The list itself is a host object, as TensorFlow's list kernels allocate it (`on_host`). int32
-// elements are host tensors on the NPU (TensorFlow's MTypeFromDType keeps int32 in host memory
-// on every device but the CPU's), so they are added or zeroed on the host. A variant holding
+// The list itself is a host object, as TensorFlow's list kernels allocate it (`on_host`); its
+// elements are device tensors, as TensorFlow's list device-copy functions take them, int32 ones
+// too (TensorFlow keeps int32 kernel arguments in host memory, but a list's elements are copied
+// between devices as device tensors): the compiler's AddV2 adds them on the chip, its ZerosLike
+// (which has no int32) zeroes them as float32, the same bytes, all zero. A variant holding
 // something other than a TensorList, nested lists, and element dtypes the compiler has no
 // AddV2 / ZerosLike for are UnimplementedError naming the node and what it holds.
-#include <cstring>
 #include <string>
 
 #include "adapter/tf/plugin/kernel_families.h"
@@ -60,16 +61,6 @@ absl::Status input_list(const tfc::OpKernel& kernel, tfc::OpKernelContext* ctx, 
                                                  i, "] holds ",
                                                  t.scalar<tfc::Variant>()().TypeName()));
   return absl::OkStatus();
-}
-
-// Element dtypes held in host memory on the NPU.
-bool host_element(const tfc::Tensor& t) { return t.dtype() == tfc::DT_INT32; }
-
-absl::Status allocate_element(tfc::OpKernelContext* ctx, const tfc::Tensor& like,
-                              tfc::Tensor* out) {
-  tfc::AllocatorAttributes attr;
-  attr.set_on_host(host_element(like));
-  return ctx->allocate_temp(like.dtype(), like.shape(), out, attr);
 }
 
 absl::Status nested(const tfc::OpKernel& kernel) {
@@ -114,15 +105,8 @@ class AddNTensorListsOp : public GuardedOpKernel {
           name(), ": Trying to add two tensors with incompatible element shapes. One is ",
           a.shape().DebugString(), " and the other is ", b.shape().DebugString()));
     if (a.dtype() == tfc::DT_VARIANT) return nested(*this);
-    absl::Status st = allocate_element(ctx, a, out);
+    absl::Status st = ctx->allocate_temp(a.dtype(), a.shape(), out);
     if (!st.ok() || a.NumElements() == 0) return st;
-    if (host_element(a)) {
-      const auto x = a.flat<int32_t>(), y = b.flat<int32_t>();
-      auto z = out->flat<int32_t>();
-      for (int64_t i = 0; i < a.NumElements(); ++i)  // wraps as TensorFlow's int32 add
-        z(i) = static_cast<int32_t>(static_cast<uint32_t>(x(i)) + static_cast<uint32_t>(y(i)));
-      return absl::OkStatus();
-    }
     UpdateAttrs one_dispatch;
     one_dispatch.dispatch = dispatch;
     return to_absl(run_compiled_update(reinterpret_cast<TF_OpKernelContext*>(ctx), "AddV2", {},
@@ -171,16 +155,14 @@ class ZerosLikeTensorListOp : public GuardedOpKernel {
       return absl::OkStatus();
     }
     if (x.dtype() == tfc::DT_VARIANT) return nested(*this);
-    absl::Status st = allocate_element(ctx, x, out);
+    absl::Status st = ctx->allocate_temp(x.dtype(), x.shape(), out);
     if (!st.ok() || x.NumElements() == 0) return st;
-    if (host_element(x)) {
-      std::memset(out->data(), 0, out->TotalBytes());
-      return absl::OkStatus();
-    }
     UpdateAttrs one_dispatch;
     one_dispatch.dispatch = dispatch;
+    UpdateTensor in = update_tensor(x), zeros = update_tensor(*out);
+    if (in.dtype == TF_INT32) in.dtype = zeros.dtype = TF_FLOAT;  // zero bytes either way
     return to_absl(run_compiled_update(reinterpret_cast<TF_OpKernelContext*>(ctx), "ZerosLike", {},
-                                       {update_tensor(x)}, {update_tensor(*out)}, one_dispatch));
+                                       {in}, {zeros}, one_dispatch));
   }
 
   absl::Status compute(tfc::OpKernelContext* ctx) override {
