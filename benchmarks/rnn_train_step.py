@@ -27,14 +27,15 @@ def main():
     if kind not in ("lstm", "gru"):
         sys.exit("usage: rnn_train_step.py lstm|gru")
     keras.utils.set_random_seed(0)
-    rnn = layers.LSTM if kind == "lstm" else layers.GRU
-    model = keras.Sequential([keras.Input((40,), dtype="int32"), layers.Embedding(1000, 32),
-                              rnn(64), layers.Dense(10)])
-    model.compile(optimizer=keras.optimizers.SGD(0.1),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
-    x = rng.integers(0, 1000, (2, 40)).astype(np.int32)
-    y = rng.integers(0, 10, (2,)).astype(np.int32)
+    ids = rng.integers(0, 1000, (2, 40)).astype(np.int32)
+    labels = rng.integers(0, 10, (2,)).astype(np.int32)
+    cell = {"lstm": layers.LSTM, "gru": layers.GRU}[kind](64)
+    model = keras.Sequential([keras.Input((40,), dtype="int32"), layers.Embedding(1000, 32), cell,
+                              layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = ids, labels
     model.train_on_batch(x, y)
     npusim.clear_launch_records()
     model.train_on_batch(x, y)

@@ -33,12 +33,9 @@
 #include "adapter/tf/plugin/kernel_families.h"
 #include "adapter/tf/plugin/tf_cc_kernel_util.h"
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wsign-compare"
 #include "tensorflow/core/framework/variant.h"
 #include "tensorflow/core/kernels/tensor_list.h"
 #include "tensorflow/core/kernels/tensor_list_util.h"
-#pragma GCC diagnostic pop
 
 namespace npusim::tf {
 namespace {
