@@ -462,7 +462,7 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
                               const std::vector<uint64_t>& output_addrs,
                               const StableInputs& stable_inputs,
                               const std::vector<std::string>& members,
-                              const std::string& report_type) {
+                              const std::string& report_type, uint64_t dispatch) {
   rt::Device& device = *device_ptr;
   const compiler::CompiledKernel& k = compiled.kernel;
   if (k.launches.empty()) return rt::ok_status();  // every output is empty
@@ -480,7 +480,7 @@ rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::De
   rt::Status st = ctx->npu_stream(&stream);
   if (!st.ok()) return st;
   std::shared_ptr<rt::LaunchLabel> label = launch_label(ctx->op_name(), op, k, members, report_type);
-  label->dispatch = next_dispatch_id();
+  label->dispatch = dispatch != 0 ? dispatch : next_dispatch_id();
   std::vector<std::shared_ptr<const void>> hold;
   st = queue_compiled_op(device_ptr, stream, op, compiled, input_addrs, output_addrs,
                          workspace_addr, stable_inputs, label, &hold);

@@ -88,13 +88,15 @@ rt::Status compile_op(const OpKernelContext& ctx, const compiler::OpDesc& op,
 // update's `_npusim_members`), which name its launches (launch_label); empty for other ops.
 // report_type: the op type its launches are reported under instead of op.type (a node's
 // `_npusim_report_type`, launch_label); empty: op.type.
+// dispatch: the launches' LaunchLabel::dispatch, to share one host dispatch between the compiled
+// ops one kernel's Compute runs (next_dispatch_id); 0: a new one for this call.
 rt::Status launch_compiled_op(OpKernelContext* ctx, const std::shared_ptr<rt::Device>& device,
                               const compiler::OpDesc& op, const CompiledOp& compiled,
                               const std::vector<uint64_t>& input_addrs,
                               const std::vector<uint64_t>& output_addrs,
                               const StableInputs& stable_inputs = {},
                               const std::vector<std::string>& members = {},
-                              const std::string& report_type = {});
+                              const std::string& report_type = {}, uint64_t dispatch = 0);
 
 // Where a caller that queues several ops puts their derived tensors (compiler::DerivedTensor),
 // to share one between ops of a run (the NpuGraph kernel: two MatMuls reading one f32 tensor

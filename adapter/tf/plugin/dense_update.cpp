@@ -59,11 +59,13 @@ DenseUpdateStatus run_compiled_update(TF_OpKernelContext* tf_ctx, const std::str
       output_addrs.push_back(outputs[i].address);
     }
     return in_context(launch_compiled_op(&ctx, device, op, *compiled, input_addrs, output_addrs,
-                                         {}, more.members, more.report_type));
+                                         {}, more.members, more.report_type, more.dispatch));
   });
   if (st.ok()) return {};
   return {tf_code(st.code()), st.message()};
 }
+
+uint64_t new_dispatch_id() { return next_dispatch_id(); }
 
 DenseUpdateStatus copy_on_device(TF_OpKernelContext* ctx, TF_DataType dtype, int64_t elements,
                                  uint64_t from, uint64_t to) {

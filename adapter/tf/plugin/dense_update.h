@@ -54,7 +54,13 @@ struct UpdateAttrs {
   // Not an attribute: the op type its launches are reported under (`_npusim_report_type`);
   // empty: the compiler op's.
   std::string report_type;
+  // Not an attribute: the launches' host dispatch (new_dispatch_id), shared by the compiled
+  // updates of one Compute so that the op pays its host dispatch once; 0: a new one per update.
+  uint64_t dispatch = 0;
 };
+
+// A new host dispatch value for UpdateAttrs::dispatch (docs/runtime.md, "Host dispatch").
+uint64_t new_dispatch_id();
 
 // Runs the compiler's op `op_type` (e.g. "ResourceApplyAdam") with attribute T = inputs[0]'s
 // dtype, the boolean attributes `bool_attrs` (e.g. {"use_nesterov", false}), the attributes

@@ -276,6 +276,11 @@ bool clusterable(const Graph& g, const tfc::NodeDef& node,
   if (is_update(node))
     return on_npu(node) && graph_updates_enabled() && !update_handles(node).empty();
   if (!on_npu(node) || preserve.count(node.name())) return false;
+  // A variant (AddN / ZerosLike of TensorLists: kernels_tensor_list.cpp) is no task-list tensor;
+  // a labelled kernel (host_loop_condition.h) is no compiled op.
+  if (node.attr().count("_kernel")) return false;
+  for (const auto& [attr, types] : types_of(node))
+    if (std::find(types.begin(), types.end(), TF_VARIANT) != types.end()) return false;
   std::vector<int> host;
   if (!npu_graph_view_op(node.op(), &host) && !npu_graph_clusterable_op(node.op(), &host))
     return false;

@@ -48,6 +48,7 @@
 #include "adapter/tf/plugin/cpu_fallbacks.h"
 #include "adapter/tf/plugin/graph_fusion.h"
 #include "adapter/tf/plugin/host_cpu_time.h"
+#include "adapter/tf/plugin/host_loop_condition.h"
 #include "adapter/tf/plugin/launch_order.h"
 #include "adapter/tf/plugin/mixed_precision.h"
 #include "adapter/tf/plugin/npu_graph.h"
@@ -445,6 +446,18 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       changed |= multi_casts > 0;
     } catch (const std::exception& e) {
       log_fusion_error(e.what());
+    }
+  }
+  if (parsed) {
+    HostCpuScope timed("graph_pass", "host_loop_condition");
+    try {
+      const int labelled = label_host_loop_conditions(graph);
+      if (std::getenv("NPUSIM_FUSION_LOG") && labelled > 0)
+        std::fprintf(stderr, "npusim: %d loop-condition logical ops on the host in %s\n", labelled,
+                     item_id(item).c_str());
+      changed |= labelled > 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "npusim: loop conditions left on the chip: %s\n", e.what());
     }
   }
   if (parsed && graph_mode_enabled()) {

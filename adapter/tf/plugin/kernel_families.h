@@ -64,5 +64,8 @@ rt::Status register_bitcast_kernels();
 // the tf.data Optional ops, TensorFlow's CPU kernels on host-memory arguments
 // (kernels_host_ops.cpp)
 rt::Status register_host_routed_kernels();
+// AddN and ZerosLike on variant TensorLists, the elements on the chip (TensorFlow's C++ kernel
+// API, kernels_tensor_list.cpp)
+rt::Status register_tensor_list_kernels();
 
 }  // namespace npusim::tf

@@ -1,6 +1,7 @@
 // Ops that only route host tensors, registered for the NPU by reusing TensorFlow's own CPU
-// kernels: the data iterator's OptionalHasValue and OptionalGetValue. Written on TensorFlow's C++ kernel API
-// (kernels_resource_variables.cpp says why that API; tf_cc_kernel_util.h has the shared parts).
+// kernels: the data iterator's OptionalHasValue and OptionalGetValue. Written on TensorFlow's C++
+// kernel API (kernels_resource_variables.cpp says why that API; tf_cc_kernel_util.h has the shared
+// parts).
 //
 // Why: Keras 3's model.fit runs its steps in a tf.function that returns a tf.data Optional (a
 // variant tensor); TensorFlow places that function's outputs on the NPU, so the eager
@@ -20,10 +21,16 @@
 //                      as for any host-memory output.
 // The CPU kernels dereference nothing but host memory. Registering OptionalFromValue for the NPU
 // would break that invariant (an Optional holding device tensors read back as host memory).
+//
+// The same kernel, under the label kHostKernelLabel, runs the logical ops of a while loop's
+// condition on their host-memory operands (host_loop_condition.h: only nodes the graph pass
+// labels, whose inputs are host values and whose readers take host memory): LogicalAnd,
+// LogicalOr (x, y, z in host memory), LogicalNot (x, y).
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "adapter/tf/plugin/host_loop_condition.h"
 #include "adapter/tf/plugin/kernel_families.h"
 #include "adapter/tf/plugin/tf_cc_kernel_util.h"
 
@@ -36,14 +43,15 @@ class HostRoutedOp : public GuardedOpKernel {
  public:
   explicit HostRoutedOp(tfc::OpKernelConstruction* c) : GuardedOpKernel(c) {
     absl::Status st;
+    tfc::NodeDef cpu_def = def();
+    cpu_def.mutable_attr()->erase("_kernel");  // the NPU kernel's label: the CPU's has none
     m_cpu = tfc::CreateOpKernel(tfc::DeviceType(tfc::DEVICE_CPU), c->device(),
-                                c->device()->GetAllocator(tfc::AllocatorAttributes()), def(),
+                                c->device()->GetAllocator(tfc::AllocatorAttributes()), cpu_def,
                                 c->graph_def_version(), &st);
     if (st.ok() && !m_cpu)
       st = absl::InternalError(absl::StrCat(type_string(), ": no CPU kernel to reuse"));
     OP_REQUIRES_OK(c, st);
   }
-
 
  private:
   // The CPU kernel sets the context's status itself.
@@ -58,6 +66,7 @@ class HostRoutedOp : public GuardedOpKernel {
 struct HostRoutedDef {
   const char* op;
   std::vector<const char*> host_args;
+  const char* label = nullptr;  // the `_kernel` label that selects the kernel, if any
 };
 
 }  // namespace
@@ -65,11 +74,15 @@ struct HostRoutedDef {
 rt::Status register_host_routed_kernels() {
   return rt::guard("registering the NPU's host-routed kernels", [] {
     // Every argument in host memory (see the top of this file).
-    for (const HostRoutedDef& d : std::vector<HostRoutedDef>{
-             {"OptionalHasValue", {"optional", "has_value"}},
-             {"OptionalGetValue", {"optional", "components"}}}) {
+    for (const HostRoutedDef& d :
+         std::vector<HostRoutedDef>{{"OptionalHasValue", {"optional", "has_value"}},
+                                    {"OptionalGetValue", {"optional", "components"}},
+                                    {"LogicalAnd", {"x", "y", "z"}, kHostKernelLabel},
+                                    {"LogicalOr", {"x", "y", "z"}, kHostKernelLabel},
+                                    {"LogicalNot", {"x", "y"}, kHostKernelLabel}}) {
       tfc::KernelDefBuilder builder(d.op);
       builder.Device("NPU");
+      if (d.label) builder.Label(d.label);
       for (const char* arg : d.host_args) builder.HostMemory(arg);
       register_npu_kernel<HostRoutedOp>(builder, d.op);
     }
