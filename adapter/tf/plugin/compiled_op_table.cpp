@@ -102,15 +102,21 @@ const std::vector<AttrSpec>& kernel_attrs(TfKernel kernel) {
   return it->second;
 }
 
-const OpEntry& row_of(const std::string& op) {
+// The op table's row of TF op `op` (one per op), or null.
+const OpEntry* find_row(const std::string& op) {
   static const auto* rows = [] {
     auto* m = new std::map<std::string, const OpEntry*>();
     for (const OpEntry& e : compiler::ops::op_table()) m->emplace(e.tf_op, &e);
     return m;
   }();
-  auto it = rows->find(op);
-  if (it == rows->end()) throw std::logic_error("no op table row for op " + op);
-  return *it->second;
+  const auto it = rows->find(op);
+  return it == rows->end() ? nullptr : it->second;
+}
+
+const OpEntry& row_of(const std::string& op) {
+  const OpEntry* row = find_row(op);
+  if (!row) throw std::logic_error("no op table row for op " + op);
+  return *row;
 }
 
 class TableOp : public CompiledOpKernel {
@@ -139,9 +145,7 @@ std::vector<TableKernelDef> kernel_defs(const OpEntry& row) {
 
 const std::vector<AttrSpec>* compiled_op_attrs(const std::string& op,
                                                const std::vector<HostAttrInput>** host_inputs) {
-  const compiler::ops::OpEntry* row = nullptr;
-  for (const OpEntry& e : compiler::ops::op_table())
-    if (op == e.tf_op) row = &e;
+  const OpEntry* row = find_row(op);
   if (!row) return nullptr;
   switch (row->tf.kernel) {
     case TfKernel::kNone:
@@ -156,9 +160,7 @@ const std::vector<AttrSpec>* compiled_op_attrs(const std::string& op,
 const std::vector<AttrSpec>* task_list_op_attrs(const std::string& op,
                                                 const std::vector<HostAttrInput>** host_inputs) {
   if (const std::vector<AttrSpec>* attrs = compiled_op_attrs(op, host_inputs)) return attrs;
-  const compiler::ops::OpEntry* row = nullptr;
-  for (const OpEntry& e : compiler::ops::op_table())
-    if (op == e.tf_op) row = &e;
+  const OpEntry* row = find_row(op);
   if (!row || row->tf.kernel != TfKernel::kRandom) return nullptr;
   static const std::vector<AttrSpec> random_attrs = {{"dtype", AttrSpec::Kind::kType}};
   *host_inputs = &row->tf.host_inputs;
@@ -167,9 +169,7 @@ const std::vector<AttrSpec>* task_list_op_attrs(const std::string& op,
 
 bool table_kernel_takes_types(const std::string& op,
                               const std::map<std::string, std::vector<TF_DataType>>& types) {
-  const compiler::ops::OpEntry* row = nullptr;
-  for (const OpEntry& e : compiler::ops::op_table())
-    if (op == e.tf_op) row = &e;
+  const OpEntry* row = find_row(op);
   if (!row) return false;
   for (const auto& constraints : row->tf.types) {
     bool admitted = true;

@@ -39,8 +39,9 @@
 //    from outside it (an NpuGraph node without inputs would run in the top frame).
 //    NPUSIM_GRAPH_CONTROL_FLOW=top keeps to the nodes no control-flow op reaches along data or
 //    control edges, =0 leaves every graph with control flow alone (graph_control_flow_clustering).
-// Edges out of NextIteration nodes lead to the next iteration of a loop and are left out of
-// the graph below (a graph still cyclic without them is left alone). Clusters grow along data
+// Edges out of NextIteration nodes lead to the next iteration of a loop: the graph below has
+// edges from each NextIteration to its loop's Exits instead (struct Graph; a graph still cyclic
+// is left alone). Clusters grow along data
 // edges between such nodes (union of connected sets), and two sets merge only if no path leads
 // from one to the other through a node outside both (control edges included): the contracted
 // graph stays acyclic, so the NpuGraph node can run after all its inputs and before all its
@@ -114,17 +115,17 @@ struct Graph {
       const auto in = index.find(split_input(nodes[v]->input(0)).first);
       if (in != index.end()) exits_of[liveness.frame[in->second]].push_back(static_cast<int>(v));
     }
-    for (size_t v = 0; v < nodes.size(); ++v)
+    for (size_t v = 0; v < nodes.size(); ++v) {
+      if (is_next_iteration(*nodes[v])) {
+        const auto e = exits_of.find(liveness.frame[v]);
+        if (e != exits_of.end()) succ[v] = e->second;
+      }
       for (const std::string& in : nodes[v]->input()) {
         const auto it = index.find(split_input(in).first);
-        if (it == index.end()) continue;
-        if (!is_next_iteration(*nodes[it->second])) {
+        if (it != index.end() && !is_next_iteration(*nodes[it->second]))
           succ[it->second].push_back(static_cast<int>(v));
-        } else if (succ[it->second].empty()) {
-          const auto e = exits_of.find(liveness.frame[it->second]);
-          if (e != exits_of.end()) succ[it->second] = e->second;
-        }
       }
+    }
   }
 };
 
