@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/matmul.h"
@@ -115,4 +116,23 @@ TEST_CASE("coupled chip: MatMulBiasAdd adds the bias and ReLU in the UB (no bias
         UNSCOPED_INFO("C[" << i << "][" << j << "] = " << got << ", want " << std::max(sum, 0.0));
     }
   CHECK(bad == 0);
+}
+
+TEST_CASE("coupled chip: AllFinite's bool in a second launch (no cross-core flags)") {
+  const ChipConfig& cfg = sim().config();
+  REQUIRE_FALSE(cfg.split);
+  std::vector<HostTensor> xs = {random_tensor(DataType::F32, {37, 5}, -9, 9, 21),
+                                random_tensor(DataType::F32, {3}, -9, 9, 22),
+                                random_tensor(DataType::F32, {4000}, -9, 9, 23)};
+  std::vector<compiler::TensorDesc> descs;
+  for (const HostTensor& x : xs) descs.push_back(x.desc);
+  auto k = compiler::compile(
+      make_op("AllFinite", descs, {{"T", std::string("f32")}, {"N", int64_t{3}}}), cfg);
+  CHECK(k.launches.size() == 2);
+  CHECK(run_compiled(sim(), k, xs).outputs[0].values[0] == 1);
+  xs[2].values[3999] = std::numeric_limits<double>::quiet_NaN();
+  CHECK(run_compiled(sim(), k, xs).outputs[0].values[0] == 0);
+  xs[2].values[3999] = 1;
+  xs[0].values[0] = -std::numeric_limits<double>::infinity();
+  CHECK(run_compiled(sim(), k, xs).outputs[0].values[0] == 0);
 }

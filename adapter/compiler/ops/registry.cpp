@@ -345,6 +345,9 @@ const std::vector<OpEntry>& op_table() {
       // rewrite 19; ops/cast.cpp)
       {"MultiTensorCast", "cast", compile_multi_tensor_cast,
        npu(K::kFusedInference, {{"SrcT", kFloatTypes}, {"DstT", kFloatTypes}})},
+      // A loss scale's overflow check over the gradients in one launch, made by the graph pass
+      // (graph_fusion.h rewrite 20; ops/all_finite.cpp)
+      {"AllFinite", "all_finite", compile_all_finite, npu_t(K::kFusedInference, kFloatTypes)},
       // Training batch norm made by the graph pass, CANN's op types (ops/batchnorm.cpp)
       // (T = f16: x and dy in f16, statistics f32, as CANN's; allow_mix_precision's graph pass)
       {"BNTrainingReduce", "batchnorm", compile_batchnorm,

@@ -102,6 +102,7 @@ CompiledKernel compile_binary(const CompileContext& ctx);             // ops/bin
 CompiledKernel compile_unary(const CompileContext& ctx);              // ops/unary.cpp
 CompiledKernel compile_cast(const CompileContext& ctx);               // ops/cast.cpp
 CompiledKernel compile_multi_tensor_cast(const CompileContext& ctx);  // ops/cast.cpp
+CompiledKernel compile_all_finite(const CompileContext& ctx);         // ops/all_finite.cpp
 CompiledKernel compile_matmul(const CompileContext& ctx);             // ops/matmul.cpp
 // Data movement, gathers, generators, selection, scans, batched products (docs/compiler.md
 // "Data movement ops"):

@@ -4478,6 +4478,88 @@ int group_square_sums(tfc::GraphDef& graph, const std::unordered_set<std::string
 
 // ---- end of rewrite 17 ----
 
+// ---- rewrite 20: a loss scale's overflow check as one AllFinite ----
+
+// Whether the reduction n (All) keeps its reduced dimensions.
+bool keeps_dims(const tfc::NodeDef& n) {
+  const auto k = n.attr().find("keep_dims");
+  return k != n.attr().end() && k->second.b();
+}
+
+// All(Pack(All(IsFinite(x_i), [0 .. k_i - 1]) ...), [0]) -> AllFinite(x_0 ..): the header's
+// rewrite 20. Returns the AllFinite nodes made.
+int fuse_all_finites(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                     std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  int made = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& outer = *g.at(i);
+    if (outer.op() != "All" || !on_npu(outer) || keeps_dims(outer) || rm.claimed(outer.name()))
+      continue;
+    // Read only as a Switch's predicate (a lowered cond's), which TensorFlow requires to be a
+    // scalar: then Pack's output is a vector, every a_i a scalar and every inner All reduced
+    // every axis of its x_i (the graph has no shapes to tell it otherwise).
+    const std::vector<int>& readers = g.consumer_indices(outer.name());
+    bool predicate = !readers.empty();
+    for (int r : readers)
+      predicate = predicate && g.at(r)->op() == "Switch" && GraphView::reads(*g.at(r), 1, outer.name());
+    if (!predicate) continue;
+    const std::optional<std::vector<int64_t>> outer_axes = input_ints(g, outer, 1);
+    if (!outer_axes || outer_axes->size() != 1 || ((*outer_axes)[0] != 0 && (*outer_axes)[0] != -1))
+      continue;
+    tfc::NodeDef* pack = g.producer(outer, 0, "Pack");
+    if (!pack || !rm.removable(*pack, 1) || pack->device() != outer.device() ||
+        pack->input_size() < 1)
+      continue;
+    const auto axis = pack->attr().find("axis");
+    if (axis != pack->attr().end() && axis->second.i() != 0 && axis->second.i() != -1) continue;
+    std::vector<std::string> xs, taken;
+    tfc::AttrValue ranks;
+    ranks.mutable_list();
+    std::optional<tfc::DataType> t;
+    bool ok = true;
+    for (int j = 0; ok && j < pack->input_size(); ++j) {
+      // a_j: an inner All, or the IsFinite itself where grappler dropped the All of a scalar
+      // (no axes to reduce).
+      tfc::NodeDef* inner = g.producer(*pack, j, "All");
+      tfc::NodeDef* check = inner ? g.producer(*inner, 0, "IsFinite")
+                                  : g.producer(*pack, j, "IsFinite");
+      const std::optional<std::vector<int64_t>> axes =
+          inner ? input_ints(g, *inner, 1) : std::vector<int64_t>{};
+      ok = check && axes && (!inner || (rm.removable(*inner, 1) && !keeps_dims(*inner) &&
+                                        inner->device() == outer.device())) &&
+           rm.removable(*check, 1) && check->device() == outer.device() &&
+           check->input_size() == 1 && type_attr(*check) && float_type(*type_attr(*check)) &&
+           (!t || type_attr(*check) == t);
+      for (size_t a = 0; ok && a < axes->size(); ++a) ok = (*axes)[a] == static_cast<int64_t>(a);
+      if (!ok) break;
+      t = type_attr(*check);
+      xs.push_back(check->input(0));
+      ranks.mutable_list()->add_i(static_cast<int64_t>(axes->size()));
+      taken.push_back(check->name());
+      if (inner) taken.push_back(inner->name());
+    }
+    if (!ok || !t) continue;
+    taken.push_back(pack->name());
+    std::map<std::string, tfc::AttrValue> attrs;
+    attrs["T"] = type_value(*t);
+    attrs["N"].set_i(static_cast<int64_t>(xs.size()));
+    attrs["ranks"] = ranks;
+    for (const std::string& name : taken) {
+      attrs["_npusim_fused"].mutable_list()->add_s(name);
+      rm.remove(name);
+    }
+    rm.claim(outer.name());
+    rewrite_as(outer, "AllFinite", xs, attrs);
+    ++made;
+  }
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return made;
+}
+
+// ---- end of rewrite 20 ----
+
 // ---- rewrite 19: the weights' casts of a training step in multi-tensor launches ----
 
 // Whether `op` writes the variables whose handles it takes (the updates of a training step).
@@ -4589,6 +4671,11 @@ bool cast_fusion_requested() {
 
 bool multi_cast_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_MULTI_CAST");
+  return on;
+}
+
+bool all_finite_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_ALL_FINITE");
   return on;
 }
 
@@ -4794,6 +4881,8 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
     }
     *count = made;
   };
+  apply("AllFinite", all_finite_fusion_requested(), &counts.all_finite,
+        [&](auto* removed) { return fuse_all_finites(graph, preserve, removed); });
   // Before 4, which would take the mask's comparison into a chain.
   apply("DropOutGenMask", gen_mask_fusion_requested(), &counts.gen_mask,
         [&](auto* removed) { return fuse_dropout_gen_masks(graph, preserve, removed); });

@@ -373,6 +373,19 @@
 //      the derived-tensor cache leaves out while the variable is unchanged. CANN's graph
 //      engine keeps the float16 copy with the variable instead (the update writing it: "Not
 //      yet" in docs/graph_engine.md). NPUSIM_FUSION_MULTI_CAST=0 turns it alone off.
+//   20. A loss scale's overflow check, first (Keras 3's and tf.keras' LossScaleOptimizer under
+//      `mixed_float16`: whether every gradient is finite, before the cond that applies or skips
+//      the step): All(Pack(a_0 .. a_N-1), axes [0] or [-1]) whose Pack (axis 0 or -1) reads
+//      a_i = All(IsFinite(x_i), Const axes [0, 1, ..., k_i - 1]) or IsFinite(x_i) itself (k_i =
+//      0: grappler drops the All of a scalar) (keep_dims false everywhere;
+//      the IsFinites of one float type T; every inner node read by the next alone, removable),
+//      the outer All read only as Switches' predicate (a lowered cond's: a scalar, so every
+//      a_i is one and every inner All reduced every axis of its x_i; the graph has no shapes)
+//      -> AllFinite(x_0 .. x_N-1; T, N, ranks = [k_i]) in place of the outer All (its name and
+//      readers kept), the IsFinites, inner Alls and the Pack going: one launch for the whole
+//      check (adapter/compiler/ops/all_finite.cpp) instead of four per gradient, the same bool.
+//      The kernel also checks each x_i's rank against k_i when it compiles.
+//      NPUSIM_FUSION_ALL_FINITE=0 turns it alone off.
 // A chain is fused only if each node it removes has exactly the consumers of the pattern (no
 // other data or control consumers), has no control inputs, and is not a node TensorFlow must
 // preserve (fetches, keep ops: GrapplerItem::NodesToPreserve). Anything else stays as it was.
@@ -431,12 +444,14 @@ struct FusionCounts {
   int lamb = 0;                 // Lamb trust ratios lowered to element-wise steps (rewrite 17)
   int multi_square_sum = 0;     // multi-tensor SquareSumV1 nodes created (rewrite 17b)
   int gen_mask = 0;             // DropOutGenMask nodes created (rewrite 18)
+  int all_finite = 0;           // AllFinite nodes created (rewrite 20)
   int total() const {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm +
            conv_residual + add_relu + bias_epilogue + elementwise + variable_update +
            multi_tensor_update + update_casts + deduplicated + rms_norm + swiglu + attention +
            rope + rope_tables + geglu + gelu + layer_norm + layer_norm_training +
-           weight_quant_matmul + matmul_transposes + lamb + multi_square_sum + gen_mask;
+           weight_quant_matmul + matmul_transposes + lamb + multi_square_sum + gen_mask +
+           all_finite;
   }
 };
 
@@ -483,6 +498,8 @@ bool multi_square_sum_requested();
 bool gen_mask_fusion_requested();
 // False when NPUSIM_FUSION_MULTI_CAST is "0" (read once): rewrite 19 alone off.
 bool multi_cast_requested();
+// False when NPUSIM_FUSION_ALL_FINITE is "0" (read once): rewrite 20 alone off.
+bool all_finite_fusion_requested();
 // Rewrite 18 (above, gen_mask_rewrite.cpp) on `graph` where DropOutGenMask is registered: the
 // nodes it removes into *removed; returns the DropOutGenMask nodes created.
 int fuse_dropout_gen_masks(tensorflow::GraphDef& graph,

@@ -358,7 +358,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
             "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d LayerNorm in training (with "
             "its gradient), %d WeightQuantBatchMatmulV2, %d "
             "Transposes folded into MatMuls, %d Lamb trust ratios, %d multi-tensor "
-            "SquareSumV1, %d DropOutGenMask\n",
+            "SquareSumV1, %d DropOutGenMask, %d AllFinite\n",
             item_id(item).c_str(), counts.training_batch_norm, counts.bn_relu_grad,
             counts.batch_norm, counts.conv_pad, counts.conv_batch_norm, counts.conv_residual,
             counts.half_handoffs, counts.add_relu, counts.bias_epilogue, counts.elementwise,
@@ -366,7 +366,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
             counts.deduplicated, counts.rms_norm, counts.swiglu, counts.attention, counts.rope,
             counts.rope_tables, counts.geglu, counts.gelu, counts.layer_norm,
             counts.layer_norm_training, counts.weight_quant_matmul, counts.matmul_transposes,
-            counts.lamb, counts.multi_square_sum, counts.gen_mask);
+            counts.lamb, counts.multi_square_sum, counts.gen_mask, counts.all_finite);
       if (counts.total() > 0) {
         graph.Swap(&fused);
         changed = true;

@@ -45,6 +45,10 @@
 //     Truncate: bool; N: int >= 1: y[i] = Cast(x[i]) (Cast's rounding, the same bits), all in a
 //     few multi-tensor launches (adapter/compiler/ops/cast.cpp; graph_fusion.h rewrite 19,
 //     allow_mix_precision's weight casts).
+//   AllFinite(x: N * T) -> y: bool     T in {float, half, bfloat16}; N: int >= 1; ranks:
+//     list(int): y is true exactly when every element of every x[i] is finite, one launch
+//     (adapter/compiler/ops/all_finite.cpp; graph_fusion.h rewrite 20, a loss scale's check of
+//     the gradients); x[i] must have rank ranks[i] where ranks is given.
 //   FusedElementwise(inputs: Tin) -> z: T     T in {float, half, bfloat16}; Tin: list of
 //     {float, half, bfloat16, bool}, at least 1: T for an operand of the steps, bool for the
 //     condition of a SelectV2 step (graph_fusion.h rewrite 4); steps: list(string): a chain of
@@ -186,6 +190,13 @@ void each_input_shape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_DeleteShapeHandle(in);
 }
 
+// A scalar output 0 (AllFinite).
+void scalar_output(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeHandle* scalar = TF_ShapeInferenceContextScalar(ctx);
+  TF_ShapeInferenceContextSetOutput(ctx, 0, scalar, status);
+  TF_DeleteShapeHandle(scalar);
+}
+
 // An op without outputs (FusedVariableUpdate) has no shapes to infer.
 void no_outputs(TF_ShapeInferenceContext*, TF_Status*) {}
 
@@ -301,6 +312,11 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
        {"SrcT: {float, half, bfloat16}", "DstT: {float, half, bfloat16}",
         "Truncate: bool = false", "N: int >= 1"},
        each_input_shape},
+      {"AllFinite",
+       {"x: N * T"},
+       {"y: bool"},
+       {"T: {float, half, bfloat16}", "N: int >= 1", "ranks: list(int) = []"},
+       scalar_output},
       {"BNTrainingReduce",
        {"x: T"},
        {"sum: float", "square_sum: float"},
