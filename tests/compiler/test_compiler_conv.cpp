@@ -592,8 +592,8 @@ TEST_CASE("Grouped Conv2D and its input gradient: narrow groups packed block-dia
       CHECK(!mentions(unpacked.kernels, "BlockDiag"));
       CHECK(packed.y == unpacked.y);
       if (16 % m == 0) CHECK(dx.dx == dx_unpacked.dx);
-      // The cube's work: per groups' products in one step, without each group's columns
-      // padded to 16 (M = 8 of 16 columns: half the cube's busy cycles, M = 2: an eighth).
+      // The cube's work: per groups' products in one step, without each group's M columns
+      // padded to 16 on its own: fewer steps of the same 16-row, 16-column blocks.
       CHECK(packed.cube_busy < unpacked.cube_busy);
     }
   }
