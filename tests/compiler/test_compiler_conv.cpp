@@ -597,6 +597,17 @@ TEST_CASE("Grouped Conv2D and its input gradient: narrow groups packed block-dia
       CHECK(packed.cube_busy < unpacked.cube_busy);
     }
   }
+  // The fused forms with packed groups (the batch norm and the bias after the convolution, or
+  // through the UB in its epilogue; with a residual, f16 in and out).
+  {
+    GroupPacking on("1");
+    ConvCase g{2, 7, 6, 32, 3, 3, 32};
+    g.groups = 4;
+    CHECK(mentions(check_conv2d_batch_norm(g, true, true, seed++), "GroupedBlockDiag_f16"));
+    check_conv2d_batch_norm(g, false, false, seed++, PrecisionMode::kAllowFp32ToFp16,
+                            DataType::F16, DataType::F16, true, true);
+    check_conv2d_bias_add(g, true, seed++);
+  }
   // Shapes that stay unpacked even where packing is forced: groups of 6 (16 % 6 != 0), of 16
   // (whole blocks), M whole blocks (8 -> 16: the same MACs either way), per * M not whole
   // blocks (4 -> 2: 8 columns per block).
