@@ -586,8 +586,7 @@ void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, C
     ct.fix_out = device_dtype(y_type);
     ct.widen = false;
     const ArgRef r = residual ? input_ref(residual_input) : ArgRef{};
-    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold, &r,
-                     diagonal_merge_max);
+    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold, &r, diagonal_merge_max);
     if (residual && !e.residual) append_residual_add(k, ctx, residual_input, act);
     return;
   }
@@ -723,9 +722,9 @@ struct BlockDiagShape {
 // lanes coincide: every row is per * m elements, whole blocks).
 Launch build_blockdiag(Dtype type, int64_t taps, const BlockDiagShape& d, const ChipConfig& cfg,
                        const std::string& op) {
-  KernelBuilder b(fmt::format("{}BlockDiag_{}", d.cin == 1 ? "Depthwise" : "Grouped",
-                              isa::dtype_name(type)),
-                  op, cfg);
+  KernelBuilder b(
+      fmt::format("{}BlockDiag_{}", d.cin == 1 ? "Depthwise" : "Grouped", isa::dtype_name(type)),
+      op, cfg);
   const isa::CoreKind kind = b.vector_core_kind();
   const CoreKindConfig& core = *cfg.core_kind(kind);
   const int64_t cin = d.cin, m = d.m, per = d.per(), c = d.channels(), cols = d.block_cols();
@@ -820,12 +819,14 @@ Launch build_blockdiag(Dtype type, int64_t taps, const BlockDiagShape& d, const 
   Launch l;
   l.kernel = b.finish();
   l.block_dim = block_dim;
-  l.summary = cin == 1 ? fmt::format("block-diagonal depthwise filter: {} groups x {} taps, "
-                                     "multiplier {}",
-                                     groups, taps, m)
-                       : fmt::format("block-diagonal grouped filter: {} groups of {} -> {} "
-                                     "channels, {} per 16-channel block, {} blocks x {} taps",
-                                     d.groups, cin, m, per, groups, taps);
+  l.summary = cin == 1 ? fmt::format(
+                             "block-diagonal depthwise filter: {} groups x {} taps, "
+                             "multiplier {}",
+                             groups, taps, m)
+                       : fmt::format(
+                             "block-diagonal grouped filter: {} groups of {} -> {} "
+                             "channels, {} per 16-channel block, {} blocks x {} taps",
+                             d.groups, cin, m, per, groups, taps);
   return l;
 }
 
@@ -844,6 +845,25 @@ DepthwiseShapes depthwise_shapes(const OpDesc& op, const std::vector<int64_t>& f
   return DepthwiseShapes{c, f[3], (c + 15) / 16};
 }
 
+// The cycles of build_blockdiag's launch (16-bit elements), # estimate: its task overheads
+// (launch_overhead_cycles), then each vector core's items one after another, each waiting for
+// its filter rows from GM (a first read: an L2 miss, memory.hbm.latency_cycles, plus the
+// gm->ub path's latency) while the vector work and the store of the item before overlap it,
+// at least the filter read and the blocks written at HBM's rate. Measured on the 910b:
+// 4,534 cycles for 18 items (3 groups of 8 -> 8, 3x3), 6,380 for 207 (46 groups); this
+// gives 3,807 and 5,935.
+double blockdiag_cycles(int64_t taps, const BlockDiagShape& d, const ChipConfig& cfg,
+                        const std::string& op) {
+  const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the cube's cores
+  const int64_t cores = vec ? vec->count : cube_core(cfg, op).count;
+  const int64_t items = d.blocks() * taps;
+  const double item = cfg.hbm_latency_cycles + cfg.path_latency(Buf::GM, Buf::UB);
+  const double bytes = static_cast<double>(
+      (d.blocks() * taps * kFold16 * d.block_cols() + taps * d.cin * d.cout()) * 2);
+  return launch_overhead_cycles(cfg) + std::max(static_cast<double>(ceil_div(items, cores)) * item,
+                                                bytes / cfg.hbm_bytes_per_cycle());
+}
+
 // d's block-diagonal filter from w, the filter [taps][cin][cout] as the cube reads it (cube
 // type; a depthwise filter [kh][kw][c][m] is the same bytes): a derived tensor of the op's
 // inputs `from` (compiler.h), so a caller keeps it while they are unchanged (an inference's
@@ -857,8 +877,8 @@ ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const Cube
   k.derived.push_back(DerivedTensor{
       std::move(from), k.launches.size(), bytes,
       d.cin == 1 ? "block-diagonal depthwise filter" : "block-diagonal grouped filter"});
-  k.launches.push_back(with_args(
-      build_blockdiag(device_dtype(ct.cube), taps, d, ctx.cfg, ctx.op.str()), {w, wbd}));
+  k.launches.push_back(
+      with_args(build_blockdiag(device_dtype(ct.cube), taps, d, ctx.cfg, ctx.op.str()), {w, wbd}));
   return wbd;
 }
 
@@ -922,16 +942,13 @@ int64_t packed_merge_max(const CubeConvSpec& s) {
 // columns, the block-diagonal filter's rows, are whole blocks: the vector kernel's rows and the
 // y tiles' columns), M is not (with M whole blocks the MACs are the same either way:
 // unpacked, Cin of each 16-row k block useful; packed, 1 of per diagonal blocks), and the
-// packed kernel's estimate (plan_prepared_conv) plus the block-diagonal filter's launch (its
-// task overheads and its bytes, the filter read and the blocks written, at HBM's rate;
-// # estimate: its vector work, a copy per filter row and a masked vcopy per block row, is
-// small beside those) is below the unpacked kernel's, plus the launch of the copy that packs
+// packed kernel's estimate (plan_prepared_conv) plus the block-diagonal filter's launch
+// (blockdiag_cycles) is below the unpacked kernel's, plus the launch of the copy that packs
 // its output where it takes one (PreparedConv: groups of M not whole 32-byte blocks through
 // the UB). NPUSIM_FUSION_GROUPED_CONV_PACK (grouped_conv_pack_mode) may turn the estimate off.
 std::optional<BlockDiagShape> narrow_group_packing(const CompileContext& ctx, const CubeTypes& ct,
                                                    const CubeConvSpec& s,
-                                                   const std::vector<int64_t>& f,
-                                                   int64_t groups) {
+                                                   const std::vector<int64_t>& f, int64_t groups) {
   const int64_t cin = f[2], m = groups > 0 ? f[3] / groups : 0;
   const GroupPacking mode = grouped_conv_pack_mode(ctx.op);
   if (mode == GroupPacking::kOff || groups <= 1 || cin <= 0 || cin >= kFold16 ||
@@ -958,10 +975,7 @@ std::optional<BlockDiagShape> narrow_group_packing(const CompileContext& ctx, co
   } catch (const CompileError&) {
     return std::nullopt;
   }
-  const double wbd_bytes = static_cast<double>(
-      (d.blocks() * taps * kFold16 * d.block_cols() + taps * cin * d.cout()) *
-      data_type_bytes(ct.cube));
-  packed_cycles += launch_overhead_cycles(ctx.cfg) + wbd_bytes / ctx.cfg.hbm_bytes_per_cycle();
+  packed_cycles += blockdiag_cycles(taps, d, ctx.cfg, ctx.op.str());
   if (packed_cycles >= unpacked_cycles) return std::nullopt;
   return d;
 }
@@ -1147,8 +1161,9 @@ StridedInputGrad strided_input_grad_mode(const OpDesc& op) {
 // the zeros between (emit_strided_zeros; the estimate then at least the launch's HBM bytes at
 // HBM's rate), else a fill launch first (its bytes at the vector cores' ub->gm rate or HBM's,
 // and one more launch's task overheads). Where FIXPIPE writes GM (split chips) and writes the
-// op's type (no widening), from any L0C row (strided_rows_fit_l0c); the kernel of the lowest estimate (plan_cube_conv's, plan_matmul_
-// tiling's), or as NPUSIM_CONV_STRIDED_INPUT_GRAD says. Returns whether it appended it.
+// op's type (no widening), from any L0C row (strided_rows_fit_l0c); the kernel of the lowest
+// estimate (plan_cube_conv's, plan_matmul_ tiling's), or as NPUSIM_CONV_STRIDED_INPUT_GRAD says.
+// Returns whether it appended it.
 bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                                const ConvWindow& cw, const std::vector<int64_t>& dy,
                                CubeConvSpec conv) {
@@ -1528,8 +1543,8 @@ bool fused_writes_dw(const CompileContext& ctx, const CubeTypes& ct, DataType dt
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   const int64_t bytes = data_type_bytes(dt);
   return !ct.widen && (half || dt == DataType::F32) &&
-         (!via_ub || (cout * bytes % layout::kBlockBytes == 0 &&
-                      cg_out * bytes % layout::kBlockBytes == 0));
+         (!via_ub ||
+          (cout * bytes % layout::kBlockBytes == 0 && cg_out * bytes % layout::kBlockBytes == 0));
 }
 
 // The fused kernel's plan for dW (FilterGradSpec): its spec, tiling and part count (the k
@@ -1592,16 +1607,15 @@ FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const Cube
       if (parts == 1) throw;  // nothing fits
       continue;               // no chunk size that `parts` divides
     }
-    const double sum =
-        parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, p.mn, p.add_parts) : 0;
+    const double sum = parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, p.mn, p.add_parts) : 0;
     for (const FilterGradTiling& t : tilings) candidates.push_back({parts, t, t.cycles + sum});
   }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) { return a.cycles < b.cycles; });
   const int64_t rank = forced_plan_rank("NPUSIM_FILTER_GRAD_PLAN_RANK", op);
   if (rank > static_cast<int64_t>(candidates.size()))
-    throw CompileError(fmt::format("{}: NPUSIM_FILTER_GRAD_PLAN_RANK={} but only {} plans fit",
-                                   op, rank, candidates.size()));
+    throw CompileError(fmt::format("{}: NPUSIM_FILTER_GRAD_PLAN_RANK={} but only {} plans fit", op,
+                                   rank, candidates.size()));
   const Candidate& chosen = candidates[static_cast<size_t>(std::max<int64_t>(rank, 1) - 1)];
   p.tiling = chosen.tiling;
   p.cycles = chosen.cycles;
@@ -1696,8 +1710,7 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   const bool blocks = !via_ub || f[2] % (layout::kBlockBytes / data_type_bytes(ct.cube)) == 0;
   // (the MatMul multiplies all of x's channels by all of dy's: one group)
   const bool pointwise = groups == 1 && blocks && f[0] == 1 && f[1] == 1 && cw.h.s == 1 &&
-                         cw.w.s == 1 &&
-                         cw.h.before + cw.h.after + cw.w.before + cw.w.after == 0;
+                         cw.w.s == 1 && cw.h.before + cw.h.after + cw.w.before + cw.w.after == 0;
   const ArgRef xr = cube_operand(k, ctx, ct, 0), dyr = cube_operand(k, ctx, ct, 1);
   if (!pointwise) {
     append_fused_filter_grad(k, ctx, ct, xr, dyr, plan_fused_filter_grad(ctx, ct, dt, x, f, cw));
@@ -1853,15 +1866,14 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
     // block-diagonal form, both derived from filter, scale and variance): the epilogue adds
     // the shift only, one f32 pass fewer per tile.
     const ArgRef wa = append_folded_filter(k, ctx, ct, fold.a, {f[0], f[1], f[2] * f[3]});
-    const ArgRef wbd = append_blockdiag(k, ctx, ct, wa, {1, kBnScale, kBnVariance},
-                                         f[0] * f[1], depthwise_blockdiag(f));
+    const ArgRef wbd = append_blockdiag(k, ctx, ct, wa, {1, kBnScale, kBnVariance}, f[0] * f[1],
+                                        depthwise_blockdiag(f));
     append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, true, residual, merge_max);
     return k;
   }
   const ArgRef wbd = append_blockdiag(k, ctx, ct, 1, f[0] * f[1], depthwise_blockdiag(f));
   if (batch_norm)
-    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, false, residual,
-                                merge_max);
+    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, false, residual, merge_max);
   else
     append_cube_conv(k, ctx, ct, s, xr, wbd, nullptr, nullptr, nullptr, nullptr, nullptr,
                      merge_max);
