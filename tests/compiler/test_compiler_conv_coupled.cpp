@@ -73,8 +73,8 @@ TEST_CASE("coupled chip: groups whose channels are not whole blocks") {
   // a block in the workspace's rows, then packed (rows x groups runs of 5, a block apart).
   // 8 groups of 8 -> 8 (16 bytes of f16, a block as f32) unpacked
   // (NPUSIM_FUSION_GROUPED_CONV_PACK=0): f32 rows, then one dense cast. Packed two to a
-  // 16-channel block (the estimate's choice here) each block's 16 f16 outputs are a whole
-  // block: no cast after the kernel, the block-diagonal filter's launch before it.
+  // 16-channel block (=1) each block's 16 f16 outputs are a whole block: no cast after the
+  // kernel, the block-diagonal filter's launch before it.
   ConvCase g{2, 5, 4, 12, 3, 3, 10}, e{1, 8, 8, 64, 3, 3, 64};
   g.groups = 2;
   e.groups = 8;
@@ -82,11 +82,12 @@ TEST_CASE("coupled chip: groups whose channels are not whole blocks") {
   for (auto [c, after] : {std::pair{g, "Cast_f16_f16"}, std::pair{e, "Cast_f32_f16"}})
     CHECK(conv2d_launches(c) == std::vector<std::string>{"Conv2D_f16", after});
   check_conv2d(DataType::F16, e, 22);
-  unsetenv("NPUSIM_FUSION_GROUPED_CONV_PACK");
+  setenv("NPUSIM_FUSION_GROUPED_CONV_PACK", "1", 1);
   CHECK(conv2d_launches(e) == std::vector<std::string>{"GroupedBlockDiag_f16", "Conv2D_f16"});
+  check_conv2d(DataType::F16, e, 22);
+  unsetenv("NPUSIM_FUSION_GROUPED_CONV_PACK");
   check_conv2d(DataType::F16, g, 20);
   check_conv2d(DataType::F32, g, 21);
-  check_conv2d(DataType::F16, e, 22);
   // The bias and the batch norm after them (launches of their own with groups).
   check_conv2d_bias_add(g, true, 23);
   check_conv2d_batch_norm(g, true, true, 24);
