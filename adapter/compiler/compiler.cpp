@@ -78,6 +78,7 @@ const std::vector<std::string>& lowering_switches() {
                                                  "NPUSIM_FUSION_ADD_RELU_CAST",
                                                  "NPUSIM_FUSION_CHANNEL_EPILOGUE",
                                                  "NPUSIM_FUSION_CONV_BN_REDUCE_TILES",
+                                                 "NPUSIM_FUSION_GROUPED_CONV_PACK",
                                                  "NPUSIM_L2_STREAM_POLICY",
                                                  "NPUSIM_MATMUL_CORE_SPLIT",
                                                  "NPUSIM_SOFTMAX_RAGGED_RESIDENT",

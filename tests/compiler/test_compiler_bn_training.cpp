@@ -605,6 +605,10 @@ TEST_CASE("Conv2DBNTrainingReduce: the batch norm's sums of the convolution's ou
   check_conv_reduce({1, 1, 1, 32}, {1, 1, 32, 64}, false, DataType::F16, 54);
   // 7 f16 channels are not whole 32-byte pixels: BNTrainingReduce's launches on y instead
   check_conv_reduce({1, 4, 4, 16}, {1, 1, 16, 7}, true, DataType::F16, 53, false);
+  // Grouped, the narrow groups packed block-diagonally (forced): 4 groups of 8 -> 8, 8 of 4 -> 4.
+  ScopedEnv pack("NPUSIM_FUSION_GROUPED_CONV_PACK", "1");
+  check_conv_reduce({2, 6, 7, 32}, {3, 3, 8, 32}, false, DataType::F16, 55);
+  check_conv_reduce({2, 8, 8, 32}, {3, 3, 4, 32}, false, DataType::F32, 56);
 }
 
 TEST_CASE("Conv2DBNTrainingReduce: the sums per tile as the cube cores store them") {

@@ -71,15 +71,23 @@ TEST_CASE("coupled chip: Conv2D through the UB, rows whole blocks or padded and 
 TEST_CASE("coupled chip: groups whose channels are not whole blocks") {
   // 2 groups of 6 -> 5 (10 bytes of f16, 20 of f32 per group): each group's channels padded to
   // a block in the workspace's rows, then packed (rows x groups runs of 5, a block apart).
-  // 8 groups of 8 -> 8 (16 bytes of f16, a block as f32): f32 rows, then one dense cast.
+  // 8 groups of 8 -> 8 (16 bytes of f16, a block as f32) unpacked
+  // (NPUSIM_FUSION_GROUPED_CONV_PACK=0): f32 rows, then one dense cast. Packed two to a
+  // 16-channel block (=1) each block's 16 f16 outputs are a whole block: no cast after the
+  // kernel, the block-diagonal filter's launch before it.
   ConvCase g{2, 5, 4, 12, 3, 3, 10}, e{1, 8, 8, 64, 3, 3, 64};
   g.groups = 2;
   e.groups = 8;
+  setenv("NPUSIM_FUSION_GROUPED_CONV_PACK", "0", 1);
   for (auto [c, after] : {std::pair{g, "Cast_f16_f16"}, std::pair{e, "Cast_f32_f16"}})
     CHECK(conv2d_launches(c) == std::vector<std::string>{"Conv2D_f16", after});
+  check_conv2d(DataType::F16, e, 22);
+  setenv("NPUSIM_FUSION_GROUPED_CONV_PACK", "1", 1);
+  CHECK(conv2d_launches(e) == std::vector<std::string>{"GroupedBlockDiag_f16", "Conv2D_f16"});
+  check_conv2d(DataType::F16, e, 22);
+  unsetenv("NPUSIM_FUSION_GROUPED_CONV_PACK");
   check_conv2d(DataType::F16, g, 20);
   check_conv2d(DataType::F32, g, 21);
-  check_conv2d(DataType::F16, e, 22);
   // The bias and the batch norm after them (launches of their own with groups).
   check_conv2d_bias_add(g, true, 23);
   check_conv2d_batch_norm(g, true, true, 24);

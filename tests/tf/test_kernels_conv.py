@@ -150,6 +150,40 @@ def test_grouped_conv2d_and_gradients_exact(npusim, tf, strict_placement, x_shap
         assert len([n for n in names if n.startswith(kernel)]) == 1, (kernel, names)
 
 
+# Narrow groups packed into the cube's 16-channel blocks (docs/compiler.md "Narrow groups packed
+# block-diagonally"): 8 groups of 4 -> 4 (4 per block) and 3 groups of 8 -> 8 with stride 2 (2
+# per block, the last block holding one group), packing forced where the shapes allow
+# (NPUSIM_FUSION_GROUPED_CONV_PACK=1; unset, the estimate leaves layers this small unpacked).
+# The forward and the input gradient build the block-diagonal filter and run one cube launch
+# each; the filter gradient stays per group. Exact values: bit for bit against the per-group
+# convolutions on the CPU.
+@pytest.mark.parametrize("x_shape,w_shape,stride", [
+    ((2, 7, 9, 32), (3, 3, 4, 32), 1),
+    ((1, 8, 8, 24), (3, 3, 8, 24), 2),
+], ids=str)
+def test_grouped_conv2d_packed_groups_exact(npusim, tf, strict_placement, monkeypatch, x_shape,
+                                            w_shape, stride):
+    monkeypatch.setenv("NPUSIM_FUSION_GROUPED_CONV_PACK", "1")
+    x = _quarters(x_shape, 7)
+    w = _quarters(w_shape, 8)
+    groups = x_shape[3] // w_shape[2]
+
+    def conv(a, b):
+        return tf.nn.conv2d(a, b, strides=stride, padding="SAME")
+
+    def per_group(a, b):
+        return tf.concat([tf.nn.conv2d(xa, wb, strides=stride, padding="SAME")
+                          for xa, wb in zip(tf.split(a, groups, axis=3),
+                                            tf.split(b, groups, axis=3))], axis=3)
+
+    _compare(npusim, tf, conv, [x, w], ["Conv2D_", "Conv2DBackpropInput_", "FilterGrad_"],
+             cpu_fn=per_group)
+    names = [r["kernel"] for r in npusim.launch_records()]
+    assert len([n for n in names if n.startswith("GroupedBlockDiag_")]) == 2, names
+    for kernel in ("Conv2D_", "Conv2DBackpropInput_", "FilterGrad_"):
+        assert len([n for n in names if n.startswith(kernel)]) == 1, (kernel, names)
+
+
 # The filter gradient's paths: a 1x1 window of stride 1 (x is the img2col matrix: the MatMul)
 # and the fused kernel (img2col made in L0A by load3dt), here over the width-folded view of few
 # channels without padding along W, and a 7x7 stride 2 over 3 channels with SAME padding; 1x1

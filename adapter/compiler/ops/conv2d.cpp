@@ -113,6 +113,13 @@ namespace {
 
 constexpr int64_t kFold16 = 16;  // channels per cube k-block (C0 of f16)
 
+// The cycles one more launch costs besides its work: the task's dispatch, completion and
+// block start overheads (configs/chips).
+double launch_overhead_cycles(const ChipConfig& cfg) {
+  return static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
+                             cfg.task_block_start_cycles);
+}
+
 // CubeConvSpec::bn_stats_per_tile unless NPUSIM_FUSION_CONV_BN_REDUCE_TILES=0: a measuring
 // switch (the statistics after a barrier of the cube cores instead), read at every compile.
 // Unset, "0" or "1"; anything else is a CompileError naming op.
@@ -364,27 +371,16 @@ struct BnStats {
   bool wanted = false, done = false;
 };
 
-// Runs the cube convolution writing output 0 (through a workspace f16 copy when widened).
-// With spec.bias, `bias` is its f32 [cy] workspace tensor. On chips without an l0c->gm path
-// the output leaves the cube through the UB in whole 32-byte blocks: when a row of y (cy
-// channels) is not whole blocks, the kernel writes rows padded to blocks into the workspace
-// and the strided copy (with the widening, if any) packs them into the output.
-// With stats->wanted, on split chips where the kernel writes y densely in whole 32-byte
-// pixels, the kernel also sums y's channels (CubeConvSpec::bn_stats: sum and sum of squares
-// of y as FIXPIPE wrote it, before any widening, which is exact, and BNTrainingReduce's
-// epilogue adding the vector cores' partials as its last phase); else stats->done stays false.
-// With y_f32, the cube writes y as f32 to that workspace tensor instead of output 0 (ct.fix_out
-// F32, no widening: a vector pass after it reads y and rounds it once to the output's type).
-void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
-                      CubeConvSpec spec, const ArgRef& x, const ArgRef& w,
-                      const ArgRef* bias = nullptr, BnStats* stats = nullptr,
-                      const ArgRef* y_f32 = nullptr, const BatchNormFold* bn = nullptr,
-                      const ArgRef* residual = nullptr, int64_t diagonal_merge_max = 1) {
-  const TensorDesc& out = k.outputs[0];
-  if (y_f32 && (ct.fix_out != Dtype::F32 || ct.widen))
-    ctx.op.fail("internal: the convolution's f32 workspace output needs FIXPIPE to write f32");
-  const ArgRef final_y = y_f32 ? *y_f32 : output_ref(0);
-  const DataType final_type = y_f32 ? DataType::F32 : out.dtype;
+// The cube convolution's spec as append_cube_conv runs it (types, y's pitches) and the copy
+// after it: through the UB, f16 rows that are not whole 32-byte blocks but are as f32 go
+// through f32 (narrow_via_f32); groups whose channels are not whole blocks are padded to
+// whole blocks in the rows (group_padded); either takes a strided copy launch after the kernel.
+struct PreparedConv {
+  CubeConvSpec spec;
+  bool narrow_via_f32 = false, group_padded = false;
+};
+
+PreparedConv prepare_cube_conv(const CompileContext& ctx, const CubeTypes& ct, CubeConvSpec spec) {
   spec.in_type = device_dtype(ct.cube);
   spec.out_type = ct.fix_out;
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, ctx.op.str()), ctx.op.str());
@@ -400,19 +396,29 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
   // With the batch norm in the epilogue such rows go packed where every tile is whole blocks
   // (CubeConvSpec::y_packed): the epilogue packs and stores each tile as one run, no cast.
   spec.y_packed = via_ub && !ct.widen && conv_y_packable(spec);
-  const bool narrow_via_f32 = via_ub && !ct.widen && !spec.y_packed &&
-                              spec.out_type == Dtype::F16 && !whole_blocks(2) && whole_blocks(4);
-  if (narrow_via_f32) spec.out_type = Dtype::F32;
+  PreparedConv p;
+  p.narrow_via_f32 = via_ub && !ct.widen && !spec.y_packed && spec.out_type == Dtype::F16 &&
+                     !whole_blocks(2) && whole_blocks(4);
+  if (p.narrow_via_f32) spec.out_type = Dtype::F32;
   const int64_t osz = isa::dtype_size(spec.out_type);
   if (via_ub && !spec.y_packed) spec.y_pitch = round_up(spec.cy, layout::kBlockBytes / osz);
   // Through the UB, groups whose channels are not whole blocks: each group's channels padded to
-  // whole blocks in the rows (the packing copy below drops the padding).
-  const bool group_padded = via_ub && spec.groups > 1 && spec.cy == spec.groups * spec.cg_out &&
-                            (spec.cg_out * osz) % layout::kBlockBytes != 0;
-  if (group_padded) {
+  // whole blocks in the rows (the packing copy after the kernel drops the padding).
+  p.group_padded = via_ub && spec.groups > 1 && spec.cy == spec.groups * spec.cg_out &&
+                   (spec.cg_out * osz) % layout::kBlockBytes != 0;
+  if (p.group_padded) {
     spec.y_group_pitch = round_up(spec.cg_out, layout::kBlockBytes / osz);
     spec.y_pitch = spec.groups * spec.y_group_pitch;
   }
+  p.spec = spec;
+  return p;
+}
+
+// The spec (p's, its strided view or its block-diagonal groups merged) and tiling that
+// append_cube_conv runs: the planner's lowest estimate; CompileError where nothing plans.
+std::pair<CubeConvSpec, CubeConvTiling> plan_prepared_conv(const CompileContext& ctx,
+                                                           const PreparedConv& p,
+                                                           int64_t diagonal_merge_max) {
   // The tiling of sp, or of its strided view where the planner estimates that faster (sp then
   // the view).
   const auto plan_or_view = [&](CubeConvSpec& sp) {
@@ -428,38 +434,63 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
     }
     return best;
   };
-  const CubeConvSpec one_group_per_step = spec;
-  CubeConvTiling t;
-  if (group_padded || diagonal_merge_max <= 1) {
-    t = plan_or_view(spec);
-  } else {
-    // Block-diagonal groups of one 16-channel block (the depthwise convolutions): `per` of them
-    // to a kernel step (merge_diagonal_groups) for per = 1 .. diagonal_merge_max; the fewest
-    // per step whose estimate is within kPlanTieBand of the lowest (group pitches unchanged:
-    // each group's rows whole blocks). A count that does not plan (CompileError) is left out;
-    // where none plans, the first count's error stands.
-    std::vector<std::pair<CubeConvSpec, CubeConvTiling>> per_step;
-    std::exception_ptr first_error;
-    for (int64_t per = 1; per <= std::min(diagonal_merge_max, one_group_per_step.groups); ++per) {
-      try {
-        CubeConvSpec sp = per == 1 ? one_group_per_step
-                                   : merge_diagonal_groups(one_group_per_step, per, ctx.op.str());
-        const CubeConvTiling tp = plan_or_view(sp);
-        per_step.emplace_back(sp, tp);
-      } catch (const CompileError&) {
-        if (!first_error) first_error = std::current_exception();
-      }
-    }
-    if (per_step.empty()) std::rethrow_exception(first_error);
-    double lowest = per_step.front().second.est_cycles;
-    for (const auto& [sp, tp] : per_step) lowest = std::min(lowest, tp.est_cycles);
-    for (const auto& [sp, tp] : per_step)
-      if (tp.est_cycles <= lowest * (1 + kPlanTieBand)) {
-        spec = sp;
-        t = tp;
-        break;
-      }
+  const CubeConvSpec& one_group_per_step = p.spec;
+  if (p.group_padded || diagonal_merge_max <= 1) {
+    CubeConvSpec spec = p.spec;
+    const CubeConvTiling t = plan_or_view(spec);
+    return {spec, t};
   }
+  // Block-diagonal groups of one 16-channel block (the depthwise convolutions, packed narrow
+  // groups): `per` of them to a kernel step (merge_diagonal_groups) for per = 1 ..
+  // diagonal_merge_max; the fewest per step whose estimate is within kPlanTieBand of the
+  // lowest (group pitches unchanged: each group's rows whole blocks). A count that does not
+  // plan (CompileError) is left out; where none plans, the first count's error stands.
+  std::vector<std::pair<CubeConvSpec, CubeConvTiling>> per_step;
+  std::exception_ptr first_error;
+  for (int64_t per = 1; per <= std::min(diagonal_merge_max, one_group_per_step.groups); ++per) {
+    try {
+      CubeConvSpec sp = per == 1 ? one_group_per_step
+                                 : merge_diagonal_groups(one_group_per_step, per, ctx.op.str());
+      const CubeConvTiling tp = plan_or_view(sp);
+      per_step.emplace_back(sp, tp);
+    } catch (const CompileError&) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (per_step.empty()) std::rethrow_exception(first_error);
+  double lowest = per_step.front().second.est_cycles;
+  for (const auto& [sp, tp] : per_step) lowest = std::min(lowest, tp.est_cycles);
+  for (const auto& [sp, tp] : per_step)
+    if (tp.est_cycles <= lowest * (1 + kPlanTieBand)) return {sp, tp};
+  return per_step.front();  // (not reached: the lowest is within the band)
+}
+
+// Runs the cube convolution writing output 0 (through a workspace f16 copy when widened).
+// With spec.bias, `bias` is its f32 [cy] workspace tensor. On chips without an l0c->gm path
+// the output leaves the cube through the UB in whole 32-byte blocks: when a row of y (cy
+// channels) is not whole blocks, the kernel writes rows padded to blocks into the workspace
+// and the strided copy (with the widening, if any) packs them into the output
+// (prepare_cube_conv).
+// With stats->wanted, on split chips where the kernel writes y densely in whole 32-byte
+// pixels, the kernel also sums y's channels (CubeConvSpec::bn_stats: sum and sum of squares
+// of y as FIXPIPE wrote it, before any widening, which is exact, and BNTrainingReduce's
+// epilogue adding the vector cores' partials as its last phase); else stats->done stays false.
+// With y_f32, the cube writes y as f32 to that workspace tensor instead of output 0 (ct.fix_out
+// F32, no widening: a vector pass after it reads y and rounds it once to the output's type).
+void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                      const CubeConvSpec& unprepared, const ArgRef& x, const ArgRef& w,
+                      const ArgRef* bias = nullptr, BnStats* stats = nullptr,
+                      const ArgRef* y_f32 = nullptr, const BatchNormFold* bn = nullptr,
+                      const ArgRef* residual = nullptr, int64_t diagonal_merge_max = 1) {
+  const TensorDesc& out = k.outputs[0];
+  if (y_f32 && (ct.fix_out != Dtype::F32 || ct.widen))
+    ctx.op.fail("internal: the convolution's f32 workspace output needs FIXPIPE to write f32");
+  const ArgRef final_y = y_f32 ? *y_f32 : output_ref(0);
+  const DataType final_type = y_f32 ? DataType::F32 : out.dtype;
+  const PreparedConv prepared = prepare_cube_conv(ctx, ct, unprepared);
+  const bool narrow_via_f32 = prepared.narrow_via_f32, group_padded = prepared.group_padded;
+  auto [spec, t] = plan_prepared_conv(ctx, prepared, diagonal_merge_max);
+  const int64_t osz = isa::dtype_size(spec.out_type);
   const int64_t rows = out.num_elements() / spec.cy;
   // (A strided y is the output itself: its pitch places its rows, the rest is not y's.)
   const bool padded = spec.pitch() != spec.cy && spec.y_strided.run_rows == 0;
@@ -555,8 +586,7 @@ void append_conv_then_batch_norm(CompiledKernel& k, const CompileContext& ctx, C
     ct.fix_out = device_dtype(y_type);
     ct.widen = false;
     const ArgRef r = residual ? input_ref(residual_input) : ArgRef{};
-    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold, &r,
-                     diagonal_merge_max);
+    append_cube_conv(k, ctx, ct, e, x, w, nullptr, nullptr, nullptr, &fold, &r, diagonal_merge_max);
     if (residual && !e.residual) append_residual_add(k, ctx, residual_input, act);
     return;
   }
@@ -666,6 +696,290 @@ ArgRef append_folded_filter(CompiledKernel& k, const CompileContext& ctx, const 
   return derived;
 }
 
+// ---- block-diagonal filters ----
+
+// Groups narrow enough to share a 16-channel block: G groups of cin input channels (16 % cin
+// == 0) and m output channels each, per = 16 / cin of them to a block (the last block may hold
+// fewer: G need not be a multiple of per). The depthwise convolutions: cin = 1, G = C.
+struct BlockDiagShape {
+  int64_t cin = 1, m = 1, groups = 1;
+  int64_t per() const { return kFold16 / cin; }
+  int64_t channels() const { return groups * cin; }  // x's C
+  int64_t cout() const { return groups * m; }
+  int64_t blocks() const { return (channels() + kFold16 - 1) / kFold16; }
+  int64_t block_cols() const { return per() * m; }  // one block's columns (output channels)
+};
+
+// The block-diagonal filter of narrow groups (BlockDiagShape), written by the vector cores:
+//   Wbd[g][tap][j * cin + ci][j * m + q] = filter[tap][ci][(per * g + j) * m + q]
+// for group per * g + j < G (x's channel 16g + j * cin + ci < C), 0 elsewhere: block g (g <
+// ceil(C / 16)) holds groups [per * g, per * g + per), each its cin rows by m columns on the
+// diagonal, with filter [taps][cin][cout] (16-bit elements, cout = G * m). The depthwise
+// filter [taps][C][M] is the case cin = 1 (cout = C * M, per = 16).
+// One item per (g, tap): each of the cin filter rows' per * m values of the block's groups is
+// loaded (one row of the UB buffer each), the 16 x per * m block is zeroed and row j * cin + ci
+// receives lanes [j * m, j * m + m) of value row ci by a masked vcopy (source and destination
+// lanes coincide: every row is per * m elements, whole blocks).
+Launch build_blockdiag(Dtype type, int64_t taps, const BlockDiagShape& d, const ChipConfig& cfg,
+                       const std::string& op) {
+  KernelBuilder b(
+      fmt::format("{}BlockDiag_{}", d.cin == 1 ? "Depthwise" : "Grouped", isa::dtype_name(type)),
+      op, cfg);
+  const isa::CoreKind kind = b.vector_core_kind();
+  const CoreKindConfig& core = *cfg.core_kind(kind);
+  const int64_t cin = d.cin, m = d.m, per = d.per(), c = d.channels(), cols = d.block_cols();
+  const int64_t groups = d.blocks(), items = groups * taps;
+  const int64_t per_block = (items + core.count - 1) / core.count;
+  const int block_dim = static_cast<int>((items + per_block - 1) / per_block);
+  constexpr int64_t kLanes16 = 128;  // 16-bit lanes of one repeat
+  b.begin_section(kind);
+  const uint64_t vbytes = round_up(static_cast<uint64_t>(32 * m), 256);  // cin rows of cols
+  const uint64_t v = b.alloc(Buf::UB, vbytes, "filter values of the group");
+  const uint64_t t = b.alloc(Buf::UB, static_cast<uint64_t>(32 * cols) + 256, "block");
+  b.declare_arg("filter", type, {taps, cin == 1 ? c : cin, cin == 1 ? m : d.cout()});
+  b.declare_arg("wbd", type, {groups, taps, 16, cols});
+  const int v_free = b.flag(Pipe::V, Pipe::MTE2, "values read");
+  const int v_ready = b.flag(Pipe::MTE2, Pipe::V, "values loaded");
+  const int t_ready = b.flag(Pipe::V, Pipe::MTE3, "block built");
+  const int t_free = b.flag(Pipe::MTE3, Pipe::V, "block stored");
+  b.set_flag(Pipe::V, Pipe::MTE2, v_free);
+  b.set_flag(Pipe::MTE3, Pipe::V, t_free);
+  Reg item = b.reg("item"), end = b.reg("end item");
+  emit_block_range(b, item, end, per_block, items);
+  b.for_range(item, item, end, 1, [&] {
+    Reg valid = b.reg("channels of the group"), src = b.reg("source"), tmp = b.reg("temp");
+    // g = item / taps, tap = item % taps; valid = min(16, C - 16g)
+    b.div(valid, item, taps);
+    b.mul(valid, valid, 16);
+    b.movi(tmp, c);
+    b.sub(valid, tmp, valid);
+    b.min(valid, valid, 16);
+    // src = filter + (tap * C + per * g) * m * 2: row 0 of the block's first group
+    b.rem(src, item, taps);
+    b.mul(src, src, c);
+    b.div(tmp, item, taps);
+    b.mul(tmp, tmp, per);
+    b.add(src, src, tmp);
+    b.mul(src, src, m * 2);
+    {
+      Reg f = b.load_arg("filter");
+      b.add(src, src, f);
+    }
+    // blocks of the valid values of a row: valid / cin groups of m
+    b.mul(tmp, valid, m);
+    if (cin > 1) b.shr(tmp, tmp, ceil_log2(cin), "values of the valid groups");
+    b.add(tmp, tmp, 15);
+    b.shr(tmp, tmp, 4, "blocks of the valid values");
+    b.wait_flag(Pipe::V, Pipe::MTE2, v_free);
+    for (int64_t ci = 0; ci < cin; ++ci) {
+      if (ci > 0) b.add(src, src, d.cout() * 2, "the filter's next row");
+      Reg dst = b.reg_imm("values", static_cast<int64_t>(v) + ci * cols * 2);
+      b.emit(Opcode::op_copy_gm2ub, {dst, src, 1, tmp, 0, 0});
+    }
+    b.set_flag(Pipe::MTE2, Pipe::V, v_ready);
+    b.wait_flag(Pipe::MTE2, Pipe::V, v_ready);
+    b.wait_flag(Pipe::MTE3, Pipe::V, t_free);
+    vec_dup_bits(b, 2, t, 0, 16 * cols);
+    for (int64_t c0 = 0; c0 < 16; ++c0) {
+      const int64_t j = c0 / cin, ci = c0 % cin;
+      b.if_(ge(valid, c0 + 1), [&] {
+        const int64_t e0 = j * m, e1 = j * m + m;
+        for (int64_t r = e0 / kLanes16; r * kLanes16 < e1; ++r) {
+          const int64_t lo = std::max(e0, r * kLanes16) - r * kLanes16;
+          const int64_t hi = std::min(e1, (r + 1) * kLanes16) - r * kLanes16;
+          auto bits = [](int64_t a, int64_t z) {  // lanes [a, z) of 64
+            const uint64_t top = z >= 64 ? ~uint64_t{0} : (uint64_t{1} << z) - 1;
+            return static_cast<int64_t>(top & ~((uint64_t{1} << a) - 1));
+          };
+          Reg mlo = b.reg_imm("mask lo", lo < 64 ? bits(lo, std::min<int64_t>(hi, 64)) : 0);
+          Reg mhi =
+              b.reg_imm("mask hi", hi > 64 ? bits(std::max<int64_t>(lo, 64) - 64, hi - 64) : 0);
+          b.emit(Opcode::op_set_mask, {mhi, mlo});
+          b.emit(Opcode::op_vcopy,
+                 {Dtype::U16, static_cast<int64_t>(t) + c0 * 2 * cols + r * 256,
+                  static_cast<int64_t>(v) + ci * 2 * cols + r * 256, 1, 1, 1, 8, 8},
+                 fmt::format("row {}: its {} values on the diagonal block", c0, m));
+        }
+      });
+    }
+    b.set_flag(Pipe::V, Pipe::MTE2, v_free);
+    b.set_flag(Pipe::V, Pipe::MTE3, t_ready);
+    b.wait_flag(Pipe::V, Pipe::MTE3, t_ready);
+    {
+      Reg dst = b.load_arg("wbd"), s = b.reg_imm("block", static_cast<int64_t>(t));
+      b.mul(tmp, item, 32 * cols);
+      b.add(dst, dst, tmp);
+      b.emit(Opcode::op_copy_ub2gm, {dst, s, 1, cols, 0, 0});
+    }
+    b.set_flag(Pipe::MTE3, Pipe::V, t_free);
+  });
+  b.wait_flag(Pipe::V, Pipe::MTE2, v_free);
+  b.wait_flag(Pipe::MTE3, Pipe::V, t_free);
+  b.end();
+  Launch l;
+  l.kernel = b.finish();
+  l.block_dim = block_dim;
+  l.summary = cin == 1 ? fmt::format(
+                             "block-diagonal depthwise filter: {} groups x {} taps, "
+                             "multiplier {}",
+                             groups, taps, m)
+                       : fmt::format(
+                             "block-diagonal grouped filter: {} groups of {} -> {} "
+                             "channels, {} per 16-channel block, {} blocks x {} taps",
+                             d.groups, cin, m, per, groups, taps);
+  return l;
+}
+
+struct DepthwiseShapes {
+  int64_t c = 0, m = 0, groups = 0;
+};
+
+DepthwiseShapes depthwise_shapes(const OpDesc& op, const std::vector<int64_t>& f, int64_t c) {
+  if (f[2] != c)
+    op.invalid(fmt::format("filter {} does not match the input's {} channels", shape_str(f), c));
+  if (f[3] > 16)
+    op.fail(
+        fmt::format("channel multiplier {} > 16 is not supported (one 16 x 16M block per "
+                    "group must fit one n tile)",
+                    f[3]));
+  return DepthwiseShapes{c, f[3], (c + 15) / 16};
+}
+
+// The cycles of build_blockdiag's launch (16-bit elements), # estimate: its task overheads
+// (launch_overhead_cycles), then each vector core's items one after another, each waiting for
+// its filter rows from GM (a first read: an L2 miss, memory.hbm.latency_cycles, plus the
+// gm->ub path's latency) while the vector work and the store of the item before overlap it,
+// at least the filter read and the blocks written at HBM's rate. Measured on the 910b:
+// 4,534 cycles for 18 items (3 groups of 8 -> 8, 3x3), 6,380 for 207 (46 groups); this
+// gives 3,807 and 5,935.
+double blockdiag_cycles(int64_t taps, const BlockDiagShape& d, const ChipConfig& cfg,
+                        const std::string& op) {
+  const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the cube's cores
+  const int64_t cores = vec ? vec->count : cube_core(cfg, op).count;
+  const int64_t items = d.blocks() * taps;
+  const double item = cfg.hbm_latency_cycles + cfg.path_latency(Buf::GM, Buf::UB);
+  const double bytes = static_cast<double>(
+      (d.blocks() * taps * kFold16 * d.block_cols() + taps * d.cin * d.cout()) * 2);
+  return launch_overhead_cycles(cfg) + std::max(static_cast<double>(ceil_div(items, cores)) * item,
+                                                bytes / cfg.hbm_bytes_per_cycle());
+}
+
+// d's block-diagonal filter from w, the filter [taps][cin][cout] as the cube reads it (cube
+// type; a depthwise filter [kh][kw][c][m] is the same bytes): a derived tensor of the op's
+// inputs `from` (compiler.h), so a caller keeps it while they are unchanged (an inference's
+// weights: built once, not at every run).
+ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                        const ArgRef& w, std::vector<int> from, int64_t taps,
+                        const BlockDiagShape& d) {
+  const uint64_t bytes = static_cast<uint64_t>(d.blocks() * taps * kFold16 * d.block_cols()) * 2;
+  const ArgRef ws = workspace_take(k, bytes);
+  const ArgRef wbd{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
+  k.derived.push_back(DerivedTensor{
+      std::move(from), k.launches.size(), bytes,
+      d.cin == 1 ? "block-diagonal depthwise filter" : "block-diagonal grouped filter"});
+  k.launches.push_back(
+      with_args(build_blockdiag(device_dtype(ct.cube), taps, d, ctx.cfg, ctx.op.str()), {w, wbd}));
+  return wbd;
+}
+
+// The same from filter input `input` (cast to the cube type), derived from that input.
+ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
+                        size_t input, int64_t taps, const BlockDiagShape& d) {
+  return append_blockdiag(k, ctx, ct, cube_operand(k, ctx, ct, input), {static_cast<int>(input)},
+                          taps, d);
+}
+
+// The depthwise filter [kh][kw][c][m] as groups of one channel.
+BlockDiagShape depthwise_blockdiag(const std::vector<int64_t>& f) {
+  return BlockDiagShape{1, f[3], f[2]};
+}
+
+// NPUSIM_FUSION_GROUPED_CONV_PACK in the environment (read at every compile): unset or empty,
+// narrow groups are packed where narrow_group_packing's estimate says; "0", never (each group
+// padded to whole 16-channel blocks on its own, as before the packing); "1", wherever the
+// shapes allow (for measuring and tests). Anything else is a CompileError naming op.
+enum class GroupPacking { kByEstimate, kOff, kWhereShapesAllow };
+GroupPacking grouped_conv_pack_mode(const OpDesc& op) {
+  const char* v = std::getenv("NPUSIM_FUSION_GROUPED_CONV_PACK");
+  if (!v || !*v) return GroupPacking::kByEstimate;
+  if (std::string_view(v) == "0") return GroupPacking::kOff;
+  if (std::string_view(v) == "1") return GroupPacking::kWhereShapesAllow;
+  op.fail(fmt::format("NPUSIM_FUSION_GROUPED_CONV_PACK='{}' is none of '', '0', '1'", v));
+}
+
+// The cube convolution s of G groups (Conv2D: kRowsK; its input gradient: kRowsN, flipped) as
+// d.blocks() groups of d.per() packed ones, B read from d's block-diagonal filter [blocks][taps]
+// [16][per * M] (Conv2D: 16 channels of x -> per * M of y; the input gradient: per * M of dy ->
+// 16 of dx). x's and y's channels keep their places (group j of block g is group per * g + j);
+// the last block may hold fewer groups (its channels end at x's, its columns at y's).
+CubeConvSpec pack_groups(CubeConvSpec s, const BlockDiagShape& d, int64_t taps) {
+  const bool transposed = s.b_mode == CubeConvSpec::BMode::kRowsN;
+  s.groups = d.blocks();
+  s.cg_in = transposed ? d.block_cols() : kFold16;
+  s.cg_out = transposed ? kFold16 : d.block_cols();
+  s.b_row = d.block_cols();
+  s.b_tap = kFold16 * d.block_cols();
+  s.b_group = taps * s.b_tap;
+  return s;
+}
+
+// The blocks per kernel step the planner may merge for a packed spec s (append_cube_conv's
+// diagonal_merge_max): Conv2D's as the depthwise convolutions', as many as one n tile of at
+// most kMaxTile columns holds; the input gradient's B (kRowsN) is not merged.
+int64_t packed_merge_max(const CubeConvSpec& s) {
+  return s.b_mode == CubeConvSpec::BMode::kRowsK ? std::max<int64_t>(1, kMaxTile / s.cg_out) : 1;
+}
+
+// The packing of a grouped convolution's narrow groups (s: Conv2D or its input gradient as
+// append_cube_conv takes it, filter f [KH,KW,Cin,Cout], G groups of Cin -> M = Cout / G): per
+// = 16 / Cin groups share one 16-channel block of x with the block-diagonal filter
+// (BlockDiagShape, pack_groups), so that one kernel step serves per groups: k over 16 channels
+// of per groups, n over their per * M columns. The cube still multiplies the zeros off the
+// diagonal; what it saves is the padding of each group to whole blocks on its own: M to 16
+// columns (Conv2D's n, the input gradient's k), ceil16(M) / M of the MACs, and Cin to 16 rows
+// (per times fewer load3d moves of x into L0A, slab loads and steps).
+// Where: G > 1, Cin < 16 divides 16, per * M is whole 16-column blocks (a packed group's
+// columns, the block-diagonal filter's rows, are whole blocks: the vector kernel's rows and the
+// y tiles' columns), M is not (with M whole blocks the MACs are the same either way:
+// unpacked, Cin of each 16-row k block useful; packed, 1 of per diagonal blocks), and the
+// packed kernel's estimate (plan_prepared_conv) plus the block-diagonal filter's launch
+// (blockdiag_cycles) is below the unpacked kernel's, plus the launch of the copy that packs
+// its output where it takes one (PreparedConv: groups of M not whole 32-byte blocks through
+// the UB). NPUSIM_FUSION_GROUPED_CONV_PACK (grouped_conv_pack_mode) may turn the estimate off.
+std::optional<BlockDiagShape> narrow_group_packing(const CompileContext& ctx, const CubeTypes& ct,
+                                                   const CubeConvSpec& s,
+                                                   const std::vector<int64_t>& f, int64_t groups) {
+  const int64_t cin = f[2], m = groups > 0 ? f[3] / groups : 0;
+  const GroupPacking mode = grouped_conv_pack_mode(ctx.op);
+  if (mode == GroupPacking::kOff || groups <= 1 || cin <= 0 || cin >= kFold16 ||
+      kFold16 % cin != 0 || m <= 0 || m % kFold16 == 0 || (kFold16 / cin * m) % kFold16 != 0)
+    return std::nullopt;
+  const BlockDiagShape d{cin, m, groups};
+  if (mode == GroupPacking::kWhereShapesAllow) return d;
+  const int64_t taps = f[0] * f[1];
+  const CubeConvSpec packed = pack_groups(s, d, taps);
+  const auto estimate = [&](const CubeConvSpec& spec, int64_t merge_max) {
+    const PreparedConv p = prepare_cube_conv(ctx, ct, spec);
+    double cycles = plan_prepared_conv(ctx, p, merge_max).second.est_cycles;
+    if (p.narrow_via_f32 || p.group_padded) cycles += launch_overhead_cycles(ctx.cfg);
+    return cycles;
+  };
+  double unpacked_cycles = std::numeric_limits<double>::infinity();
+  try {
+    unpacked_cycles = estimate(s, 1);
+  } catch (const CompileError&) {  // (the packed kernel may still plan)
+  }
+  double packed_cycles = std::numeric_limits<double>::infinity();
+  try {
+    packed_cycles = estimate(packed, packed_merge_max(packed));
+  } catch (const CompileError&) {
+    return std::nullopt;
+  }
+  packed_cycles += blockdiag_cycles(taps, d, ctx.cfg, ctx.op.str());
+  if (packed_cycles >= unpacked_cycles) return std::nullopt;
+  return d;
+}
+
 // Conv2D, Conv2DBatchNormInference (x, filter, scale, offset, mean, variance[, bias];
 // epsilon, relu: the graph fusion of Conv2D -> BatchNormInference) and Conv2DBiasAdd (x,
 // filter, bias; relu: the fusion of Conv2D -> BiasAdd [-> Relu]); see the file comment.
@@ -751,12 +1065,23 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   s.b_tap = cin * cout;
   s.b_row = cout;
   fold_width(s, x);
+  // Narrow groups packed into 16-channel blocks: the weights are then the block-diagonal filter
+  // (a derived tensor of the filter), and the planner may merge several blocks into a step
+  // (merge_diagonal_groups, as the depthwise convolutions: at most one n tile of columns).
+  const std::optional<BlockDiagShape> packed = narrow_group_packing(ctx, ct, s, f, groups);
+  if (packed) s = pack_groups(s, *packed, f[0] * f[1]);
+  const int64_t merge_max = packed ? packed_merge_max(s) : 1;
+  const auto weights = [&] {
+    return packed ? append_blockdiag(k, ctx, ct, 1, f[0] * f[1], *packed)
+                  : cube_operand(k, ctx, ct, 1);
+  };
   const bool relu = op.attr_bool("relu", false);
   if (bias_add) {
-    const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = cube_operand(k, ctx, ct, 1);
+    const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = weights();
     // The cube's bias needs one group and a bias table (none on coupled 910 / 310P cores).
     if (groups > 1 || !ctx.cfg.has_path(Buf::L1, Buf::BT)) {
-      append_cube_conv(k, ctx, ct, s, xr, wr);
+      append_cube_conv(k, ctx, ct, s, xr, wr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                       merge_max);
       append_bias_epilogue(k, ctx, 2, relu);
       return finish();
     }
@@ -768,10 +1093,10 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     return finish();
   }
   if (!batch_norm) {
-    const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = cube_operand(k, ctx, ct, 1);
+    const ArgRef xr = cube_operand(k, ctx, ct, 0), wr = weights();
     if (relu) s.name = fmt::format("Conv2DRelu_{}", data_type_name(dt));
     s.relu = relu;
-    append_cube_conv(k, ctx, ct, s, xr, wr, nullptr, &stats);
+    append_cube_conv(k, ctx, ct, s, xr, wr, nullptr, &stats, nullptr, nullptr, nullptr, merge_max);
     return finish();
   }
   const int residual = batch_norm_conv_residual(op, k.outputs[0]);
@@ -791,8 +1116,8 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
       append_conv_then_batch_norm(k, ctx, ct, s, xr, append_folded_filter(k, ctx, ct, fold.a), fold,
                                   y_type, true, residual);
     else
-      append_conv_then_batch_norm(k, ctx, ct, s, xr, cube_operand(k, ctx, ct, 1), fold, y_type,
-                                  false, residual);
+      append_conv_then_batch_norm(k, ctx, ct, s, xr, weights(), fold, y_type, false, residual,
+                                  merge_max);
     return k;
   }
   const ArgRef wr = append_folded_filter(k, ctx, ct, fold.a);
@@ -836,8 +1161,9 @@ StridedInputGrad strided_input_grad_mode(const OpDesc& op) {
 // the zeros between (emit_strided_zeros; the estimate then at least the launch's HBM bytes at
 // HBM's rate), else a fill launch first (its bytes at the vector cores' ub->gm rate or HBM's,
 // and one more launch's task overheads). Where FIXPIPE writes GM (split chips) and writes the
-// op's type (no widening), from any L0C row (strided_rows_fit_l0c); the kernel of the lowest estimate (plan_cube_conv's, plan_matmul_
-// tiling's), or as NPUSIM_CONV_STRIDED_INPUT_GRAD says. Returns whether it appended it.
+// op's type (no widening), from any L0C row (strided_rows_fit_l0c); the kernel of the lowest
+// estimate (plan_cube_conv's, plan_matmul_ tiling's), or as NPUSIM_CONV_STRIDED_INPUT_GRAD says.
+// Returns whether it appended it.
 bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
                                const ConvWindow& cw, const std::vector<int64_t>& dy,
                                CubeConvSpec conv) {
@@ -864,8 +1190,7 @@ bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, con
   const int vector_cores = vec ? vec->count : cube_core(cfg, op.str()).count;
   const double fill_rate =
       std::min(vector_cores * cfg.path_rate(Buf::UB, Buf::GM), cfg.hbm_bytes_per_cycle());
-  const double launch = static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
-                                            cfg.task_block_start_cycles);
+  const double launch = launch_overhead_cycles(cfg);
   const double dx_bytes = static_cast<double>(dx.num_elements() * data_type_bytes(dx.dtype));
   const double operand_bytes =
       static_cast<double>((n * dy[1] * dy[2] + cin) * cout) * data_type_bytes(ct.cube);
@@ -975,7 +1300,13 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   s.b_row = f[3];
   // (the strided kernels multiply all of dy's channels by all of the filter's: one group)
   if (groups == 1 && append_strided_input_grad(k, ctx, ct, cw, dy, s)) return k;
-  const ArgRef dyr = cube_operand(k, ctx, ct, 1), wr = cube_operand(k, ctx, ct, 0);
+  // Narrow groups packed into 16-channel blocks of dx (narrow_group_packing): B read transposed
+  // and flipped from the block-diagonal filter, per * M of dy's channels to 16 of dx's.
+  const std::optional<BlockDiagShape> packed = narrow_group_packing(ctx, ct, s, f, groups);
+  if (packed) s = pack_groups(s, *packed, f[0] * f[1]);
+  const ArgRef dyr = cube_operand(k, ctx, ct, 1);
+  const ArgRef wr =
+      packed ? append_blockdiag(k, ctx, ct, 0, f[0] * f[1], *packed) : cube_operand(k, ctx, ct, 0);
   append_cube_conv(k, ctx, ct, s, dyr, wr);
   return k;
 }
@@ -1027,10 +1358,7 @@ double partial_sum_estimate(const ChipConfig& cfg, const std::string& op, int64_
                             bool in_kernel = false) {
   const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the cube's cores
   const int vector_cores = vec ? vec->count : cube_core(cfg, op).count;
-  const double launch =
-      in_kernel ? 0.0
-                : static_cast<double>(cfg.task_dispatch_cycles() + cfg.task_done_cycles() +
-                                      cfg.task_block_start_cycles);
+  const double launch = in_kernel ? 0.0 : launch_overhead_cycles(cfg);
   const double sum_rate =
       std::min(vector_cores * cfg.path_rate(Buf::GM, Buf::UB), cfg.hbm_bytes_per_cycle());
   return launch + static_cast<double>(parts * mn * 4) / sum_rate;
@@ -1215,8 +1543,8 @@ bool fused_writes_dw(const CompileContext& ctx, const CubeTypes& ct, DataType dt
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   const int64_t bytes = data_type_bytes(dt);
   return !ct.widen && (half || dt == DataType::F32) &&
-         (!via_ub || (cout * bytes % layout::kBlockBytes == 0 &&
-                      cg_out * bytes % layout::kBlockBytes == 0));
+         (!via_ub ||
+          (cout * bytes % layout::kBlockBytes == 0 && cg_out * bytes % layout::kBlockBytes == 0));
 }
 
 // The fused kernel's plan for dW (FilterGradSpec): its spec, tiling and part count (the k
@@ -1279,16 +1607,15 @@ FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const Cube
       if (parts == 1) throw;  // nothing fits
       continue;               // no chunk size that `parts` divides
     }
-    const double sum =
-        parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, p.mn, p.add_parts) : 0;
+    const double sum = parts > 1 ? partial_sum_estimate(ctx.cfg, op, parts, p.mn, p.add_parts) : 0;
     for (const FilterGradTiling& t : tilings) candidates.push_back({parts, t, t.cycles + sum});
   }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) { return a.cycles < b.cycles; });
   const int64_t rank = forced_plan_rank("NPUSIM_FILTER_GRAD_PLAN_RANK", op);
   if (rank > static_cast<int64_t>(candidates.size()))
-    throw CompileError(fmt::format("{}: NPUSIM_FILTER_GRAD_PLAN_RANK={} but only {} plans fit",
-                                   op, rank, candidates.size()));
+    throw CompileError(fmt::format("{}: NPUSIM_FILTER_GRAD_PLAN_RANK={} but only {} plans fit", op,
+                                   rank, candidates.size()));
   const Candidate& chosen = candidates[static_cast<size_t>(std::max<int64_t>(rank, 1) - 1)];
   p.tiling = chosen.tiling;
   p.cycles = chosen.cycles;
@@ -1383,8 +1710,7 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   const bool blocks = !via_ub || f[2] % (layout::kBlockBytes / data_type_bytes(ct.cube)) == 0;
   // (the MatMul multiplies all of x's channels by all of dy's: one group)
   const bool pointwise = groups == 1 && blocks && f[0] == 1 && f[1] == 1 && cw.h.s == 1 &&
-                         cw.w.s == 1 &&
-                         cw.h.before + cw.h.after + cw.w.before + cw.w.after == 0;
+                         cw.w.s == 1 && cw.h.before + cw.h.after + cw.w.before + cw.w.after == 0;
   const ArgRef xr = cube_operand(k, ctx, ct, 0), dyr = cube_operand(k, ctx, ct, 1);
   if (!pointwise) {
     append_fused_filter_grad(k, ctx, ct, xr, dyr, plan_fused_filter_grad(ctx, ct, dt, x, f, cw));
@@ -1445,147 +1771,6 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
 }
 
 // ---- depthwise ----
-
-// The block-diagonal filter of the depthwise convolutions, written by the vector cores:
-//   Wbd[g][tap][c0][c0' * M + q] = filter[tap][16g + c0'][q] if c0 == c0' and 16g + c0 < C,
-//   0 otherwise (g < ceil(C / 16), 16-bit elements).
-// One item per (g, tap): the group's 16 * M filter values are loaded, the 16 x 16M block is
-// zeroed and row c0 receives lanes [c0 * M, c0 * M + M) by a masked vcopy (source and
-// destination lanes coincide: row c0 starts at c0 * 16M elements, a whole number of blocks).
-Launch build_blockdiag(Dtype type, int64_t taps, int64_t c, int64_t m, const ChipConfig& cfg,
-                       const std::string& op) {
-  KernelBuilder b(fmt::format("DepthwiseBlockDiag_{}", isa::dtype_name(type)), op, cfg);
-  const isa::CoreKind kind = b.vector_core_kind();
-  const CoreKindConfig& core = *cfg.core_kind(kind);
-  const int64_t groups = (c + 15) / 16, items = groups * taps;
-  const int64_t per = (items + core.count - 1) / core.count;
-  const int block_dim = static_cast<int>((items + per - 1) / per);
-  constexpr int64_t kLanes16 = 128;  // 16-bit lanes of one repeat
-  b.begin_section(kind);
-  const uint64_t vbytes = round_up(static_cast<uint64_t>(32 * m), 256);
-  const uint64_t v = b.alloc(Buf::UB, vbytes, "filter values of the group");
-  const uint64_t t = b.alloc(Buf::UB, static_cast<uint64_t>(512 * m) + 256, "block");
-  b.declare_arg("filter", type, {taps, c, m});
-  b.declare_arg("wbd", type, {groups, taps, 16, 16 * m});
-  const int v_free = b.flag(Pipe::V, Pipe::MTE2, "values read");
-  const int v_ready = b.flag(Pipe::MTE2, Pipe::V, "values loaded");
-  const int t_ready = b.flag(Pipe::V, Pipe::MTE3, "block built");
-  const int t_free = b.flag(Pipe::MTE3, Pipe::V, "block stored");
-  b.set_flag(Pipe::V, Pipe::MTE2, v_free);
-  b.set_flag(Pipe::MTE3, Pipe::V, t_free);
-  Reg item = b.reg("item"), end = b.reg("end item");
-  emit_block_range(b, item, end, per, items);
-  b.for_range(item, item, end, 1, [&] {
-    Reg valid = b.reg("channels of the group"), src = b.reg("source"), tmp = b.reg("temp");
-    // g = item / taps, tap = item % taps; valid = min(16, C - 16g)
-    b.div(valid, item, taps);
-    b.mul(valid, valid, 16);
-    b.movi(tmp, c);
-    b.sub(valid, tmp, valid);
-    b.min(valid, valid, 16);
-    // src = filter + (tap * C + 16g) * M * 2
-    b.rem(src, item, taps);
-    b.mul(src, src, c);
-    b.div(tmp, item, taps);
-    b.mul(tmp, tmp, 16);
-    b.add(src, src, tmp);
-    b.mul(src, src, m * 2);
-    {
-      Reg f = b.load_arg("filter");
-      b.add(src, src, f);
-    }
-    b.mul(tmp, valid, m);
-    b.add(tmp, tmp, 15);
-    b.shr(tmp, tmp, 4, "blocks of the valid values");
-    b.wait_flag(Pipe::V, Pipe::MTE2, v_free);
-    {
-      Reg d = b.reg_imm("values", static_cast<int64_t>(v));
-      b.emit(Opcode::op_copy_gm2ub, {d, src, 1, tmp, 0, 0});
-    }
-    b.set_flag(Pipe::MTE2, Pipe::V, v_ready);
-    b.wait_flag(Pipe::MTE2, Pipe::V, v_ready);
-    b.wait_flag(Pipe::MTE3, Pipe::V, t_free);
-    vec_dup_bits(b, 2, t, 0, 256 * m);
-    for (int64_t c0 = 0; c0 < 16; ++c0) {
-      b.if_(ge(valid, c0 + 1), [&] {
-        const int64_t e0 = c0 * m, e1 = c0 * m + m;
-        for (int64_t r = e0 / kLanes16; r * kLanes16 < e1; ++r) {
-          const int64_t lo = std::max(e0, r * kLanes16) - r * kLanes16;
-          const int64_t hi = std::min(e1, (r + 1) * kLanes16) - r * kLanes16;
-          auto bits = [](int64_t a, int64_t z) {  // lanes [a, z) of 64
-            const uint64_t top = z >= 64 ? ~uint64_t{0} : (uint64_t{1} << z) - 1;
-            return static_cast<int64_t>(top & ~((uint64_t{1} << a) - 1));
-          };
-          Reg mlo = b.reg_imm("mask lo", lo < 64 ? bits(lo, std::min<int64_t>(hi, 64)) : 0);
-          Reg mhi =
-              b.reg_imm("mask hi", hi > 64 ? bits(std::max<int64_t>(lo, 64) - 64, hi - 64) : 0);
-          b.emit(Opcode::op_set_mask, {mhi, mlo});
-          b.emit(Opcode::op_vcopy,
-                 {Dtype::U16, static_cast<int64_t>(t) + c0 * 32 * m + r * 256,
-                  static_cast<int64_t>(v) + r * 256, 1, 1, 1, 8, 8},
-                 fmt::format("row {}: its {} values on the diagonal block", c0, m));
-        }
-      });
-    }
-    b.set_flag(Pipe::V, Pipe::MTE2, v_free);
-    b.set_flag(Pipe::V, Pipe::MTE3, t_ready);
-    b.wait_flag(Pipe::V, Pipe::MTE3, t_ready);
-    {
-      Reg dst = b.load_arg("wbd"), s = b.reg_imm("block", static_cast<int64_t>(t));
-      b.mul(tmp, item, 512 * m);
-      b.add(dst, dst, tmp);
-      b.emit(Opcode::op_copy_ub2gm, {dst, s, 1, 16 * m, 0, 0});
-    }
-    b.set_flag(Pipe::MTE3, Pipe::V, t_free);
-  });
-  b.wait_flag(Pipe::V, Pipe::MTE2, v_free);
-  b.wait_flag(Pipe::MTE3, Pipe::V, t_free);
-  b.end();
-  Launch l;
-  l.kernel = b.finish();
-  l.block_dim = block_dim;
-  l.summary = fmt::format("block-diagonal depthwise filter: {} groups x {} taps, multiplier {}",
-                          groups, taps, m);
-  return l;
-}
-
-struct DepthwiseShapes {
-  int64_t c = 0, m = 0, groups = 0;
-};
-
-DepthwiseShapes depthwise_shapes(const OpDesc& op, const std::vector<int64_t>& f, int64_t c) {
-  if (f[2] != c)
-    op.invalid(fmt::format("filter {} does not match the input's {} channels", shape_str(f), c));
-  if (f[3] > 16)
-    op.fail(
-        fmt::format("channel multiplier {} > 16 is not supported (one 16 x 16M block per "
-                    "group must fit one n tile)",
-                    f[3]));
-  return DepthwiseShapes{c, f[3], (c + 15) / 16};
-}
-
-// The block-diagonal filter from w, the filter [kh][kw][c][m] as the cube reads it (cube
-// type): a derived tensor of the op's inputs `from` (compiler.h), so a caller keeps it while
-// they are unchanged (an inference's weights: built once, not at every run).
-ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
-                        const ArgRef& w, std::vector<int> from, const std::vector<int64_t>& f) {
-  const int64_t taps = f[0] * f[1], groups = (f[2] + 15) / 16;
-  const uint64_t bytes = static_cast<uint64_t>(groups * taps * 256 * f[3]) * 2;
-  const ArgRef ws = workspace_take(k, bytes);
-  const ArgRef wbd{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
-  k.derived.push_back(
-      DerivedTensor{std::move(from), k.launches.size(), bytes, "block-diagonal depthwise filter"});
-  k.launches.push_back(with_args(
-      build_blockdiag(device_dtype(ct.cube), taps, f[2], f[3], ctx.cfg, ctx.op.str()), {w, wbd}));
-  return wbd;
-}
-
-// The same from filter input `input` (cast to the cube type), derived from that input.
-ArgRef append_blockdiag(CompiledKernel& k, const CompileContext& ctx, const CubeTypes& ct,
-                        size_t input, const std::vector<int64_t>& f) {
-  return append_blockdiag(k, ctx, ct, cube_operand(k, ctx, ct, input), {static_cast<int>(input)},
-                          f);
-}
 
 // The tallest output tile of the depthwise convolutions (CubeConvSpec::max_tile_height): twice
 // MatMul's 256, so that a 56x56 map's 3,136 positions go in 7 tiles of 448 (2 slab loads of
@@ -1681,14 +1866,14 @@ CompiledKernel compile_depthwise_forward(const CompileContext& ctx) {
     // block-diagonal form, both derived from filter, scale and variance): the epilogue adds
     // the shift only, one f32 pass fewer per tile.
     const ArgRef wa = append_folded_filter(k, ctx, ct, fold.a, {f[0], f[1], f[2] * f[3]});
-    const ArgRef wbd = append_blockdiag(k, ctx, ct, wa, {1, kBnScale, kBnVariance}, f);
+    const ArgRef wbd = append_blockdiag(k, ctx, ct, wa, {1, kBnScale, kBnVariance}, f[0] * f[1],
+                                        depthwise_blockdiag(f));
     append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, true, residual, merge_max);
     return k;
   }
-  const ArgRef wbd = append_blockdiag(k, ctx, ct, 1, f);
+  const ArgRef wbd = append_blockdiag(k, ctx, ct, 1, f[0] * f[1], depthwise_blockdiag(f));
   if (batch_norm)
-    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, false, residual,
-                                merge_max);
+    append_conv_then_batch_norm(k, ctx, ct, s, xr, wbd, fold, y_type, false, residual, merge_max);
   else
     append_cube_conv(k, ctx, ct, s, xr, wbd, nullptr, nullptr, nullptr, nullptr, nullptr,
                      merge_max);
@@ -1720,7 +1905,7 @@ CompiledKernel compile_depthwise_backprop_input(const CompileContext& ctx) {
     return k;
   }
   const ArgRef dyr = cube_operand(k, ctx, ct, 1);
-  const ArgRef wbd = append_blockdiag(k, ctx, ct, 0, f);
+  const ArgRef wbd = append_blockdiag(k, ctx, ct, 0, f[0] * f[1], depthwise_blockdiag(f));
   CubeConvSpec s;
   s.name = fmt::format("DepthwiseConv2dNativeBackpropInput_{}", data_type_name(dt));
   s.images = dy[0];
