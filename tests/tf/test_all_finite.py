@@ -7,7 +7,9 @@ over the gradients, four launches per gradient, becomes one launch with the same
   on an input with an infinity (the skip branch: the scale halves, the weights stay): losses,
   weights and loss scale bit for bit those of NPUSIM_FUSION_ALL_FINITE=0 in a child process, in
   the NpuGraph task lists and node by node; one AllFinite launch a step and no IsFinite / All
-  launch, against one IsFinite per trainable variable with the rewrite off;
+  launch, against one IsFinite per trainable variable with the rewrite off; the weights' float16
+  copies in one MultiTensorCast (rewrite 19 follows the updates' handles through the cond's
+  Switches);
 - the check by hand in a tf.function on tensors of several shapes (a scalar among them), each
   with and without an infinity or a NaN: TF on the CPU's answer;
 - must not fuse: the check's bool returned rather than used as a cond's predicate (nothing then
@@ -159,6 +161,9 @@ def test_keras_loss_scale_check_is_one_launch_bit_identical(runs):
         assert step_on.count("AllFinite") == 1, step_on
         assert "IsFinite" not in step_on and "All" not in step_on, step_on
         assert "AllFinite" not in step_off
+        # the weights' float16 copies in one MultiTensorCast (rewrite 19), their variables
+        # updated in the cond's branch through the Switch of the handle the reads take
+        assert "MultiTensorCast" in step_on, step_on
         assert step_off.count("IsFinite") == k_off["variables"], step_off
         assert len(step_on) < len(step_off)
     print(f"\nlaunches per step: {len(k_off['steps'][0])} -> {len(k_on['steps'][0])}")

@@ -4571,7 +4571,8 @@ bool writes_variables(const std::string& op) {
 
 // Casts between float types on the NPU, not preserved, whose input is a ReadVariableOp's value
 // of a variable that this graph also writes (the float16 copies of the weights that
-// allow_mix_precision's pass casts at a training step's start), grouped by device, SrcT, DstT,
+// allow_mix_precision's pass or Keras' mixed_float16 layers cast at a training step's start;
+// the writer's handle followed back through Switch / Identity), grouped by device, SrcT, DstT,
 // Truncate and the collectives they wait for: groups of independent ones become one
 // MultiTensorCast node "npusim_multi_cast_<k>" (merge_multi_tensor_groups). A variable only read
 // here (inference, evaluation) keeps its Cast, whose launch the derived-tensor cache leaves out
@@ -4580,11 +4581,25 @@ int group_weight_casts(tfc::GraphDef& graph, const std::unordered_set<std::strin
                        std::set<std::string>* removed) {
   const int n_nodes = graph.node_size();
   const std::unordered_map<std::string, int> index = node_index(graph);
-  std::unordered_set<std::string> written;  // the handles' nodes of written variables
+  // The handles' nodes of written variables: a writer's handle input followed back through the
+  // nodes that forward it (a lowered cond's Switch, Identity: Keras' LossScaleOptimizer updates
+  // the variables in the cond's branch, on the Switch of the handle the step's reads take).
+  std::unordered_set<std::string> written;
   for (const tfc::NodeDef& n : graph.node())
     if (writes_variables(n.op()))
-      for (const std::string& in : n.input())
-        if (const InputRef r = parse_input(in); !r.control) written.insert(r.node);
+      for (const std::string& in : n.input()) {
+        InputRef r = parse_input(in);
+        if (r.control) continue;
+        for (int hops = 0; hops < 64; ++hops) {  // a chain of forwards, not a cycle
+          written.insert(r.node);
+          const auto f = index.find(r.node);
+          if (f == index.end()) break;
+          const tfc::NodeDef& fwd = graph.node(f->second);
+          if ((fwd.op() != "Switch" && fwd.op() != "Identity") || fwd.input_size() < 1) break;
+          r = parse_input(fwd.input(0));
+          if (r.control) break;
+        }
+      }
   auto is_float = [](std::optional<tfc::DataType> t) {
     return t == tfc::DT_FLOAT || t == tfc::DT_HALF || t == tfc::DT_BFLOAT16;
   };
