@@ -9,7 +9,7 @@ over the gradients, four launches per gradient, becomes one launch with the same
   the NpuGraph task lists and node by node; one AllFinite launch a step and no IsFinite / All
   launch, against one IsFinite per trainable variable with the rewrite off; the weights' float16
   copies in one MultiTensorCast (rewrite 19 follows the updates' handles through the cond's
-  Switches);
+  Switches), and the gradients' float32 casts that only the check and the cond read in another;
 - the check by hand in a tf.function on tensors of several shapes (a scalar among them), each
   with and without an infinity or a NaN: TF on the CPU's answer;
 - must not fuse: the check's bool returned rather than used as a cond's predicate (nothing then
@@ -164,6 +164,10 @@ def test_keras_loss_scale_check_is_one_launch_bit_identical(runs):
         # the weights' float16 copies in one MultiTensorCast (rewrite 19), their variables
         # updated in the cond's branch through the Switch of the handle the reads take
         assert "MultiTensorCast" in step_on, step_on
+        # and the gradients' float32 casts that the check and the cond read, one per variable,
+        # in another (the rewrite off: AllFinite does not read them, so they stay Casts)
+        assert step_off.count("Cast") - step_on.count("Cast") == k_off["variables"], (
+            step_on, step_off)
         assert step_off.count("IsFinite") == k_off["variables"], step_off
         assert len(step_on) < len(step_off)
     print(f"\nlaunches per step: {len(k_off['steps'][0])} -> {len(k_on['steps'][0])}")

@@ -4600,6 +4600,27 @@ int group_weight_casts(tfc::GraphDef& graph, const std::unordered_set<std::strin
           if (r.control) break;
         }
       }
+  // The gradients' casts that a loss scale checks (rewrite 20's AllFinite) and hands to its
+  // cond (Switch), read by nothing else: Keras' mixed_float16 float16 gradients of float32
+  // variables, cast at the end of the backward pass.
+  std::unordered_set<std::string> checked_gradient;
+  for (const tfc::NodeDef& n : graph.node()) {
+    if (n.op() != "AllFinite") continue;
+    for (const std::string& in : n.input()) {
+      const InputRef r = parse_input(in);
+      const auto c = index.find(r.node);
+      if (r.control || r.port != 0 || c == index.end() || graph.node(c->second).op() != "Cast")
+        continue;
+      bool only = true;
+      for (const tfc::NodeDef& reader : graph.node())
+        for (const std::string& rin : reader.input()) {
+          const InputRef rr = parse_input(rin);
+          if (rr.node == r.node)
+            only = only && !rr.control && (reader.op() == "AllFinite" || reader.op() == "Switch");
+        }
+      if (only) checked_gradient.insert(r.node);
+    }
+  }
   auto is_float = [](std::optional<tfc::DataType> t) {
     return t == tfc::DT_FLOAT || t == tfc::DT_HALF || t == tfc::DT_BFLOAT16;
   };
@@ -4616,14 +4637,16 @@ int group_weight_casts(tfc::GraphDef& graph, const std::unordered_set<std::strin
     const auto read = index.find(data[0].node);
     if (read == index.end()) continue;
     const tfc::NodeDef& r = graph.node(read->second);
-    if (r.op() != "ReadVariableOp" || r.input_size() < 1 ||
-        !written.count(parse_input(r.input(0)).node))
-      continue;
+    const bool weight = r.op() == "ReadVariableOp" && r.input_size() >= 1 &&
+                        written.count(parse_input(r.input(0)).node);
+    const bool checked = !weight && checked_gradient.count(n.name());
+    if (!weight && !checked) continue;
     const auto truncate = n.attr().find("Truncate");
     const bool truncated = truncate != n.attr().end() && truncate->second.b();
     candidates.add(n.device() + "|" + std::to_string(*type_attr(n, "SrcT")) + "|" +
                        std::to_string(*type_attr(n, "DstT")) + (truncated ? "|truncate" : "|") +
-                       "|collectives" + collectives_before(graph, index, i),
+                       (checked ? "|checked" : "|weight") + "|collectives" +
+                       collectives_before(graph, index, i),
                    i);
   }
   return merge_multi_tensor_groups(graph, index, independent_groups(graph, index, candidates),
