@@ -365,9 +365,10 @@
 //      each reading a ReadVariableOp of a variable the graph also writes (an update, an Assign*
 //      or ResourceApply* of its handle, directly or through the Switch / Identity that forward
 //      it: Keras' LossScaleOptimizer updates in a cond's branch), or the gradients' casts
-//      that only rewrite 20's AllFinite and Switches read (grouped apart), of one device, SrcT, DstT and Truncate, waiting for the
-//      same collectives, no one of which depends on another, become one MultiTensorCast node
-//      "npusim_multi_cast_<k>" with N = their count (input i and output i member i's;
+//      that only rewrite 20's AllFinite and Switches read (grouped apart), of one device, SrcT,
+//      DstT and Truncate, waiting for the same collectives, no one of which depends on another,
+//      become one MultiTensorCast node "npusim_multi_cast_<k>" with N = their count (input i and
+//      output i member i's;
 //      `_npusim_members` their names), as 17b groups the norms (kept only where contracting it
 //      closes no cycle). Its kernel casts every member as Cast's own kernel does (the same
 //      bits), the members as segments of a few multi-tensor launches
