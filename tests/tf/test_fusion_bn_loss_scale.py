@@ -10,7 +10,8 @@ diff_scale.
   constant scale, and with the mixed_float16 policy and its LossScaleOptimizer (a dynamic
   scale: a variable, which constant folding leaves alone; that one fused before too): both batch
   norms fuse (two of each BNTraining* launch a step), and the losses and weights track the run
-  with NPUSIM_FUSION_BN_TRAINING=0 and TensorFlow on the CPU;
+  with NPUSIM_FUSION_BN_TRAINING=0, the fused run without a loss scale (float32: the scale
+  cancels) and TensorFlow on the CPU;
 - a hand-written batch norm (tf.nn.moments + the affine chain, as Keras 3 writes it) whose
   gradients are scaled by a constant fuses in float32 and stays unfused in float16 (the rewrite
   matches float32 graphs); both compute the CPU's values.
