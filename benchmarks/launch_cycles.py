@@ -11,8 +11,11 @@ Training steps launch independent ops (the gradients of different layers) in an 
 executor chooses at run time, so the launch list of a training step is compared as a multiset
 (compare_launches.py sorts it when the JSON says "unordered"); the output digest is the loss.
 
+MODE=train with LOSS_SCALE_FACTOR=k: Adam's `loss_scale_factor=k` (Keras' constant loss scale:
+the loss times k before the gradients, every gradient divided by k before the update).
+
 Usage: [NPUSIM_GRAPH=0] [NPUSIM_TF_PLUGIN=build-x/libnpusim_tf_plugin.so] [STEPS=2] [OUT=a.json] [CHIP=910b] \
-       [MODE=infer|train] [BATCH=2] \
+       [MODE=infer|train] [BATCH=2] [LOSS_SCALE_FACTOR=k] \
        .venv/bin/python benchmarks/launch_cycles.py [resnet50|mlp|cnn|...]
 """
 import collections, hashlib, json, os, sys, time
@@ -33,7 +36,9 @@ with tf.device("/NPU:0"):
     # A model of several inputs (the BERT models: ids, segments, mask) takes a dict of arrays.
     xt = tf.nest.map_structure(tf.constant, x)
     if train:
-        opt, loss_fn = tf.keras.optimizers.Adam(1e-3), models.loss(name)
+        scale = os.environ.get("LOSS_SCALE_FACTOR")
+        opt = tf.keras.optimizers.Adam(1e-3, loss_scale_factor=float(scale) if scale else None)
+        loss_fn = models.loss(name)
         yt = tf.nest.map_structure(tf.constant, labels)
         # A model of several outputs (the BERT models: masked LM and next sentence) has a list of
         # losses, one per output in order, and a tuple of targets: the loss is their sum (as
@@ -46,8 +51,9 @@ with tf.device("/NPU:0"):
                 outputs = model(t, training=True)
                 outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
                 loss = tf.add_n([f(y, o) for f, y, o in zip(losses, targets, outputs)])
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                    model.trainable_variables))
+                scaled = opt.scale_loss(loss)  # the loss itself without a loss scale factor
+            grads = tape.gradient(scaled, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
             return loss
 
         f = tf.function(train_step)

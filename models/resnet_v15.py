@@ -94,8 +94,9 @@ def momentum_optimizer(learning_rate=LEARNING_RATE, momentum=MOMENTUM,
     The loss is multiplied by loss_scale before the gradients (scale_loss, which Keras' train
     step calls) and the gradient divided back inside the update, as that fused op does.
     (Keras' own loss_scale_factor divides the gradients before the update, a RealDiv per
-    gradient; with it the plugin's training batch-norm fusion, adapter/tf/plugin/graph_fusion.h
-    rewrite 0, matched none of the batch norms: seen on 2026-12-04.) The decay is L2, added to
+    gradient, each a launch of its own; until 2026-12-06 the plugin's training batch-norm
+    fusion, adapter/tf/plugin/graph_fusion.h rewrite 0, matched none of the batch norms with
+    it.) The decay is L2, added to
     the gradient as MindSpore does, not Keras' decoupled weight_decay (a second assign of every
     variable). BN's gamma / beta and the Dense bias are not decayed (train.py
     `init_group_params`)."""

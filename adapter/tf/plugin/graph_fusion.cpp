@@ -288,7 +288,12 @@ struct TrainingBatchNorm {
   tfc::NodeDef *mean = nullptr, *variance = nullptr, *last = nullptr;
   tfc::NodeDef *mean_c = nullptr, *variance_c = nullptr;  // the Squeezes to [C]
   tfc::NodeDef *dscale = nullptr, *dx = nullptr, *doffset = nullptr;
+  // Under a loss scale, the product of diff_scale and a constant k the graph reads as the scale's
+  // gradient (null: none): Mul(AddN, Mul(k, rsqrt)), where dscale is Mul(k, rsqrt).
+  tfc::NodeDef* dscale_scaled = nullptr;
+  std::string dscale_factor;  // k's input text
   bool relu = false;
+  bool keeps_dims = false;             // the graph's per-channel gradients are [1, 1, 1, C]
   std::string g;                       // the gradient arriving at the batch norm's output
   std::vector<tfc::NodeDef*> removed;  // every matched node but variance, last, dscale, dx
 };
@@ -341,6 +346,17 @@ bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
   tfc::NodeDef* dscale = consumer_of(g, rs->name(), "Mul", -1, bmul);
   if (!drs || drs->op() != "Mul" || !dscale || dscale == bmul) return false;
   std::optional<std::string> dbmul_s = other_operand(*dscale, rs->name());
+  // A loss scale (the optimizer multiplying every gradient by a constant k = 1 / loss scale)
+  // that grappler's constant folding pushed into dscale: Mul(Mul(AddN, rs), k) became
+  // Mul(AddN, Mul(k, rs)), whose inner product is read by nothing else.
+  const tfc::NodeDef* factor = dbmul_s ? g.node(parse_input(*dbmul_s).node) : nullptr;
+  if (factor && factor->op() == "Const" && scalar_float_const(*factor)) {
+    t->dscale_scaled = g.only_consumer(dscale->name());
+    if (!t->dscale_scaled || t->dscale_scaled->op() != "Mul" || !float_node(*t->dscale_scaled))
+      return false;
+    t->dscale_factor = *dbmul_s;
+    dbmul_s = other_operand(*t->dscale_scaled, dscale->name());
+  }
   tfc::NodeDef* dbmul = dbmul_s ? g.node(*dbmul_s) : nullptr;
   if (!dbmul || dbmul->op() != "AddN" || dbmul->input_size() != 2 ||
       other_operand(*drs, dbmul->name()) != c.scale)
@@ -409,9 +425,10 @@ bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
     if (n != two && !float_node(*n)) return false;
   if (!float_node(*dscale) || !float_node(*dx)) return false;
   // The fused diff_scale and diff_offset are [C]: where the graph's were [1, 1, 1, C], they may
-  // only feed Reshapes (Keras' back to the variables' [C]).
+  // only feed Reshapes (Keras' back to the variables' [C]); so may the scaled diff_scale.
+  t->keeps_dims = keeps_dims;
   if (keeps_dims)
-    for (const tfc::NodeDef* n : {dscale, dbeta})
+    for (const tfc::NodeDef* n : {t->dscale_scaled ? t->dscale_scaled : dscale, dbeta})
       for (int i : g.consumer_indices(n->name()))
         if (g.at(i) != neg && g.at(i)->op() != "Reshape") return false;
   t->dscale = dscale;
@@ -424,18 +441,24 @@ bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
 // Whether the matched nodes can go: on the NPU, not preserved or claimed, every data and
 // control consumer among the matched nodes (except the forward's Squeezes and dbeta, whose
 // other consumers are rewired to the fused outputs), control inputs only from matched nodes,
-// and the kept nodes (variance, last, dscale, dx) without control inputs from removed ones.
+// and the kept nodes (variance, last, dscale, dx, the scaled dscale's product) without control
+// inputs from removed ones.
 bool training_removable(GraphView& g, const TrainingBatchNorm& t, const Removal& rm,
                         const std::unordered_set<std::string>& preserve) {
   std::set<std::string> region;
   for (const tfc::NodeDef* n : t.removed) region.insert(n->name());
   if (region.size() != t.removed.size()) return false;  // a node matched twice
-  const std::set<std::string> kept = {t.variance->name(), t.last->name(), t.dscale->name(),
-                                      t.dx->name()};
+  std::set<std::string> kept = {t.variance->name(), t.last->name(), t.dscale->name(), t.dx->name()};
+  if (t.dscale_scaled) kept.insert(t.dscale_scaled->name());
+  if (kept.size() != (t.dscale_scaled ? 5u : 4u)) return false;
   for (const std::string& k : kept)
     if (region.count(k) || rm.claimed(k) || !on_npu(*g.node(k))) return false;
-  // variance and dscale change shape ([1, 1, 1, C] -> [C]): not if a fetch reads them as such.
-  if (preserve.count(t.variance->name()) || preserve.count(t.dscale->name())) return false;
+  // variance and dscale change shape ([1, 1, 1, C] -> [C]) or value (dscale where the scaled
+  // product reads it): not if a fetch reads them as such; nor the scaled product where the
+  // graph's was [1, 1, 1, C].
+  if (preserve.count(t.variance->name()) || preserve.count(t.dscale->name()) ||
+      (t.dscale_scaled && t.keeps_dims && preserve.count(t.dscale_scaled->name())))
+    return false;
   const std::set<std::string> rewired = {t.mean_c->name(), t.variance_c->name(), t.doffset->name()};
   std::set<std::string> inside = region;
   inside.insert(kept.begin(), kept.end());
@@ -496,6 +519,7 @@ int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std
       continue;
     for (tfc::NodeDef* n : t.removed) rm.remove(n->name());
     for (tfc::NodeDef* n : {t.variance, t.last, t.dscale, t.dx}) rm.claim(n->name());
+    if (t.dscale_scaled) rm.claim(t.dscale_scaled->name());
     found.push_back(std::move(t));
   }
   // Consumers outside the region of the Squeezes and of dbeta read the fused outputs.
@@ -521,6 +545,10 @@ int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std
     rewrite_as(*t.dscale, "BNTrainingUpdateGrad",
                {t.g, c.x, output_name(update, 1), output_name(update, 2)},
                {{"T", f32}, {"epsilon", eps}});
+    // The loss scale stays: the scaled product reads diff_scale (k * (AddN * rsqrt), the
+    // graph's k * rsqrt * AddN reassociated).
+    if (t.dscale_scaled)
+      rewrite_as(*t.dscale_scaled, "Mul", {output_name(dscale, 0), t.dscale_factor}, {{"T", f32}});
     rewrite_as(*t.dx, "BNTrainingReduceGrad",
                {t.g, c.x, output_name(dscale, 0), output_name(dscale, 1), c.scale,
                 output_name(update, 1), output_name(update, 2)},

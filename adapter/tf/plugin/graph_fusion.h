@@ -28,9 +28,14 @@
 //      one small FusedElementwise each) read batch_mean / batch_variance, dbeta's read
 //      diff_offset. Every other matched node goes; each must have its consumers and control
 //      edges inside the match (the gradient's Sub and constant 2 depend on its Mean gradient by
-//      control edges), all float. A batch norm whose gradient is not in the same graph, or that
-//      differs in any node, is left to the other rewrites. NPUSIM_FUSION_BN_TRAINING=0 turns
-//      this rewrite alone off.
+//      control edges), all float. Under a constant loss scale (Keras' `loss_scale_factor`: every
+//      gradient times k = 1 / scale before the update) grappler's constant folding has pushed k
+//      into dscale: Mul(AddN, Mul(k, rsqrt)) with k a one-element Const and Mul(k, rsqrt) read
+//      by nothing else; then Mul(k, rsqrt) becomes the BNTrainingUpdateGrad (its name kept) and
+//      the outer Mul stays, as Mul(diff_scale, k) (dbeta's own Mul by k, the other gradients'
+//      and a variable scale's, such as LossScaleOptimizer's, are outside the match). A batch
+//      norm whose gradient is not in the same graph, or that differs in any node, is left to
+//      the other rewrites. NPUSIM_FUSION_BN_TRAINING=0 turns this rewrite alone off.
 //   0b. The ReLU's gradient folded into rewrite 0's gradients (CANN's fusion of ReluGrad into
 //      the batch norm's backward), right after 0: ReluGrad(g, y) where y is output 0 of a
 //      BNTrainingUpdate with relu = true and the ReluGrad's only consumers are that batch
