@@ -23,6 +23,8 @@
 //    (vcadd) and stores (sum == 0) as the bool (vcmp, vsel of f16 1 / 0, vconv to u8: as
 //    IsFinite's kernel makes its bools). Coupled chips (no cross-core flags): that last step is
 //    a second launch of one block.
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/channel.h"
@@ -202,8 +204,9 @@ CompiledKernel compile_all_finite(const CompileContext& ctx) {
   if (op.inputs.empty() || n != static_cast<int64_t>(op.inputs.size()))
     op.invalid(
         fmt::format("attribute N = {} must count the {} inputs (at least 1)", n, op.inputs.size()));
-  const auto t = op.attr_type("T");
-  if (!t || !data_type_is_float(*t)) op.invalid("attribute T must be a float type");
+  const std::optional<DataType> t = op.attr_type("T").value_or(op.inputs[0].dtype);
+  if (!data_type_is_float(*t))
+    op.invalid(fmt::format("T = {} is not a float type", data_type_name(*t)));
   const std::vector<int64_t> ranks = op.attr_ints("ranks");
   if (!ranks.empty() && ranks.size() != op.inputs.size())
     op.invalid(fmt::format("attribute ranks has {} entries for {} inputs", ranks.size(),
