@@ -78,8 +78,8 @@ def test_the_launch_order_costs_no_launch_and_no_cycle(name):
     assert span(on) == span(off)
 
 
-# A tf.function on the NPU with or without a lowered cond; NPUSIM_FUSION_LOG names a graph the
-# launch order leaves as the executor issues it.
+# A tf.function on the NPU with or without a lowered cond (its exp on a second NPU with
+# two_npus); NPUSIM_FUSION_LOG names a graph the launch order leaves as the executor issues it.
 COND_CHILD = r'''
 import npusim
 import tensorflow as tf
@@ -90,6 +90,7 @@ def step(x, p):
         y = x * 2.0
         if {with_cond}:
             y = tf.cond(p, lambda: y + 1.0, lambda: y - 1.0)
+    with tf.device("/NPU:1" if {two_npus} else "/NPU:0"):
         return tf.exp(y) * 3.0
 
 with tf.device("/NPU:0"):
@@ -98,14 +99,18 @@ print("VALUE", float(step(x, tf.constant(True))[0, 0]))
 '''
 
 
-@pytest.mark.parametrize("with_cond", [True, False])
-def test_a_graph_left_unordered_is_named_in_the_fusion_log(with_cond):
-    proc = run_child(COND_CHILD.format(with_cond=with_cond), timeout=300,
-                     extra_env={"NPUSIM_FUSION_LOG": "1"})
+@pytest.mark.parametrize("with_cond,two_npus", [(True, False), (False, False), (True, True)])
+def test_a_graph_left_unordered_is_named_in_the_fusion_log(with_cond, two_npus):
+    # A graph with control flow on one NPU is ordered within its frames and liveness classes
+    # (launch_order.h, "Control flow"); one with control flow on two NPUs is left unordered.
+    extra_env = {"NPUSIM_FUSION_LOG": "1", **({"NPUSIM_SYSTEM": "tiny-x8"} if two_npus else {})}
+    proc = run_child(COND_CHILD.format(with_cond=with_cond, two_npus=two_npus), timeout=300,
+                     extra_env=extra_env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     skipped = [l for l in proc.stderr.splitlines() if "launch order not applied" in l]
+    ordered = [l for l in proc.stderr.splitlines() if "npusim: launch order in" in l]
     assert "VALUE" in proc.stdout
-    if with_cond:
-        assert skipped and "control flow" in skipped[0], proc.stderr[-2000:]
+    if with_cond and two_npus:
+        assert skipped and "control flow on several NPUs" in skipped[0], proc.stderr[-2000:]
     else:
-        assert not skipped, proc.stderr[-2000:]
+        assert not skipped and (ordered or not with_cond), proc.stderr[-2000:]

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "adapter/tf/plugin/graph_liveness.h"
 #include "adapter/tf/plugin/tensor_names.h"
 #include "adapter/tf/plugin/tf_graph_headers.h"
 
@@ -154,6 +155,79 @@ std::vector<std::string> noop_sources(const tfc::GraphDef& graph,
   return sources;
 }
 
+bool is_op(const tfc::NodeDef& n, const char* op) {
+  return n.op() == op || n.op() == std::string("Ref") + op;
+}
+
+// The chain of a graph with control flow (launch_order.h, "Control flow"), its nodes on one NPU:
+// `order` is a topological order of the graph without the edges out of NextIteration, each
+// loop's Enters before its Exits (indices >= the graph's size: the frames' own nodes). Each
+// target (a chained node, or an Enter) gets an edge from the latest earlier source (a chained
+// node, an input gate, a Merge or an Exit) of the frame it runs in (an Enter: the frame of its
+// input) whose liveness atoms are a subset of its own: in an execution where the target runs,
+// the source runs too, in the same iteration. Appends the edges to `edges`; sets
+// parallel_iterations to 1 on the Enters of every loop that holds a target (directly or in a
+// nested loop), so that one iteration's launches all come before the next one's. Returns the
+// number of Enters so changed.
+int order_in_frames(tfc::GraphDef& graph, const LivenessClasses& live,
+                    const std::vector<int>& order, const std::vector<int>& gates,
+                    std::vector<std::pair<int, int>>* edges) {
+  const int n = graph.node_size();
+  std::unordered_map<std::string, int> index;
+  for (int v = 0; v < n; ++v) index[graph.node(v).name()] = v;
+  const auto source_frame = [&](int v) {  // an Enter's input's frame
+    const auto it = index.find(split_input(graph.node(v).input(0)).first);
+    return it == index.end() ? -1 : live.frame[static_cast<size_t>(it->second)];
+  };
+  std::map<int, int> parent;  // loop frame -> the frame its Enters read from
+  for (int v = 0; v < n; ++v)
+    if (is_op(graph.node(v), "Enter") && live.frame[static_cast<size_t>(v)] > 0 &&
+        graph.node(v).input_size() > 0)
+      parent[live.frame[static_cast<size_t>(v)]] = source_frame(v);
+  std::map<int, std::vector<int>> sources;  // frame -> its sources so far, in order
+  std::set<int> serialized;                 // loop frames holding a target
+  for (int g : gates) sources[0].push_back(g);
+  const auto is_subset = [&](int a, int b) {
+    const auto& x = live.atoms[static_cast<size_t>(a)];
+    const auto& y = live.atoms[static_cast<size_t>(b)];
+    return std::includes(y.begin(), y.end(), x.begin(), x.end());
+  };
+  for (int v : order) {
+    if (v >= n || live.frame[static_cast<size_t>(v)] < 0) continue;
+    const tfc::NodeDef& node = graph.node(v);
+    if (is_gate(node)) continue;
+    const bool enter = is_op(node, "Enter") && node.input_size() > 0;
+    const bool target = enter || (chained(node) && !is_control_flow_op(node.op()) &&
+                                  !live.of[static_cast<size_t>(v)].empty());
+    const int frame = enter ? source_frame(v) : live.frame[static_cast<size_t>(v)];
+    if (target && frame >= 0) {
+      const std::vector<int>& earlier = sources[frame];
+      for (auto it = earlier.rbegin(); it != earlier.rend(); ++it)
+        if (is_subset(*it, v)) {
+          edges->emplace_back(*it, v);
+          break;
+        }
+      if (!enter)
+        for (int f = frame; f > 0 && serialized.insert(f).second;) {
+          const auto up = parent.find(f);
+          f = up == parent.end() ? -1 : up->second;
+        }
+    }
+    if ((target && !enter) || is_op(node, "Merge") || is_op(node, "Exit"))
+      sources[frame].push_back(v);
+  }
+  int changed = 0;
+  for (int v = 0; v < n; ++v) {
+    tfc::NodeDef& node = *graph.mutable_node(v);
+    if (!is_op(node, "Enter") || !serialized.count(live.frame[static_cast<size_t>(v)])) continue;
+    auto& iterations = (*node.mutable_attr())["parallel_iterations"];
+    if (iterations.i() == 1) continue;
+    iterations.set_i(1);
+    ++changed;
+  }
+  return changed;
+}
+
 }  // namespace
 
 bool launch_order_enabled() {
@@ -162,52 +236,88 @@ bool launch_order_enabled() {
 }
 
 int order_npu_launches(tfc::GraphDef& graph) {
-  for (const tfc::NodeDef& node : graph.node())
-    if (is_control_flow_op(node.op())) return -1;
+  bool control_flow = false;
+  std::set<std::string> devices;
+  for (const tfc::NodeDef& node : graph.node()) {
+    control_flow |= is_control_flow_op(node.op());
+    if (chained(node)) devices.insert(node.device());
+  }
+  if (control_flow && devices.size() > 1) return -1;
   const std::vector<int> gates = add_input_gates(graph);
   const int n = graph.node_size();
   std::unordered_map<std::string, int> index;
   for (int v = 0; v < n; ++v) index[graph.node(v).name()] = v;
-  // Edges (data and control) from producer to consumer; unknown inputs are outside the graph.
-  std::vector<std::vector<int>> succ(static_cast<size_t>(n));
-  std::vector<int> indeg(static_cast<size_t>(n), 0);
-  for (int v = 0; v < n; ++v)
+  // With control flow: each node's frame and liveness atoms (graph_liveness.h), and a node
+  // n + f per loop frame f that every Enter of f precedes and every Exit of f follows
+  // (launch_order.h, "Control flow").
+  LivenessClasses live;
+  int frames = 0;
+  if (control_flow) {
+    live = liveness_classes(graph);
+    for (int f : live.frame) frames = std::max(frames, f + 1);
+  }
+  const auto is = [&](int v, const char* op) { return is_op(graph.node(v), op); };
+  // The frame of a node's first input (-1: none, or not classified).
+  const auto input_frame = [&](int v) {
+    if (graph.node(v).input_size() == 0) return -1;
+    const auto it = index.find(split_input(graph.node(v).input(0)).first);
+    return it == index.end() ? -1 : live.frame[static_cast<size_t>(it->second)];
+  };
+  // Edges (data and control) from producer to consumer; unknown inputs are outside the graph,
+  // the edges out of NextIteration go to the next iteration and are left out.
+  const size_t total = static_cast<size_t>(n + frames);
+  std::vector<std::vector<int>> succ(total);
+  std::vector<int> indeg(total, 0);
+  const auto add_edge = [&](int from, int to) {
+    succ[static_cast<size_t>(from)].push_back(to);
+    ++indeg[static_cast<size_t>(to)];
+  };
+  for (int v = 0; v < n; ++v) {
     for (const std::string& in : graph.node(v).input()) {
       const auto it = index.find(split_input(in).first);
-      if (it == index.end()) continue;
-      succ[static_cast<size_t>(it->second)].push_back(v);
-      ++indeg[static_cast<size_t>(v)];
+      if (it == index.end() || (control_flow && is(it->second, "NextIteration"))) continue;
+      add_edge(it->second, v);
     }
+    if (!control_flow) continue;
+    if (is(v, "Enter") && live.frame[static_cast<size_t>(v)] > 0)
+      add_edge(v, n + live.frame[static_cast<size_t>(v)]);
+    if (is(v, "Exit") && input_frame(v) > 0) add_edge(n + input_frame(v), v);
+  }
   // Kahn's algorithm, the ready node with the fewest asynchronous ops upstream first, then by
   // position. upstream[v]: the most asynchronous ops on a path into v (v itself not counted);
   // final once v is ready, since all its producers have been taken.
-  std::vector<int> upstream(static_cast<size_t>(n), 0);
+  std::vector<int> upstream(total, 0);
   using Key = std::pair<int, int>;  // (upstream asynchronous ops, position)
   std::priority_queue<Key, std::vector<Key>, std::greater<Key>> ready;
-  for (int v = 0; v < n; ++v)
+  for (int v = 0; v < static_cast<int>(total); ++v)
     if (indeg[static_cast<size_t>(v)] == 0) ready.push({0, v});
-  // device -> its chained nodes in order, its input gate first: the gate reads only arguments,
-  // which have no inputs, so an edge from it goes forward in some topological order too.
-  std::map<std::string, std::vector<int>> chain;
-  for (int g : gates) chain[graph.node(g).device()].push_back(g);
-  int added = 0, taken = 0;
+  std::vector<int> order;
   while (!ready.empty()) {
     const int v = ready.top().second;
     ready.pop();
-    ++taken;
-    const tfc::NodeDef& node = graph.node(v);
-    if (chained(node) && !is_gate(node)) chain[node.device()].push_back(v);
-    const int level = upstream[static_cast<size_t>(v)] + (is_async(node) ? 1 : 0);
+    order.push_back(v);
+    const int level = upstream[static_cast<size_t>(v)] + (v < n && is_async(graph.node(v)) ? 1 : 0);
     for (int s : succ[static_cast<size_t>(v)]) {
       int& up = upstream[static_cast<size_t>(s)];
       up = std::max(up, level);
       if (--indeg[static_cast<size_t>(s)] == 0) ready.push({up, s});
     }
   }
-  if (taken != n) return 0;  // a cycle: not a graph TensorFlow would run; leave it alone
+  if (order.size() != total) return 0;     // a cycle: not a graph TensorFlow would run
   std::vector<std::pair<int, int>> edges;  // (predecessor, node) to add
-  for (const auto& [device, nodes] : chain)
-    for (size_t k = 1; k < nodes.size(); ++k) edges.emplace_back(nodes[k - 1], nodes[k]);
+  int added = control_flow ? order_in_frames(graph, live, order, gates, &edges) : 0;
+  if (!control_flow) {
+    // device -> its chained nodes in order, its input gate first: the gate reads only
+    // arguments, which have no inputs, so an edge from it goes forward in some topological
+    // order too.
+    std::map<std::string, std::vector<int>> chain;
+    for (int g : gates) chain[graph.node(g).device()].push_back(g);
+    for (int v : order)
+      if (chained(graph.node(v)) && !is_gate(graph.node(v)))
+        chain[graph.node(v).device()].push_back(v);
+    for (const auto& [device, nodes] : chain)
+      for (size_t k = 1; k < nodes.size(); ++k) edges.emplace_back(nodes[k - 1], nodes[k]);
+  }
   for (const auto& [pred, v] : edges) {
     tfc::NodeDef& node = *graph.mutable_node(v);
     const std::string& pred_name = graph.node(pred).name();
