@@ -19,7 +19,13 @@ control flow's nodes one by one), a child process per mode:
 - Keras' mixed_float16 policy (LossScaleOptimizer conds its update on the gradients being
   finite): the MLP and the CNN of models/ trained three steps, losses and weights bit for bit
   those of `top`, in fewer task lists; a step with an infinite input takes the skip branch
-  (weights unchanged, the loss scale halved) the same way in both modes.
+  (weights unchanged, the loss scale halved) the same way in both modes;
+- run-to-run determinism (launch_order.h, "Control flow"): a loop with overlapping iterations,
+  two chains and a cond launches the same kernels at the same cycles in three calls and in two
+  processes (one with 4 inter-op threads), one iteration after another;
+- variable updates (rewrite 5) in cond branches, loop bodies and around them: each step's
+  weights those of the CPU and of `top`; TF1 graphs (tf.compat.v1.while_loop / cond with v1
+  control flow in a Session, and in a wrap_function): correct, clustered as in TF2.
 """
 
 import functools
