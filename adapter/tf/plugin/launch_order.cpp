@@ -159,6 +159,15 @@ bool is_op(const tfc::NodeDef& n, const char* op) {
   return n.op() == op || n.op() == std::string("Ref") + op;
 }
 
+// The frame of node v's first input (an Enter's: the frame the loop is entered from); -1 for a
+// node without inputs or whose first input is not classified.
+int first_input_frame(const tfc::GraphDef& graph, const std::unordered_map<std::string, int>& index,
+                      const LivenessClasses& live, int v) {
+  if (graph.node(v).input_size() == 0) return -1;
+  const auto it = index.find(split_input(graph.node(v).input(0)).first);
+  return it == index.end() ? -1 : live.frame[static_cast<size_t>(it->second)];
+}
+
 // The chain of a graph with control flow (launch_order.h, "Control flow"), its nodes on one NPU:
 // `order` is a topological order of the graph without the edges out of NextIteration, each
 // loop's Enters before its Exits (indices >= the graph's size: the frames' own nodes). Each
@@ -175,10 +184,7 @@ int order_in_frames(tfc::GraphDef& graph, const LivenessClasses& live,
   const int n = graph.node_size();
   std::unordered_map<std::string, int> index;
   for (int v = 0; v < n; ++v) index[graph.node(v).name()] = v;
-  const auto source_frame = [&](int v) {  // an Enter's input's frame
-    const auto it = index.find(split_input(graph.node(v).input(0)).first);
-    return it == index.end() ? -1 : live.frame[static_cast<size_t>(it->second)];
-  };
+  const auto source_frame = [&](int v) { return first_input_frame(graph, index, live, v); };
   std::map<int, int> parent;  // loop frame -> the frame its Enters read from
   for (int v = 0; v < n; ++v)
     if (is_op(graph.node(v), "Enter") && live.frame[static_cast<size_t>(v)] > 0 &&
@@ -257,12 +263,7 @@ int order_npu_launches(tfc::GraphDef& graph) {
     for (int f : live.frame) frames = std::max(frames, f + 1);
   }
   const auto is = [&](int v, const char* op) { return is_op(graph.node(v), op); };
-  // The frame of a node's first input (-1: none, or not classified).
-  const auto input_frame = [&](int v) {
-    if (graph.node(v).input_size() == 0) return -1;
-    const auto it = index.find(split_input(graph.node(v).input(0)).first);
-    return it == index.end() ? -1 : live.frame[static_cast<size_t>(it->second)];
-  };
+  const auto input_frame = [&](int v) { return first_input_frame(graph, index, live, v); };
   // Edges (data and control) from producer to consumer; unknown inputs are outside the graph,
   // the edges out of NextIteration go to the next iteration and are left out.
   const size_t total = static_cast<size_t>(n + frames);
