@@ -114,3 +114,46 @@ def test_a_graph_left_unordered_is_named_in_the_fusion_log(with_cond, two_npus):
         assert skipped and "control flow on several NPUs" in skipped[0], proc.stderr[-2000:]
     else:
         assert not skipped and (ordered or not with_cond), proc.stderr[-2000:]
+
+
+# A Keras LSTM training step (Embedding, LSTM, Dense; SGD) on one NPU: its loop runs as graphs
+# under control flow, and the embedding's int32 index arithmetic (host-memory outputs on the
+# NPU) feeds a graph that reads it in device memory. Prints the second step's launches and span
+# (the first launch's host dispatch to the last launch's end) in cycles.
+RNN_CHILD = r'''
+import json
+import numpy as np
+import npusim
+import keras
+from keras import layers
+keras.utils.set_random_seed(0)
+rng = np.random.default_rng(0)
+ids = rng.integers(0, 1000, (2, 12)).astype(np.int32)
+labels = rng.integers(0, 10, (2,)).astype(np.int32)
+model = keras.Sequential([keras.Input((12,), dtype="int32"), layers.Embedding(1000, 16),
+                          layers.LSTM(16), layers.Dense(10)])
+model.compile(keras.optimizers.SGD(0.1),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.train_on_batch(ids, labels)
+npusim.clear_launch_records()
+model.train_on_batch(ids, labels)
+recs = npusim.launch_records()
+span = (max(r["start_cycle"] + r["cycles"] for r in recs)
+        - min(r["start_cycle"] - r["host_dispatch_cycles"] for r in recs))
+print("RNN" + json.dumps({"span": span, "ops": [r["op_name"] for r in recs]}))
+'''
+
+
+def test_a_recurrent_training_step_spans_the_same_cycles_in_every_process():
+    # Was: the graph with control flow got no launch order, its launches' order moved from run to
+    # run; then, with it, the copy of the embedding's int32 arithmetic onto the device landed
+    # before or after the step's first kernel (copy gates, launch_order.h): the Keras LSTM step
+    # of benchmarks/rnn_train_step.py spanned 8,099.2 or 8,104.2 us (2026-12-06).
+    runs = []
+    for _ in range(3):
+        proc = run_child(RNN_CHILD, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        line = [l for l in proc.stdout.splitlines() if l.startswith("RNN")][-1]
+        runs.append(json.loads(line[3:]))
+    assert len(runs[0]["ops"]) > 50
+    assert all(r == runs[0] for r in runs[1:]), [r["span"] for r in runs]

@@ -50,6 +50,8 @@ std::string gate_name(const std::string& device) {
 }
 
 bool is_gate(const tfc::NodeDef& n) { return n.attr().count(kInputGateAttr) > 0; }
+bool is_copy_gate(const tfc::NodeDef& n) { return n.attr().count(kCopyGateAttr) > 0; }
+bool is_any_gate(const tfc::NodeDef& n) { return is_gate(n) || is_copy_gate(n); }
 
 // The memory types of a node's inputs and outputs on an NPU (false: unknown op or no kernel).
 bool npu_memory_types(const tfc::NodeDef& node, tfc::MemoryTypeVector* in_mem,
@@ -124,6 +126,73 @@ std::vector<int> add_input_gates(tfc::GraphDef& graph) {
     for (tfc::DataType t : read.second) attrs["T"].mutable_list()->add_type(t);
     attrs[kInputGateAttr].set_b(true);
     gates.push_back(graph.node_size() - 1);
+  }
+  return gates;
+}
+
+// Adds, for each chained node with an output in host memory that a chained node on its device
+// reads in device memory (TensorFlow copies it onto the device after the node ran, with nothing
+// ordering the copy), one IdentityN on that device reading those outputs: it shares the readers'
+// copies, so it runs once they are done (launch_order.h, "Copy gates"). Returns (gate, the node
+// it follows) pairs of indices in `graph`; a node that already has its gate (a chain kept) keeps
+// it.
+std::vector<std::pair<int, int>> add_copy_gates(tfc::GraphDef& graph) {
+  std::unordered_map<std::string, int> index;
+  for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
+  std::map<int, tfc::MemoryTypeVector> outputs_memory;  // node -> its outputs' memory types
+  const auto output_in_host_memory = [&](int v, int port) {
+    auto it = outputs_memory.find(v);
+    if (it == outputs_memory.end()) {
+      tfc::MemoryTypeVector in_mem, out_mem;
+      if (!npu_memory_types(graph.node(v), &in_mem, &out_mem)) out_mem.clear();
+      it = outputs_memory.emplace(v, std::move(out_mem)).first;
+    }
+    return port < static_cast<int>(it->second.size()) &&
+           it->second[static_cast<size_t>(port)] == tfc::HOST_MEMORY;
+  };
+  // producer -> (its outputs read so, in order of first reading; their types)
+  std::map<int, std::pair<std::vector<std::string>, std::vector<tfc::DataType>>> reads;
+  for (const tfc::NodeDef& node : graph.node()) {
+    if (!chained(node) || is_control_flow_op(node.op())) continue;
+    tfc::MemoryTypeVector in_mem, out_mem;
+    if (!npu_memory_types(node, &in_mem, &out_mem)) continue;
+    for (int i = 0; i < node.input_size() && i < static_cast<int>(in_mem.size()); ++i) {
+      const auto [name, port] = split_input(node.input(i));
+      const auto it = index.find(name);
+      if (port < 0 || it == index.end() || in_mem[static_cast<size_t>(i)] != tfc::DEVICE_MEMORY)
+        continue;
+      const tfc::NodeDef& producer = graph.node(it->second);
+      if (!chained(producer) || is_control_flow_op(producer.op()) ||
+          producer.device() != node.device() || !output_in_host_memory(it->second, port))
+        continue;
+      const tfc::OpDef* op_def = nullptr;
+      tfc::DataType type;
+      if (!tfc::OpRegistry::Global()->LookUpOpDef(producer.op(), &op_def).ok() ||
+          !tfc::OutputTypeForNode(producer, *op_def, port, &type).ok() ||
+          tfc::DataTypeAlwaysOnHost(type))
+        continue;
+      auto& [tensors, types] = reads[it->second];
+      if (std::find(tensors.begin(), tensors.end(), node.input(i)) != tensors.end()) continue;
+      tensors.push_back(node.input(i));
+      types.push_back(type);
+    }
+  }
+  std::vector<std::pair<int, int>> gates;
+  for (const auto& [producer, read] : reads) {
+    const std::string name = graph.node(producer).name() + "/npusim_order_copies";
+    if (const auto it = index.find(name); it != index.end()) {
+      gates.emplace_back(it->second, producer);
+      continue;
+    }
+    tfc::NodeDef& gate = *graph.add_node();
+    gate.set_name(name);
+    gate.set_op("IdentityN");
+    gate.set_device(graph.node(producer).device());
+    for (const std::string& t : read.first) gate.add_input(t);
+    auto& attrs = *gate.mutable_attr();
+    for (tfc::DataType t : read.second) attrs["T"].mutable_list()->add_type(t);
+    attrs[kCopyGateAttr].set_b(true);
+    gates.emplace_back(graph.node_size() - 1, producer);
   }
   return gates;
 }
@@ -250,6 +319,7 @@ int order_npu_launches(tfc::GraphDef& graph) {
   }
   if (control_flow && devices.size() > 1) return -1;
   const std::vector<int> gates = add_input_gates(graph);
+  const std::vector<std::pair<int, int>> copy_gates = add_copy_gates(graph);
   const int n = graph.node_size();
   std::unordered_map<std::string, int> index;
   for (int v = 0; v < n; ++v) index[graph.node(v).name()] = v;
@@ -285,23 +355,27 @@ int order_npu_launches(tfc::GraphDef& graph) {
     if (is(v, "Exit") && input_frame(v) > 0) add_edge(n + input_frame(v), v);
   }
   // Kahn's algorithm, the ready node with the fewest asynchronous ops upstream first, then by
-  // position. upstream[v]: the most asynchronous ops on a path into v (v itself not counted);
-  // final once v is ready, since all its producers have been taken.
-  std::vector<int> upstream(total, 0);
-  using Key = std::pair<int, int>;  // (upstream asynchronous ops, position)
+  // position (a copy gate's: the node it follows, so it comes right after it). upstream[v]: the
+  // most asynchronous ops on a path into v (v itself not counted); final once v is ready, since
+  // all its producers have been taken.
+  std::vector<int> upstream(total, 0), position(total);
+  for (size_t v = 0; v < total; ++v) position[v] = static_cast<int>(v);
+  for (const auto& [gate, producer] : copy_gates) position[static_cast<size_t>(gate)] = producer;
+  using Key = std::tuple<int, int, int>;  // (upstream asynchronous ops, position, node)
   std::priority_queue<Key, std::vector<Key>, std::greater<Key>> ready;
   for (int v = 0; v < static_cast<int>(total); ++v)
-    if (indeg[static_cast<size_t>(v)] == 0) ready.push({0, v});
+    if (indeg[static_cast<size_t>(v)] == 0) ready.push({0, position[static_cast<size_t>(v)], v});
   std::vector<int> order;
   while (!ready.empty()) {
-    const int v = ready.top().second;
+    const int v = std::get<2>(ready.top());
     ready.pop();
     order.push_back(v);
     const int level = upstream[static_cast<size_t>(v)] + (v < n && is_async(graph.node(v)) ? 1 : 0);
     for (int s : succ[static_cast<size_t>(v)]) {
       int& up = upstream[static_cast<size_t>(s)];
       up = std::max(up, level);
-      if (--indeg[static_cast<size_t>(s)] == 0) ready.push({up, s});
+      if (--indeg[static_cast<size_t>(s)] == 0)
+        ready.push({up, position[static_cast<size_t>(s)], s});
     }
   }
   if (order.size() != total) return 0;     // a cycle: not a graph TensorFlow would run
@@ -393,7 +467,7 @@ int unchain_npu_launches(tfc::GraphDef& graph) {
   std::unordered_set<std::string> names, gates;
   for (const tfc::NodeDef& node : graph.node()) {
     names.insert(node.name());
-    if (is_gate(node)) gates.insert(node.name());
+    if (is_any_gate(node)) gates.insert(node.name());
   }
   for (const tfc::NodeDef& node : graph.node()) {
     // A recorded control input whose node is gone, not a NoOp whose inputs were recorded: a
@@ -406,7 +480,7 @@ int unchain_npu_launches(tfc::GraphDef& graph) {
   }
   // The gates go, with every control edge from them (a pass may have handed one on).
   auto& nodes = *graph.mutable_node();
-  const auto removed = std::remove_if(nodes.begin(), nodes.end(), is_gate);
+  const auto removed = std::remove_if(nodes.begin(), nodes.end(), is_any_gate);
   int unchained = static_cast<int>(nodes.end() - removed);
   nodes.erase(removed, nodes.end());
   for (tfc::NodeDef& node : nodes) {

@@ -63,6 +63,14 @@
 // before the step's kernels. Arguments and Consts without inputs have no predecessors, so the
 // gate's edge goes forward in the order too.
 //
+// Copy gates: a chained node whose output lies in host memory (an NPU kernel of int32 index
+// arithmetic, e.g. the embedding's Less / AddV2 of its ids) read by a chained node in device
+// memory gets its output copied onto the device by a copy TensorFlow adds after this pass, which
+// runs when an executor thread gets to it: the Keras LSTM step's 320-byte copy landed before or
+// after its first kernel from run to run. Such a node is followed in the chain by an IdentityN
+// on its device reading those outputs (it shares the readers' copies and launches nothing), so
+// the next chained node waits for the copies. Gates of both kinds come off with the chain.
+//
 // The meta-optimizer calls the optimizer more than once on a graph, with TensorFlow's passes in
 // between, and nothing tells a call that it is the last. Each call therefore takes the chain of
 // the call before off first (unchain_npu_launches), runs the fusions and the whole-graph
@@ -95,6 +103,8 @@ namespace npusim::tf {
 inline constexpr const char* kOrderAfterAttr = "_npusim_order_after";
 // Marks the input gate of an NPU device (a boolean; below).
 inline constexpr const char* kInputGateAttr = "_npusim_order_input_gate";
+// Marks a copy gate (a boolean; below).
+inline constexpr const char* kCopyGateAttr = "_npusim_order_copy_gate";
 // The names of a chained node's control inputs other than its chain edge, when it was chained (a
 // list of strings).
 inline constexpr const char* kOwnControlInputsAttr = "_npusim_order_own_control";
