@@ -82,17 +82,22 @@ bool copied_in_unordered(const tfc::NodeDef& producer, int port, const tfc::Node
          out_mem[static_cast<size_t>(port)] == tfc::HOST_MEMORY;
 }
 
-// Adds, for each NPU device whose chained nodes read, in device memory, a tensor that is copied
-// onto the device with nothing ordering the copy (copied_in_unordered: a function argument on
-// another device, a HostConst of the device), one IdentityN on that device reading all those
-// tensors: its inputs share the receives TensorFlow's partitioning gives the readers, so it runs
-// once every such tensor was copied onto the device (launch_order.h, "Input gate"). Returns the
-// gates' indices in `graph`; a device that already has its gate (a chain kept) keeps it.
-std::vector<int> add_input_gates(tfc::GraphDef& graph) {
-  std::unordered_map<std::string, int> index;
-  for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
-  // device -> (the tensors in order of first reading, their types)
-  std::map<std::string, std::pair<std::vector<std::string>, std::vector<tfc::DataType>>> reads;
+// The tensors a gate reads, in order of first reading, and their types.
+struct GateReads {
+  std::vector<std::string> tensors;
+  std::vector<tfc::DataType> types;
+  void add(const std::string& tensor, tfc::DataType type) {
+    if (std::find(tensors.begin(), tensors.end(), tensor) != tensors.end()) return;
+    tensors.push_back(tensor);
+    types.push_back(type);
+  }
+};
+
+// Calls read(reader, input as written, producer's index, port) for each data input that a
+// chained node reads in device memory from a node of `graph`.
+template <typename Read>
+void for_each_device_memory_read(const tfc::GraphDef& graph,
+                                 const std::unordered_map<std::string, int>& index, Read read) {
   for (const tfc::NodeDef& node : graph.node()) {
     if (!chained(node)) continue;
     tfc::MemoryTypeVector in_mem, out_mem;
@@ -102,31 +107,49 @@ std::vector<int> add_input_gates(tfc::GraphDef& graph) {
       const auto it = index.find(name);
       if (port < 0 || it == index.end() || in_mem[static_cast<size_t>(i)] != tfc::DEVICE_MEMORY)
         continue;
-      const tfc::NodeDef& producer = graph.node(it->second);
-      if (!copied_in_unordered(producer, port, node)) continue;
-      auto& [tensors, types] = reads[node.device()];
-      if (std::find(tensors.begin(), tensors.end(), node.input(i)) != tensors.end()) continue;
-      tensors.push_back(node.input(i));
-      types.push_back(producer.attr().at(producer.op() == "_Arg" ? "T" : "dtype").type());
+      read(node, node.input(i), it->second, port);
     }
   }
+}
+
+// The index of gate `name`: the node of that name if `graph` has one (a chain kept), else a new
+// IdentityN on `device` reading `reads`, marked with the boolean attribute `marker`.
+int add_gate(tfc::GraphDef& graph, const std::unordered_map<std::string, int>& index,
+             const std::string& name, const std::string& device, const GateReads& reads,
+             const char* marker) {
+  if (const auto it = index.find(name); it != index.end()) return it->second;
+  tfc::NodeDef& gate = *graph.add_node();
+  gate.set_name(name);
+  gate.set_op("IdentityN");
+  gate.set_device(device);
+  for (const std::string& t : reads.tensors) gate.add_input(t);
+  auto& attrs = *gate.mutable_attr();
+  for (tfc::DataType t : reads.types) attrs["T"].mutable_list()->add_type(t);
+  attrs[marker].set_b(true);
+  return graph.node_size() - 1;
+}
+
+// Adds, for each NPU device whose chained nodes read, in device memory, a tensor that is copied
+// onto the device with nothing ordering the copy (copied_in_unordered: a function argument on
+// another device, a HostConst of the device), one IdentityN on that device reading all those
+// tensors: its inputs share the receives TensorFlow's partitioning gives the readers, so it runs
+// once every such tensor was copied onto the device (launch_order.h, "Input gate"). Returns the
+// gates' indices in `graph`; a device that already has its gate (a chain kept) keeps it.
+std::vector<int> add_input_gates(tfc::GraphDef& graph) {
+  std::unordered_map<std::string, int> index;
+  for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
+  std::map<std::string, GateReads> reads;  // device -> the tensors its gate reads
+  for_each_device_memory_read(
+      graph, index,
+      [&](const tfc::NodeDef& node, const std::string& in, int producer_index, int port) {
+        const tfc::NodeDef& producer = graph.node(producer_index);
+        if (!copied_in_unordered(producer, port, node)) return;
+        reads[node.device()].add(
+            in, producer.attr().at(producer.op() == "_Arg" ? "T" : "dtype").type());
+      });
   std::vector<int> gates;
-  for (const auto& [device, read] : reads) {
-    const std::string name = gate_name(device);
-    if (const auto it = index.find(name); it != index.end()) {
-      gates.push_back(it->second);
-      continue;
-    }
-    tfc::NodeDef& gate = *graph.add_node();
-    gate.set_name(name);
-    gate.set_op("IdentityN");
-    gate.set_device(device);
-    for (const std::string& t : read.first) gate.add_input(t);
-    auto& attrs = *gate.mutable_attr();
-    for (tfc::DataType t : read.second) attrs["T"].mutable_list()->add_type(t);
-    attrs[kInputGateAttr].set_b(true);
-    gates.push_back(graph.node_size() - 1);
-  }
+  for (const auto& [device, read] : reads)
+    gates.push_back(add_gate(graph, index, gate_name(device), device, read, kInputGateAttr));
   return gates;
 }
 
@@ -150,49 +173,29 @@ std::vector<std::pair<int, int>> add_copy_gates(tfc::GraphDef& graph) {
     return port < static_cast<int>(it->second.size()) &&
            it->second[static_cast<size_t>(port)] == tfc::HOST_MEMORY;
   };
-  // producer -> (its outputs read so, in order of first reading; their types)
-  std::map<int, std::pair<std::vector<std::string>, std::vector<tfc::DataType>>> reads;
-  for (const tfc::NodeDef& node : graph.node()) {
-    if (!chained(node) || is_control_flow_op(node.op())) continue;
-    tfc::MemoryTypeVector in_mem, out_mem;
-    if (!npu_memory_types(node, &in_mem, &out_mem)) continue;
-    for (int i = 0; i < node.input_size() && i < static_cast<int>(in_mem.size()); ++i) {
-      const auto [name, port] = split_input(node.input(i));
-      const auto it = index.find(name);
-      if (port < 0 || it == index.end() || in_mem[static_cast<size_t>(i)] != tfc::DEVICE_MEMORY)
-        continue;
-      const tfc::NodeDef& producer = graph.node(it->second);
-      if (!chained(producer) || is_control_flow_op(producer.op()) ||
-          producer.device() != node.device() || !output_in_host_memory(it->second, port))
-        continue;
-      const tfc::OpDef* op_def = nullptr;
-      tfc::DataType type;
-      if (!tfc::OpRegistry::Global()->LookUpOpDef(producer.op(), &op_def).ok() ||
-          !tfc::OutputTypeForNode(producer, *op_def, port, &type).ok() ||
-          tfc::DataTypeAlwaysOnHost(type))
-        continue;
-      auto& [tensors, types] = reads[it->second];
-      if (std::find(tensors.begin(), tensors.end(), node.input(i)) != tensors.end()) continue;
-      tensors.push_back(node.input(i));
-      types.push_back(type);
-    }
-  }
+  std::map<int, GateReads> reads;  // producer -> its outputs read so
+  for_each_device_memory_read(
+      graph, index,
+      [&](const tfc::NodeDef& node, const std::string& in, int producer_index, int port) {
+        const tfc::NodeDef& producer = graph.node(producer_index);
+        if (is_control_flow_op(node.op()) || !chained(producer) ||
+            is_control_flow_op(producer.op()) || producer.device() != node.device() ||
+            !output_in_host_memory(producer_index, port))
+          return;
+        const tfc::OpDef* op_def = nullptr;
+        tfc::DataType type;
+        if (!tfc::OpRegistry::Global()->LookUpOpDef(producer.op(), &op_def).ok() ||
+            !tfc::OutputTypeForNode(producer, *op_def, port, &type).ok() ||
+            tfc::DataTypeAlwaysOnHost(type))
+          return;
+        reads[producer_index].add(in, type);
+      });
   std::vector<std::pair<int, int>> gates;
   for (const auto& [producer, read] : reads) {
-    const std::string name = graph.node(producer).name() + "/npusim_order_copies";
-    if (const auto it = index.find(name); it != index.end()) {
-      gates.emplace_back(it->second, producer);
-      continue;
-    }
-    tfc::NodeDef& gate = *graph.add_node();
-    gate.set_name(name);
-    gate.set_op("IdentityN");
-    gate.set_device(graph.node(producer).device());
-    for (const std::string& t : read.first) gate.add_input(t);
-    auto& attrs = *gate.mutable_attr();
-    for (tfc::DataType t : read.second) attrs["T"].mutable_list()->add_type(t);
-    attrs[kCopyGateAttr].set_b(true);
-    gates.emplace_back(graph.node_size() - 1, producer);
+    const tfc::NodeDef& node = graph.node(producer);
+    gates.emplace_back(add_gate(graph, index, node.name() + "/npusim_order_copies", node.device(),
+                                read, kCopyGateAttr),
+                       producer);
   }
   return gates;
 }
