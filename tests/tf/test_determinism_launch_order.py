@@ -8,7 +8,10 @@ Without the order the MLP's launches moved from run to run: TensorFlow copies it
 onto the NPU when an executor thread gets to it, and on a single chip that copy sits on the
 compute timeline between whichever kernels the driver had been given (the dropout's seed
 arithmetic moved by one copy's time, 9,251 cycles on tiny, in 2 of 2 runs, 2026-12-04). The
-chain's input gate makes every kernel of the step wait for that copy.
+chain's input gate makes every kernel of the step wait for that copy. A Keras LSTM step (control
+flow, chained within frames and liveness classes; the embedding's int32 arithmetic copied onto
+the device behind a copy gate) spans the same cycles in every process; a graph with control flow
+on two NPUs is left unordered and named in the fusion log.
 """
 
 import collections
