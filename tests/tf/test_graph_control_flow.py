@@ -19,7 +19,13 @@ control flow's nodes one by one), a child process per mode:
 - Keras' mixed_float16 policy (LossScaleOptimizer conds its update on the gradients being
   finite): the MLP and the CNN of models/ trained three steps, losses and weights bit for bit
   those of `top`, in fewer task lists; a step with an infinite input takes the skip branch
-  (weights unchanged, the loss scale halved) the same way in both modes.
+  (weights unchanged, the loss scale halved) the same way in both modes;
+- run-to-run determinism (launch_order.h, "Control flow"): a loop with overlapping iterations,
+  two chains and a cond launches the same kernels at the same cycles in three calls and in two
+  processes (one with 4 inter-op threads), one iteration after another;
+- variable updates (rewrite 5) in cond branches, loop bodies and around them: each step's
+  weights those of the CPU and of `top`; TF1 graphs (tf.compat.v1.while_loop / cond with v1
+  control flow in a Session, and in a wrap_function): correct, clustered as in TF2.
 """
 
 import functools
@@ -448,3 +454,254 @@ def test_keras_mixed_precision_skip_step_halves_the_loss_scale(name):
     # it). Now a group holds nodes of one liveness class (graph_fusion.cpp, independent_groups).
     for result in (_mixed(name, "default"), _mixed(name, "top")):
         assert result["scale_after_skip"] == result["scale_before_skip"] / 2 == 64.0
+
+
+# Run-to-run determinism, variable updates under control flow, TF1-style graphs: child scripts
+# of MORE_HEAD and parts (_more: which part in which mode).
+MORE_HEAD = r"""
+import csv, json, os, tempfile
+import numpy as np
+import npusim
+import tensorflow as tf
+
+if os.environ.get("INTER_OP"):
+    tf.config.threading.set_inter_op_parallelism_threads(int(os.environ["INTER_OP"]))
+out = {}
+"""
+
+DETERMINISM = r"""
+rng = np.random.default_rng(0)
+# Determinism: independent nodes before the loop, a body of two independent chains and a cond
+# with iterations allowed to overlap (parallel_iterations=4), an independent node after it. The
+# function runs three times; each call's launches (op name, cycles, start after the call's first
+# launch), and the report of all three (op_summary.csv's rows).
+x = tf.constant(rng.uniform(-1, 1, (4, 64, 256)).astype(np.float32))
+w = tf.constant(rng.uniform(-0.1, 0.1, (256, 256)).astype(np.float32))
+def overlapping(x):
+    p = tf.tanh(tf.multiply(x[2], 0.3, name="pre_p"), name="pre_p_tanh")
+    q = tf.sigmoid(tf.multiply(x[3], 0.7, name="post_q"), name="post_q_sigmoid")
+    def step(i, a, b, c):
+        a = tf.tanh(tf.matmul(a, w, name="chain_a_matmul"), name="chain_a_tanh")
+        b = tf.sigmoid(tf.multiply(b, 1.1, name="chain_b_scaled"), name="chain_b_sigmoid")
+        c = tf.cond(i % 2 == 0, lambda: tf.tanh(tf.multiply(c, 2.0, name="even_scaled")),
+                    lambda: tf.sigmoid(tf.multiply(c, -1.5, name="odd_scaled")))
+        return i + 1, a, b, c
+    r = tf.while_loop(lambda i, a, b, c: i < 6, step, (tf.constant(0), x[0], x[1] * 2.0, p),
+                      parallel_iterations=4)[1:]
+    return r + (q,)
+f = tf.function(overlapping)
+calls = []
+for _ in range(3):
+    npusim.clear_launch_records()
+    got = f(x)
+    recs = npusim.launch_records()
+    t0 = min(r["start_cycle"] for r in recs)
+    calls.append([(r["op_name"], r["cycles"], r["start_cycle"] - t0) for r in recs])
+with tf.device("/CPU:0"):
+    want = tf.function(overlapping)(x)
+report = tempfile.mkdtemp()
+npusim.write_report(report)
+with open(os.path.join(report, "op_summary.csv")) as table:
+    rows = [(r["Op Name"], r["Task Start Time(us)"], r["task_start_cycles"],
+             r["task_duration_cycles"]) for r in csv.DictReader(table)]
+out["determinism"] = {"calls": calls, "report": rows,
+                      "got": [g.numpy().astype(np.float64).tolist() for g in got],
+                      "want": [g.numpy().astype(np.float64).tolist() for g in want]}
+"""
+
+UPDATES = r"""
+# Variable updates (rewrite 5's FusedVariableUpdate: a moment, then a weight from the new moment)
+# under control flow: a cond choosing between momentum and plain SGD for all weights; a cond
+# updating two of four; the moments updated before a cond and the weights from them inside it;
+# the moments updated in a loop body and the weights after the loop; a whole momentum update in
+# a loop body and an SGD step after it. Each step's weights and moments, on the NPU and the CPU.
+rng = np.random.default_rng(1)
+W0 = [rng.uniform(-1, 1, (16, 32)).astype(np.float32) for _ in range(4)]
+G = [tf.constant(rng.uniform(-1, 1, (16, 32)).astype(np.float32)) for _ in range(4)]
+def momentum(w, m, g):
+    m.assign(tf.add(tf.multiply(m, 0.9), g))
+    w.assign_sub(tf.multiply(m.read_value(), 0.1))
+def sgd(w, g):
+    w.assign_sub(tf.multiply(g, 0.05))
+def moments(ms):
+    for m, g in zip(ms, G):
+        m.assign(tf.add(tf.multiply(m, 0.9), g))
+def weights_from_moments(ws, ms):
+    for w, m in zip(ws, ms):
+        w.assign_sub(tf.multiply(m.read_value(), 0.1))
+    return tf.constant(1.0)
+def cond_two_optimizers(ws, ms, flag):
+    def a():
+        for w, m, g in zip(ws, ms, G):
+            momentum(w, m, g)
+        return tf.constant(1.0)
+    def b():
+        for w, g in zip(ws, G):
+            sgd(w, g)
+        return tf.constant(2.0)
+    return tf.cond(flag, a, b)
+def cond_subset(ws, ms, flag):
+    momentum(ws[0], ms[0], G[0])
+    momentum(ws[1], ms[1], G[1])
+    def a():
+        momentum(ws[2], ms[2], G[2])
+        momentum(ws[3], ms[3], G[3])
+        return tf.constant(1.0)
+    return tf.cond(flag, a, lambda: tf.constant(0.0))
+def cond_split_chain(ws, ms, flag):
+    moments(ms)
+    return tf.cond(flag, lambda: weights_from_moments(ws, ms), lambda: tf.constant(0.0))
+def loop_moments(ws, ms, flag):
+    def body(i):
+        moments(ms)
+        return (i + 1,)
+    tf.while_loop(lambda i: i < 3, body, (tf.constant(0),))
+    return weights_from_moments(ws, ms)
+def loop_momentum(ws, ms, flag):
+    def body(i):
+        for w, m, g in zip(ws, ms, G):
+            momentum(w, m, g)
+        return (i + 1,)
+    tf.while_loop(lambda i: i < 2, body, (tf.constant(0),))
+    for w, g in zip(ws, G):
+        sgd(w, g)
+    return tf.constant(1.0)
+for case in (cond_two_optimizers, cond_subset, cond_split_chain, loop_moments, loop_momentum):
+    result = {}
+    for device in ("/NPU:0", "/CPU:0"):
+        with tf.device(device):
+            ws = [tf.Variable(v) for v in W0]
+            ms = [tf.Variable(np.zeros_like(v)) for v in W0]
+        step = tf.function(lambda flag: case(ws, ms, flag))
+        npusim.clear_launch_records()
+        states = []
+        for flag in (True, False, True):
+            with tf.device(device):
+                step(tf.constant(flag))
+            states.append([v.numpy() for v in ws + ms])
+        result[device] = {"bits": [[s.tobytes().hex() for s in state] for state in states],
+                          "values": [[s.astype(np.float64).tolist() for s in state]
+                                     for state in states]}
+        if device == "/NPU:0":
+            result["fused"] = sum(r["op_type"] == "FusedVariableUpdate"
+                                  for r in npusim.launch_records())
+    out["updates_" + case.__name__] = result
+"""
+
+TF1 = r"""
+# TF1-style graphs: tf.compat.v1.while_loop with a tf.compat.v1.cond in its body, its weight a
+# constant the loop reads (an is_constant Enter with v1 control flow), and a v1 loop of variable
+# updates; in a v1 Graph run by a Session with v1 control flow, and in a wrap_function.
+v1 = tf.compat.v1
+rng = np.random.default_rng(2)
+X1 = rng.uniform(-1, 1, (4, 8)).astype(np.float32)
+W1 = rng.uniform(-0.5, 0.5, (8, 8)).astype(np.float32)
+def tf1_loop(x):
+    w1 = tf.constant(W1)
+    def body(i, h):
+        h = tf.tanh(tf.matmul(h, w1, name="v1_matmul"), name="v1_tanh")
+        h = v1.cond(i % 2 > 0, lambda: tf.multiply(h, 2.0, name="v1_odd"),
+                    lambda: tf.sigmoid(h, name="v1_even"))
+        return i + 1, h
+    h = v1.while_loop(lambda i, h: i < 3, body, (tf.constant(0), x))[1]
+    return tf.reduce_sum(tf.multiply(h, h, name="v1_square"), name="v1_sum"), h
+def graph_runs(recs):
+    runs = {r["graph_run"] for r in recs if r["graph_run"]}
+    return sorted(sorted({r["op_name"] for r in recs if r["graph_run"] == g}) for g in runs)
+for device in ("/NPU:0", "/CPU:0"):
+    v1.disable_control_flow_v2()
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(device):
+        xp = v1.placeholder(tf.float32, [4, 8])
+        total, h = tf1_loop(xp)
+        acc = v1.get_variable("acc", initializer=tf.zeros([4, 8]), use_resource=True)
+        def accumulate(i):
+            with tf.control_dependencies([acc.assign_add(tf.multiply(xp, 0.5, name="v1_half"))]):
+                return i + 1
+        updates = v1.while_loop(lambda i: i < 4, accumulate, [tf.constant(0)])
+        init = v1.global_variables_initializer()
+    enters = [n for n in graph.as_graph_def().node if n.op == "Enter"]
+    with v1.Session(graph=graph) as sess:
+        sess.run(init)
+        npusim.clear_launch_records()
+        got = sess.run([total, h], {xp: X1})
+        sess.run(updates, {xp: X1})
+        got.append(sess.run(acc.read_value()))
+        recs = npusim.launch_records()
+    v1.enable_control_flow_v2()
+    with tf.device(device):
+        wrapped = v1.wrap_function(tf1_loop, [tf.TensorSpec([4, 8], tf.float32)])
+        npusim.clear_launch_records()
+        got += [t.numpy() for t in wrapped(tf.constant(X1))]
+    out["tf1_" + device] = {
+        "values": [np.asarray(g, np.float64).tolist() for g in got],
+        "bits": [np.asarray(g).tobytes().hex() for g in got],
+        "constant_enters": sum(n.attr["is_constant"].b for n in enters),
+        "session_groups": graph_runs(recs), "wrap_groups": graph_runs(npusim.launch_records())}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _more(mode):
+    """The parts' results: "default" all three, "inter_op" (4 inter-op threads, another
+    process) the determinism part, "top" the updates and TF1 graphs."""
+    parts, env = {"default": ([DETERMINISM, UPDATES, TF1], None),
+                  "inter_op": ([DETERMINISM], {"INTER_OP": "4"}),
+                  "top": ([UPDATES, TF1], TOP)}[mode]
+    code = MORE_HEAD + "".join(parts) + 'print("NPUSIM_RESULT " + json.dumps(out))\n'
+    return _result(run_child(code, timeout=300, extra_env=env))
+
+
+def test_a_loop_with_overlapping_iterations_launches_the_same_from_run_to_run():
+    # Was: a graph with control flow got no launch order (launch_order.h), so the executor's
+    # threads decided which of the independent nodes (before the loop, the two chains, the
+    # cond's branch, another iteration's) reached the chip first: 14 to 35 of the 164 rows of
+    # op_summary.csv moved between two processes (2026-12-06).
+    result, other = _more("default")["determinism"], _more("inter_op")["determinism"]
+    for got, want in zip(result["got"], result["want"]):
+        np.testing.assert_allclose(got, want, rtol=5e-3, atol=2e-3)
+    for run in (result, other):
+        assert run["calls"][0] == run["calls"][1] == run["calls"][2]
+    assert result["calls"] == other["calls"] and result["report"] == other["report"]
+    # One iteration's launches before the next one's: the body's launches are six equal
+    # chunks, each with both chains and the branch of its iteration's parity.
+    body = [name for name, _, _ in result["calls"][0] if "while/" in name]
+    size = len(body) // 6
+    assert size * 6 == len(body), body
+    for k in range(6):
+        chunk = body[k * size:(k + 1) * size]
+        assert any("chain_a_" in n for n in chunk) and any("chain_b_" in n for n in chunk), chunk
+        assert all("odd_" not in n for n in chunk if "/cond/" in n) == (k % 2 == 0), chunk
+        assert any("/cond/" in n for n in chunk), chunk
+
+
+@pytest.mark.parametrize("case", ["cond_two_optimizers", "cond_subset", "cond_split_chain",
+                                  "loop_moments", "loop_momentum"])
+def test_variable_updates_under_control_flow(case):
+    # Rewrite 5 groups an update with one that reads its new value through a control edge; under
+    # control flow such a read lies in the same branch or body as the update (TensorFlow moves
+    # control edges from outside a cond or loop onto its entry), so each group is of one
+    # liveness class: each step's weights and moments those of the CPU and of `top`.
+    result, top = _more("default")["updates_" + case], _more("top")["updates_" + case]
+    assert result["fused"] > 0
+    assert result["/NPU:0"]["bits"] == top["/NPU:0"]["bits"]
+    for npu, cpu in zip(result["/NPU:0"]["values"], result["/CPU:0"]["values"]):
+        for a, b in zip(npu, cpu):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_tf1_while_loop_and_cond_in_a_session_and_a_wrap_function():
+    result, top = _more("default"), _more("top")
+    npu, cpu, top_npu = result["tf1_/NPU:0"], result["tf1_/CPU:0"], top["tf1_/NPU:0"]
+    # v1 control flow: the loop's weight enters as a constant (is_constant Enter).
+    assert npu["constant_enters"] > 0
+    assert npu["bits"] == top_npu["bits"]
+    for got, want in zip(npu["values"], cpu["values"]):
+        np.testing.assert_allclose(got, want, rtol=5e-3, atol=2e-3)
+    # The body's MatMul and Tanh one graph run per iteration, in the session and the
+    # wrap_function; none with `top`.
+    for groups in (npu["session_groups"], npu["wrap_groups"]):
+        body = [g for g in groups if any(_part(n, "v1_matmul") for n in g)]
+        assert len(body) == 3 and all(any(_part(n, "v1_tanh") for n in g) for g in body), groups
+    assert not any(_part(n, "v1_matmul") for g in top_npu["session_groups"] + top_npu["wrap_groups"]
+                   for n in g)

@@ -72,12 +72,14 @@ class Analysis {
     LivenessClasses out;
     out.of.assign(m_nodes.size(), "");
     out.frame.assign(m_nodes.size(), -1);
+    out.atoms.assign(m_nodes.size(), {});
     const std::vector<int> order = forward_order();
     if (order.size() != m_nodes.size()) return out;  // cyclic without the NextIteration edges
     for (const int v : order) visit(v);
     for (size_t v = 0; v < m_nodes.size(); ++v) {
       if (!m_valid[v]) continue;
       out.frame[v] = m_frame[v];
+      out.atoms[v].assign(m_atoms[v].begin(), m_atoms[v].end());
       if (is_control_flow_op(m_nodes[v]->op())) continue;
       std::string key = std::to_string(m_frame[v]) + "|";
       for (const std::string& a : m_atoms[v]) key += a + ",";

@@ -58,6 +58,11 @@ struct LivenessClasses {
   // For each node: its frame, 0 the top frame (the function's own); control-flow ops included
   // (an Exit is in the frame it leads to); -1 where the analysis failed.
   std::vector<int> frame;
+  // For each node: its liveness formula's atoms, sorted (control-flow ops included: a Switch's
+  // and a Merge's own, an Exit's in the frame it leads to; an Enter's, fixed while its frame
+  // runs); empty where the analysis failed. A node whose atoms are a subset of another's in the
+  // same frame runs in every execution the other runs in (launch_order.cpp orders by this).
+  std::vector<std::vector<std::string>> atoms;
 };
 
 LivenessClasses liveness_classes(const tensorflow::GraphDef& graph);

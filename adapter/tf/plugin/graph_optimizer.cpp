@@ -487,12 +487,12 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     try {
       const int edges = order_npu_launches(graph);
       if (std::getenv("NPUSIM_FUSION_LOG") && edges > 0)
-        std::fprintf(stderr, "npusim: launch order in %s: %d control edges\n",
+        std::fprintf(stderr, "npusim: launch order in %s: %d control edges and loop Enters\n",
                      item_id(item).c_str(), edges);
       if (std::getenv("NPUSIM_FUSION_LOG") && edges < 0)
         std::fprintf(stderr,
-                     "npusim: launch order not applied in %s: control flow (the executor's "
-                     "order, which may vary from run to run)\n",
+                     "npusim: launch order not applied in %s: control flow on several NPUs "
+                     "(the executor's order, which may vary from run to run)\n",
                      item_id(item).c_str());
       changed |= edges > 0;
     } catch (const std::exception& e) {

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "adapter/tf/plugin/graph_liveness.h"
 #include "adapter/tf/plugin/tensor_names.h"
 #include "adapter/tf/plugin/tf_graph_headers.h"
 
@@ -49,6 +50,8 @@ std::string gate_name(const std::string& device) {
 }
 
 bool is_gate(const tfc::NodeDef& n) { return n.attr().count(kInputGateAttr) > 0; }
+bool is_copy_gate(const tfc::NodeDef& n) { return n.attr().count(kCopyGateAttr) > 0; }
+bool is_any_gate(const tfc::NodeDef& n) { return is_gate(n) || is_copy_gate(n); }
 
 // The memory types of a node's inputs and outputs on an NPU (false: unknown op or no kernel).
 bool npu_memory_types(const tfc::NodeDef& node, tfc::MemoryTypeVector* in_mem,
@@ -79,17 +82,22 @@ bool copied_in_unordered(const tfc::NodeDef& producer, int port, const tfc::Node
          out_mem[static_cast<size_t>(port)] == tfc::HOST_MEMORY;
 }
 
-// Adds, for each NPU device whose chained nodes read, in device memory, a tensor that is copied
-// onto the device with nothing ordering the copy (copied_in_unordered: a function argument on
-// another device, a HostConst of the device), one IdentityN on that device reading all those
-// tensors: its inputs share the receives TensorFlow's partitioning gives the readers, so it runs
-// once every such tensor was copied onto the device (launch_order.h, "Input gate"). Returns the
-// gates' indices in `graph`; a device that already has its gate (a chain kept) keeps it.
-std::vector<int> add_input_gates(tfc::GraphDef& graph) {
-  std::unordered_map<std::string, int> index;
-  for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
-  // device -> (the tensors in order of first reading, their types)
-  std::map<std::string, std::pair<std::vector<std::string>, std::vector<tfc::DataType>>> reads;
+// The tensors a gate reads, in order of first reading, and their types.
+struct GateReads {
+  std::vector<std::string> tensors;
+  std::vector<tfc::DataType> types;
+  void add(const std::string& tensor, tfc::DataType type) {
+    if (std::find(tensors.begin(), tensors.end(), tensor) != tensors.end()) return;
+    tensors.push_back(tensor);
+    types.push_back(type);
+  }
+};
+
+// Calls read(reader, input as written, producer's index, port) for each data input that a
+// chained node reads in device memory from a node of `graph`.
+template <typename Read>
+void for_each_device_memory_read(const tfc::GraphDef& graph,
+                                 const std::unordered_map<std::string, int>& index, Read read) {
   for (const tfc::NodeDef& node : graph.node()) {
     if (!chained(node)) continue;
     tfc::MemoryTypeVector in_mem, out_mem;
@@ -99,30 +107,95 @@ std::vector<int> add_input_gates(tfc::GraphDef& graph) {
       const auto it = index.find(name);
       if (port < 0 || it == index.end() || in_mem[static_cast<size_t>(i)] != tfc::DEVICE_MEMORY)
         continue;
-      const tfc::NodeDef& producer = graph.node(it->second);
-      if (!copied_in_unordered(producer, port, node)) continue;
-      auto& [tensors, types] = reads[node.device()];
-      if (std::find(tensors.begin(), tensors.end(), node.input(i)) != tensors.end()) continue;
-      tensors.push_back(node.input(i));
-      types.push_back(producer.attr().at(producer.op() == "_Arg" ? "T" : "dtype").type());
+      read(node, node.input(i), it->second, port);
     }
   }
+}
+
+// The index of gate `name`: the node of that name if `graph` has one (a chain kept), else a new
+// IdentityN on `device` reading `reads`, marked with the boolean attribute `marker`.
+int add_gate(tfc::GraphDef& graph, const std::unordered_map<std::string, int>& index,
+             const std::string& name, const std::string& device, const GateReads& reads,
+             const char* marker) {
+  if (const auto it = index.find(name); it != index.end()) return it->second;
+  tfc::NodeDef& gate = *graph.add_node();
+  gate.set_name(name);
+  gate.set_op("IdentityN");
+  gate.set_device(device);
+  for (const std::string& t : reads.tensors) gate.add_input(t);
+  auto& attrs = *gate.mutable_attr();
+  for (tfc::DataType t : reads.types) attrs["T"].mutable_list()->add_type(t);
+  attrs[marker].set_b(true);
+  return graph.node_size() - 1;
+}
+
+// Adds, for each NPU device whose chained nodes read, in device memory, a tensor that is copied
+// onto the device with nothing ordering the copy (copied_in_unordered: a function argument on
+// another device, a HostConst of the device), one IdentityN on that device reading all those
+// tensors: its inputs share the receives TensorFlow's partitioning gives the readers, so it runs
+// once every such tensor was copied onto the device (launch_order.h, "Input gate"). Returns the
+// gates' indices in `graph`; a device that already has its gate (a chain kept) keeps it.
+std::vector<int> add_input_gates(tfc::GraphDef& graph) {
+  std::unordered_map<std::string, int> index;
+  for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
+  std::map<std::string, GateReads> reads;  // device -> the tensors its gate reads
+  for_each_device_memory_read(
+      graph, index,
+      [&](const tfc::NodeDef& node, const std::string& in, int producer_index, int port) {
+        const tfc::NodeDef& producer = graph.node(producer_index);
+        if (!copied_in_unordered(producer, port, node)) return;
+        reads[node.device()].add(
+            in, producer.attr().at(producer.op() == "_Arg" ? "T" : "dtype").type());
+      });
   std::vector<int> gates;
-  for (const auto& [device, read] : reads) {
-    const std::string name = gate_name(device);
-    if (const auto it = index.find(name); it != index.end()) {
-      gates.push_back(it->second);
-      continue;
+  for (const auto& [device, read] : reads)
+    gates.push_back(add_gate(graph, index, gate_name(device), device, read, kInputGateAttr));
+  return gates;
+}
+
+// Adds, for each chained node with an output in host memory that a chained node on its device
+// reads in device memory (TensorFlow copies it onto the device after the node ran, with nothing
+// ordering the copy), one IdentityN on that device reading those outputs: it shares the readers'
+// copies, so it runs once they are done (launch_order.h, "Copy gates"). Returns (gate, the node
+// it follows) pairs of indices in `graph`; a node that already has its gate (a chain kept) keeps
+// it.
+std::vector<std::pair<int, int>> add_copy_gates(tfc::GraphDef& graph) {
+  std::unordered_map<std::string, int> index;
+  for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
+  std::map<int, tfc::MemoryTypeVector> outputs_memory;  // node -> its outputs' memory types
+  const auto output_in_host_memory = [&](int v, int port) {
+    auto it = outputs_memory.find(v);
+    if (it == outputs_memory.end()) {
+      tfc::MemoryTypeVector in_mem, out_mem;
+      if (!npu_memory_types(graph.node(v), &in_mem, &out_mem)) out_mem.clear();
+      it = outputs_memory.emplace(v, std::move(out_mem)).first;
     }
-    tfc::NodeDef& gate = *graph.add_node();
-    gate.set_name(name);
-    gate.set_op("IdentityN");
-    gate.set_device(device);
-    for (const std::string& t : read.first) gate.add_input(t);
-    auto& attrs = *gate.mutable_attr();
-    for (tfc::DataType t : read.second) attrs["T"].mutable_list()->add_type(t);
-    attrs[kInputGateAttr].set_b(true);
-    gates.push_back(graph.node_size() - 1);
+    return port < static_cast<int>(it->second.size()) &&
+           it->second[static_cast<size_t>(port)] == tfc::HOST_MEMORY;
+  };
+  std::map<int, GateReads> reads;  // producer -> its outputs read so
+  for_each_device_memory_read(
+      graph, index,
+      [&](const tfc::NodeDef& node, const std::string& in, int producer_index, int port) {
+        const tfc::NodeDef& producer = graph.node(producer_index);
+        if (is_control_flow_op(node.op()) || !chained(producer) ||
+            is_control_flow_op(producer.op()) || producer.device() != node.device() ||
+            !output_in_host_memory(producer_index, port))
+          return;
+        const tfc::OpDef* op_def = nullptr;
+        tfc::DataType type;
+        if (!tfc::OpRegistry::Global()->LookUpOpDef(producer.op(), &op_def).ok() ||
+            !tfc::OutputTypeForNode(producer, *op_def, port, &type).ok() ||
+            tfc::DataTypeAlwaysOnHost(type))
+          return;
+        reads[producer_index].add(in, type);
+      });
+  std::vector<std::pair<int, int>> gates;
+  for (const auto& [producer, read] : reads) {
+    const tfc::NodeDef& node = graph.node(producer);
+    gates.emplace_back(add_gate(graph, index, node.name() + "/npusim_order_copies", node.device(),
+                                read, kCopyGateAttr),
+                       producer);
   }
   return gates;
 }
@@ -154,6 +227,85 @@ std::vector<std::string> noop_sources(const tfc::GraphDef& graph,
   return sources;
 }
 
+bool is_op(const tfc::NodeDef& n, const char* op) {
+  return n.op() == op || n.op() == std::string("Ref") + op;
+}
+
+// The frame of node v's first input (an Enter's: the frame the loop is entered from); -1 for a
+// node without inputs or whose first input is not classified.
+int first_input_frame(const tfc::GraphDef& graph, const std::unordered_map<std::string, int>& index,
+                      const LivenessClasses& live, int v) {
+  if (graph.node(v).input_size() == 0) return -1;
+  const auto it = index.find(split_input(graph.node(v).input(0)).first);
+  return it == index.end() ? -1 : live.frame[static_cast<size_t>(it->second)];
+}
+
+// The chain of a graph with control flow (launch_order.h, "Control flow"), its nodes on one NPU:
+// `order` is a topological order of the graph without the edges out of NextIteration, each
+// loop's Enters before its Exits (indices >= the graph's size: the frames' own nodes). Each
+// target (a chained node, or an Enter) gets an edge from the latest earlier source (a chained
+// node, an input gate, a Merge or an Exit) of the frame it runs in (an Enter: the frame of its
+// input) whose liveness atoms are a subset of its own: in an execution where the target runs,
+// the source runs too, in the same iteration. Appends the edges to `edges`; sets
+// parallel_iterations to 1 on the Enters of every loop that holds a target (directly or in a
+// nested loop), so that one iteration's launches all come before the next one's. Returns the
+// number of Enters so changed.
+int order_in_frames(tfc::GraphDef& graph, const LivenessClasses& live,
+                    const std::vector<int>& order, const std::vector<int>& gates,
+                    std::vector<std::pair<int, int>>* edges) {
+  const int n = graph.node_size();
+  std::unordered_map<std::string, int> index;
+  for (int v = 0; v < n; ++v) index[graph.node(v).name()] = v;
+  const auto source_frame = [&](int v) { return first_input_frame(graph, index, live, v); };
+  std::map<int, int> parent;  // loop frame -> the frame its Enters read from
+  for (int v = 0; v < n; ++v)
+    if (is_op(graph.node(v), "Enter") && live.frame[static_cast<size_t>(v)] > 0 &&
+        graph.node(v).input_size() > 0)
+      parent[live.frame[static_cast<size_t>(v)]] = source_frame(v);
+  std::map<int, std::vector<int>> sources;  // frame -> its sources so far, in order
+  std::set<int> serialized;                 // loop frames holding a target
+  for (int g : gates) sources[0].push_back(g);
+  const auto is_subset = [&](int a, int b) {
+    const auto& x = live.atoms[static_cast<size_t>(a)];
+    const auto& y = live.atoms[static_cast<size_t>(b)];
+    return std::includes(y.begin(), y.end(), x.begin(), x.end());
+  };
+  for (int v : order) {
+    if (v >= n || live.frame[static_cast<size_t>(v)] < 0) continue;
+    const tfc::NodeDef& node = graph.node(v);
+    if (is_gate(node)) continue;
+    const bool enter = is_op(node, "Enter") && node.input_size() > 0;
+    const bool target = enter || (chained(node) && !is_control_flow_op(node.op()) &&
+                                  !live.of[static_cast<size_t>(v)].empty());
+    const int frame = enter ? source_frame(v) : live.frame[static_cast<size_t>(v)];
+    if (target && frame >= 0) {
+      const std::vector<int>& earlier = sources[frame];
+      for (auto it = earlier.rbegin(); it != earlier.rend(); ++it)
+        if (is_subset(*it, v)) {
+          edges->emplace_back(*it, v);
+          break;
+        }
+      if (!enter)
+        for (int f = frame; f > 0 && serialized.insert(f).second;) {
+          const auto up = parent.find(f);
+          f = up == parent.end() ? -1 : up->second;
+        }
+    }
+    if ((target && !enter) || is_op(node, "Merge") || is_op(node, "Exit"))
+      sources[frame].push_back(v);
+  }
+  int changed = 0;
+  for (int v = 0; v < n; ++v) {
+    tfc::NodeDef& node = *graph.mutable_node(v);
+    if (!is_op(node, "Enter") || !serialized.count(live.frame[static_cast<size_t>(v)])) continue;
+    auto& iterations = (*node.mutable_attr())["parallel_iterations"];
+    if (iterations.i() == 1) continue;
+    iterations.set_i(1);
+    ++changed;
+  }
+  return changed;
+}
+
 }  // namespace
 
 bool launch_order_enabled() {
@@ -162,52 +314,88 @@ bool launch_order_enabled() {
 }
 
 int order_npu_launches(tfc::GraphDef& graph) {
-  for (const tfc::NodeDef& node : graph.node())
-    if (is_control_flow_op(node.op())) return -1;
+  bool control_flow = false;
+  std::set<std::string> devices;
+  for (const tfc::NodeDef& node : graph.node()) {
+    control_flow |= is_control_flow_op(node.op());
+    if (chained(node)) devices.insert(node.device());
+  }
+  if (control_flow && devices.size() > 1) return -1;
   const std::vector<int> gates = add_input_gates(graph);
+  const std::vector<std::pair<int, int>> copy_gates = add_copy_gates(graph);
   const int n = graph.node_size();
   std::unordered_map<std::string, int> index;
   for (int v = 0; v < n; ++v) index[graph.node(v).name()] = v;
-  // Edges (data and control) from producer to consumer; unknown inputs are outside the graph.
-  std::vector<std::vector<int>> succ(static_cast<size_t>(n));
-  std::vector<int> indeg(static_cast<size_t>(n), 0);
-  for (int v = 0; v < n; ++v)
+  // With control flow: each node's frame and liveness atoms (graph_liveness.h), and a node
+  // n + f per loop frame f that every Enter of f precedes and every Exit of f follows
+  // (launch_order.h, "Control flow").
+  LivenessClasses live;
+  int frames = 0;
+  if (control_flow) {
+    live = liveness_classes(graph);
+    for (int f : live.frame) frames = std::max(frames, f + 1);
+  }
+  const auto is = [&](int v, const char* op) { return is_op(graph.node(v), op); };
+  const auto input_frame = [&](int v) { return first_input_frame(graph, index, live, v); };
+  // Edges (data and control) from producer to consumer; unknown inputs are outside the graph,
+  // the edges out of NextIteration go to the next iteration and are left out.
+  const size_t total = static_cast<size_t>(n + frames);
+  std::vector<std::vector<int>> succ(total);
+  std::vector<int> indeg(total, 0);
+  const auto add_edge = [&](int from, int to) {
+    succ[static_cast<size_t>(from)].push_back(to);
+    ++indeg[static_cast<size_t>(to)];
+  };
+  for (int v = 0; v < n; ++v) {
     for (const std::string& in : graph.node(v).input()) {
       const auto it = index.find(split_input(in).first);
-      if (it == index.end()) continue;
-      succ[static_cast<size_t>(it->second)].push_back(v);
-      ++indeg[static_cast<size_t>(v)];
+      if (it == index.end() || (control_flow && is(it->second, "NextIteration"))) continue;
+      add_edge(it->second, v);
     }
+    if (!control_flow) continue;
+    if (is(v, "Enter") && live.frame[static_cast<size_t>(v)] > 0)
+      add_edge(v, n + live.frame[static_cast<size_t>(v)]);
+    if (is(v, "Exit") && input_frame(v) > 0) add_edge(n + input_frame(v), v);
+  }
   // Kahn's algorithm, the ready node with the fewest asynchronous ops upstream first, then by
-  // position. upstream[v]: the most asynchronous ops on a path into v (v itself not counted);
-  // final once v is ready, since all its producers have been taken.
-  std::vector<int> upstream(static_cast<size_t>(n), 0);
-  using Key = std::pair<int, int>;  // (upstream asynchronous ops, position)
+  // position (a copy gate's: the node it follows, so it comes right after it). upstream[v]: the
+  // most asynchronous ops on a path into v (v itself not counted); final once v is ready, since
+  // all its producers have been taken.
+  std::vector<int> upstream(total, 0), position(total);
+  for (size_t v = 0; v < total; ++v) position[v] = static_cast<int>(v);
+  for (const auto& [gate, producer] : copy_gates) position[static_cast<size_t>(gate)] = producer;
+  using Key = std::tuple<int, int, int>;  // (upstream asynchronous ops, position, node)
   std::priority_queue<Key, std::vector<Key>, std::greater<Key>> ready;
-  for (int v = 0; v < n; ++v)
-    if (indeg[static_cast<size_t>(v)] == 0) ready.push({0, v});
-  // device -> its chained nodes in order, its input gate first: the gate reads only arguments,
-  // which have no inputs, so an edge from it goes forward in some topological order too.
-  std::map<std::string, std::vector<int>> chain;
-  for (int g : gates) chain[graph.node(g).device()].push_back(g);
-  int added = 0, taken = 0;
+  for (int v = 0; v < static_cast<int>(total); ++v)
+    if (indeg[static_cast<size_t>(v)] == 0) ready.push({0, position[static_cast<size_t>(v)], v});
+  std::vector<int> order;
   while (!ready.empty()) {
-    const int v = ready.top().second;
+    const int v = std::get<2>(ready.top());
     ready.pop();
-    ++taken;
-    const tfc::NodeDef& node = graph.node(v);
-    if (chained(node) && !is_gate(node)) chain[node.device()].push_back(v);
-    const int level = upstream[static_cast<size_t>(v)] + (is_async(node) ? 1 : 0);
+    order.push_back(v);
+    const int level = upstream[static_cast<size_t>(v)] + (v < n && is_async(graph.node(v)) ? 1 : 0);
     for (int s : succ[static_cast<size_t>(v)]) {
       int& up = upstream[static_cast<size_t>(s)];
       up = std::max(up, level);
-      if (--indeg[static_cast<size_t>(s)] == 0) ready.push({up, s});
+      if (--indeg[static_cast<size_t>(s)] == 0)
+        ready.push({up, position[static_cast<size_t>(s)], s});
     }
   }
-  if (taken != n) return 0;  // a cycle: not a graph TensorFlow would run; leave it alone
+  if (order.size() != total) return 0;     // a cycle: not a graph TensorFlow would run
   std::vector<std::pair<int, int>> edges;  // (predecessor, node) to add
-  for (const auto& [device, nodes] : chain)
-    for (size_t k = 1; k < nodes.size(); ++k) edges.emplace_back(nodes[k - 1], nodes[k]);
+  int added = control_flow ? order_in_frames(graph, live, order, gates, &edges) : 0;
+  if (!control_flow) {
+    // device -> its chained nodes in order, its input gate first: the gate reads only
+    // arguments, which have no inputs, so an edge from it goes forward in some topological
+    // order too.
+    std::map<std::string, std::vector<int>> chain;
+    for (int g : gates) chain[graph.node(g).device()].push_back(g);
+    for (int v : order)
+      if (chained(graph.node(v)) && !is_gate(graph.node(v)))
+        chain[graph.node(v).device()].push_back(v);
+    for (const auto& [device, nodes] : chain)
+      for (size_t k = 1; k < nodes.size(); ++k) edges.emplace_back(nodes[k - 1], nodes[k]);
+  }
   for (const auto& [pred, v] : edges) {
     tfc::NodeDef& node = *graph.mutable_node(v);
     const std::string& pred_name = graph.node(pred).name();
@@ -282,7 +470,7 @@ int unchain_npu_launches(tfc::GraphDef& graph) {
   std::unordered_set<std::string> names, gates;
   for (const tfc::NodeDef& node : graph.node()) {
     names.insert(node.name());
-    if (is_gate(node)) gates.insert(node.name());
+    if (is_any_gate(node)) gates.insert(node.name());
   }
   for (const tfc::NodeDef& node : graph.node()) {
     // A recorded control input whose node is gone, not a NoOp whose inputs were recorded: a
@@ -295,7 +483,7 @@ int unchain_npu_launches(tfc::GraphDef& graph) {
   }
   // The gates go, with every control edge from them (a pass may have handed one on).
   auto& nodes = *graph.mutable_node();
-  const auto removed = std::remove_if(nodes.begin(), nodes.end(), is_gate);
+  const auto removed = std::remove_if(nodes.begin(), nodes.end(), is_any_gate);
   int unchained = static_cast<int>(nodes.end() - removed);
   nodes.erase(removed, nodes.end());
   for (tfc::NodeDef& node : nodes) {

@@ -27,10 +27,27 @@
 // Chained: nodes assigned to an NPU that run work there (kernels, variable reads and updates,
 // NpuGraph nodes), not function plumbing (_Arg, _Retval, NoOp, Const), function calls (their
 // bodies are graphs of their own, ordered when they are optimized) or asynchronous ops, which
-// must not hold the chain while the other replicas catch up. A graph with control flow
-// (Switch, Merge, Enter, Exit, NextIteration: a lowered cond or loop) is left as it is: a control
-// edge from a node of a dead branch would make its successor dead, and edges between frames are
-// invalid.
+// must not hold the chain while the other replicas catch up.
+//
+// Control flow (Switch, Merge, Enter, Exit, NextIteration: a lowered cond or loop; its nodes one
+// by one or as NpuGraph nodes, graph_liveness.h): a control edge from a node of a dead branch
+// would make its successor dead, and edges between frames are invalid, so the chain is not one
+// sequence there. The order is a topological order of the graph without the edges out of
+// NextIteration, with each loop's Enters before its Exits (an Exit fires only once its frame's
+// first iteration, all Enters, is done: an edge from after an Exit into an Enter of its own loop
+// would never be satisfied). Each chained node, and each Enter, gets one edge from the latest
+// earlier node of the frame it runs in (an Enter: the frame of its input) that is a chained
+// node, the input gate, a Merge or an Exit, and whose liveness atoms are a subset of its own: it
+// runs in every execution the node runs in, in the same iteration, so it neither kills the node
+// nor waits for another iteration. So a frame's sets run one after another per iteration, a
+// cond's branch after the nodes before the cond, the nodes after a cond after its Merge, a loop
+// after the nodes before it and the nodes after it after its Exits. Every loop holding a chained
+// node (directly or in a nested loop) gets parallel_iterations = 1 on its Enters: TensorFlow's
+// executor otherwise starts the next iteration's nodes (tf.while_loop's default: 10 in flight)
+// while this one's still run, and the chain has no edge between iterations. Nodes of classes
+// neither of which implies the other (the two branches of a cond, a node in a branch and a node
+// after the cond that does not wait for its Merge) stay unordered between each other. A graph
+// with control flow and more than one NPU is left as it is.
 //
 // Input gate: a function argument that lies on another device (the host's int32 labels of a
 // Keras step) reaches an NPU through a receive that TensorFlow's partitioning adds after this
@@ -45,6 +62,14 @@
 // device's first chained node waits for it, and with it every copy into the device comes
 // before the step's kernels. Arguments and Consts without inputs have no predecessors, so the
 // gate's edge goes forward in the order too.
+//
+// Copy gates: a chained node whose output lies in host memory (an NPU kernel of int32 index
+// arithmetic, e.g. the embedding's Less / AddV2 of its ids) read by a chained node in device
+// memory gets its output copied onto the device by a copy TensorFlow adds after this pass, which
+// runs when an executor thread gets to it: the Keras LSTM step's 320-byte copy landed before or
+// after its first kernel from run to run. Such a node is followed in the chain by an IdentityN
+// on its device reading those outputs (it shares the readers' copies and launches nothing), so
+// the next chained node waits for the copies. Gates of both kinds come off with the chain.
 //
 // The meta-optimizer calls the optimizer more than once on a graph, with TensorFlow's passes in
 // between, and nothing tells a call that it is the last. Each call therefore takes the chain of
@@ -78,6 +103,8 @@ namespace npusim::tf {
 inline constexpr const char* kOrderAfterAttr = "_npusim_order_after";
 // Marks the input gate of an NPU device (a boolean; below).
 inline constexpr const char* kInputGateAttr = "_npusim_order_input_gate";
+// Marks a copy gate (a boolean; below).
+inline constexpr const char* kCopyGateAttr = "_npusim_order_copy_gate";
 // The names of a chained node's control inputs other than its chain edge, when it was chained (a
 // list of strings).
 inline constexpr const char* kOwnControlInputsAttr = "_npusim_order_own_control";
@@ -90,9 +117,10 @@ inline constexpr const char* kOwnControlViaAttr = "_npusim_order_own_control_via
 bool launch_order_enabled();
 
 // Chains each NPU's nodes of `graph` in the canonical order above with control edges; returns
-// the edges added (0 for a graph without two chained nodes on a device), or -1 for a graph with
-// control flow, which is left in the order TensorFlow's executor issues it (that order, and with
-// it the chip's timeline, may then vary from run to run).
+// the edges added plus the loops' Enters set to one parallel iteration (0 for a graph without
+// two chained nodes on a device), or -1 for a graph with control flow on more than one NPU,
+// which is left in the order TensorFlow's executor issues it (that order, and with it the
+// chips' timelines, may then vary from run to run).
 int order_npu_launches(tensorflow::GraphDef& graph);
 
 // Takes the chain an earlier call added off `graph`, giving each chained node back its own
