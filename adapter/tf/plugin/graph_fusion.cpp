@@ -4588,6 +4588,159 @@ int fuse_all_finites(tfc::GraphDef& graph, const std::unordered_set<std::string>
 
 // ---- end of rewrite 20 ----
 
+// ---- rewrite 0e: Keras mixed_float16's casts around the training batch norm ----
+
+// A Cast between the given float types (Truncate false) on the NPU.
+bool float_cast(const tfc::NodeDef& n, tfc::DataType from, tfc::DataType to) {
+  const auto truncate = n.attr().find("Truncate");
+  return n.op() == "Cast" && on_npu(n) && type_attr(n, "SrcT") == from &&
+         type_attr(n, "DstT") == to && (truncate == n.attr().end() || !truncate->second.b());
+}
+
+// The nodes reading any output of `name` as data (once each) and whether something reads one
+// by a control edge.
+std::vector<tfc::NodeDef*> data_readers(GraphView& g, const std::string& name) {
+  std::vector<tfc::NodeDef*> out;
+  for (int i : g.consumer_indices(name))
+    if (std::find(out.begin(), out.end(), g.at(i)) == out.end()) out.push_back(g.at(i));
+  return out;
+}
+
+// Whether output 0 of `n` is read, and only by Casts float -> half that may go (its other
+// outputs may have any readers); appends those Casts to `casts`.
+bool read_through_half_casts(GraphView& g, const tfc::NodeDef& n,
+                             const std::unordered_set<std::string>& preserve,
+                             std::vector<tfc::NodeDef*>* casts) {
+  bool any = false;
+  for (tfc::NodeDef* c : data_readers(g, n.name())) {
+    if (!GraphView::reads(*c, 0, n.name())) {  // reads another output only
+      bool port0 = false;
+      for (int k = 0; k < c->input_size(); ++k) port0 = port0 || GraphView::reads(*c, k, n.name());
+      if (!port0) continue;
+    }
+    if (!float_cast(*c, tfc::DT_FLOAT, tfc::DT_HALF) || preserve.count(c->name())) return false;
+    if (std::find(casts->begin(), casts->end(), c) == casts->end()) casts->push_back(c);
+    any = true;
+  }
+  return any;
+}
+
+// Rewrite 0e (graph_fusion.h). Returns the batch norms turned float16.
+int fold_bn_half_casts_in(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                          std::set<std::string>* removed) {
+  GraphView g(graph);
+  std::map<std::string, std::string> rewire;  // a removed Cast -> the tensor its readers read
+  std::set<std::string> gone;
+  int made = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& update = *g.at(i);
+    if (update.op() != "BNTrainingUpdate" || type_attr(update) != tfc::DT_FLOAT ||
+        update.input_size() < 5 || preserve.count(update.name()))
+      continue;
+    if (const auto r = update.attr().find("R"); r != update.attr().end() && r->second.i() != 0)
+      continue;
+    tfc::NodeDef* xc = g.producer(update, 0, "Cast");
+    tfc::NodeDef* reduce = g.producer(update, 1, "BNTrainingReduce");
+    if (!xc || !reduce || gone.count(xc->name()) || !float_cast(*xc, tfc::DT_HALF, tfc::DT_FLOAT) ||
+        preserve.count(xc->name()) || type_attr(*reduce) != tfc::DT_FLOAT ||
+        !GraphView::reads(*reduce, 0, xc->name()) || preserve.count(reduce->name()) ||
+        g.consumers(reduce->name()) != 2)
+      continue;
+    // Every reader of x's Cast is this batch norm's: the reduce, the update and its gradients
+    // (reading x as input 1 and the update's batch statistics).
+    std::vector<tfc::NodeDef*> grads;
+    bool ok = true;
+    for (tfc::NodeDef* r : data_readers(g, xc->name())) {
+      if (r == reduce || r == &update) continue;
+      const bool grad = (r->op() == "BNTrainingUpdateGrad" || r->op() == "BNTrainingReduceGrad") &&
+                        type_attr(*r) == tfc::DT_FLOAT && GraphView::reads(*r, 1, xc->name()) &&
+                        !preserve.count(r->name());
+      if (!grad) ok = false;
+      if (const auto b = r->attr().find("bias_grads"); b != r->attr().end() && b->second.i() != 0)
+        ok = false;
+      grads.push_back(r);
+    }
+    if (!ok || GraphView::reads(update, 0, xc->name()) == false) continue;
+    // y read only through Casts to half; dy (the gradients' input 0) one Cast from half read by
+    // the gradients alone; dx (BNTrainingReduceGrad's output 0) read only through Casts to half.
+    std::vector<tfc::NodeDef*> out_casts;
+    if (!read_through_half_casts(g, update, preserve, &out_casts)) continue;
+    tfc::NodeDef* gc = nullptr;
+    for (tfc::NodeDef* r : grads) {
+      tfc::NodeDef* c = g.producer(*r, 0, "Cast");
+      if (!c || (gc && c != gc)) ok = false;
+      gc = c;
+      if (r->op() == "BNTrainingReduceGrad" && !read_through_half_casts(g, *r, preserve, &out_casts))
+        ok = false;
+    }
+    if (gc) {
+      ok = ok && float_cast(*gc, tfc::DT_HALF, tfc::DT_FLOAT) && !preserve.count(gc->name()) &&
+           !gone.count(gc->name());
+      for (tfc::NodeDef* r : data_readers(g, gc->name()))
+        ok = ok && std::find(grads.begin(), grads.end(), r) != grads.end();
+    }
+    if (!ok) continue;
+    // Turn the batch norm float16: x and dy read as the Casts read them, the outputs' Casts go
+    // (their readers read the batch norm's outputs).
+    const auto input_of = [](const tfc::NodeDef& cast) { return cast.input(0); };
+    for (tfc::NodeDef* n : {reduce, &update}) (*n->mutable_attr())["T"] = type_value(tfc::DT_HALF);
+    reduce->set_input(0, input_of(*xc));
+    update.set_input(0, input_of(*xc));
+    for (tfc::NodeDef* r : grads) {
+      (*r->mutable_attr())["T"] = type_value(tfc::DT_HALF);
+      r->set_input(1, input_of(*xc));
+      r->set_input(0, input_of(*gc));
+    }
+    for (tfc::NodeDef* c : {xc, gc}) {
+      if (!c) continue;
+      gone.insert(c->name());
+      rewire[c->name()] = input_of(*c);
+      // The Cast's control inputs hold its readers back: they now hold back the batch norm.
+      for (const std::string& in : c->input())
+        if (!in.empty() && in[0] == '^')
+          for (tfc::NodeDef* r : data_readers(g, c->name())) r->add_input(in);
+    }
+    for (tfc::NodeDef* c : out_casts) {
+      gone.insert(c->name());
+      rewire[c->name()] = c->input(0);
+    }
+    ++made;
+  }
+  if (gone.empty()) return 0;
+  // Readers of a removed Cast read what it read (a control edge: its producer's node).
+  for (tfc::NodeDef& n : *graph.mutable_node()) {
+    if (gone.count(n.name())) continue;
+    for (int k = 0; k < n.input_size(); ++k) {
+      const InputRef r = parse_input(n.input(k));
+      const auto to = rewire.find(r.node);
+      if (to == rewire.end()) continue;
+      if (r.control) {
+        n.set_input(k, "^" + parse_input(to->second).node);
+      } else {
+        n.set_input(k, to->second);
+      }
+    }
+  }
+  // Drop self control edges and duplicates the rewiring made.
+  for (tfc::NodeDef& n : *graph.mutable_node()) {
+    std::set<std::string> seen;
+    std::vector<std::string> kept;
+    for (const std::string& in : n.input()) {
+      if (!in.empty() && in[0] == '^' && (in.substr(1) == n.name() || !seen.insert(in).second))
+        continue;
+      kept.push_back(in);
+    }
+    if (static_cast<int>(kept.size()) != n.input_size()) {
+      n.clear_input();
+      for (const std::string& in : kept) n.add_input(in);
+    }
+  }
+  removed->insert(gone.begin(), gone.end());
+  return made;
+}
+
+// ---- end of rewrite 0e ----
+
 // ---- rewrite 19: the weights' casts of a training step in multi-tensor launches ----
 
 // Whether `op` writes the variables whose handles it takes (the updates of a training step).
@@ -4900,6 +5053,19 @@ int fuse_bn_add_relus(tfc::GraphDef& graph, const std::unordered_set<std::string
     return 0;
   return rewrite_and_erase(graph, [&](std::set<std::string>* removed) {
     return fuse_bn_add_relus_in(graph, preserve, removed);
+  });
+}
+
+bool bn_half_casts_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_BN_HALF_CASTS");
+  return on;
+}
+
+int fold_bn_half_casts(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !training_fusion_requested() || !bn_half_casts_fusion_requested())
+    return 0;
+  return rewrite_and_erase(graph, [&](std::set<std::string>* removed) {
+    return fold_bn_half_casts_in(graph, preserve, removed);
   });
 }
 

@@ -79,6 +79,22 @@
 //      followed by a batch norm in training). dx's other readers are fine; the BiasAddGrad must
 //      have no control edges and not be preserved. NPUSIM_FUSION_BN_BIAS_GRAD=0 turns it alone
 //      off.
+//   0e. Keras mixed_float16's casts around the training batch norm, run by the optimizer after
+//      rewrite 0 and before the mixed precision pass (fold_bn_half_casts below): under the
+//      policy Keras casts a float16 x to float32 for the batch norm and y back, and the
+//      gradient the same way round: rewrite 0's four nodes of T float where x is a Cast half ->
+//      float read by those four alone, y (BNTrainingUpdate's output 0, no residual) read only by
+//      Casts float -> half, the gradients' dy one Cast half -> float read by both alone and dx
+//      read only by Casts float -> half (none preserved, bias_grads 0) -> the four with T = half,
+//      reading x and dy in float16, the statistics staying float32 (CANN's BNTraining* as
+//      allow_mix_precision's pass makes them), the Casts gone (their readers read the batch
+//      norm's outputs; a Cast's control inputs move to the batch norm's nodes). The kernels
+//      widen x and dy exactly and round y and dx once, as the Casts did; the statistics are the
+//      same values summed in another order where the convolution before then sums its own
+//      output (Conv2DBNTrainingReduce, which the Cast between them kept apart): the trained
+//      weights of tests/tf/test_fusion_bn_half_casts.py's CNN come out bit for bit, its moving
+//      statistics within 1e-6. Forward-only graphs take the reduce and update alone.
+//      NPUSIM_FUSION_BN_HALF_CASTS=0 turns it alone off.
 //   1. BatchNormInference: Keras 3's BatchNormalization at inference,
 //        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
@@ -539,6 +555,10 @@ int fold_bn_relu_grads(tensorflow::GraphDef& graph,
 bool bn_add_relu_fusion_requested();
 // Rewrite 0c (above) on `graph` while fusion_enabled() and rewrites 0 and 0c are requested,
 // after allow_mix_precision's pass; returns the AddRelus taken into batch norms.
+// Rewrite 0e (above) on `graph` while fusion_enabled() and rewrite 0 is requested, unless
+// NPUSIM_FUSION_BN_HALF_CASTS is "0"; returns the batch norms turned float16.
+int fold_bn_half_casts(tensorflow::GraphDef& graph,
+                       const std::unordered_set<std::string>& preserve);
 int fuse_bn_add_relus(tensorflow::GraphDef& graph, const std::unordered_set<std::string>& preserve);
 
 // Rewrite 16 (above) on `graph` while fusion_enabled(), requested and FusedElementwise is

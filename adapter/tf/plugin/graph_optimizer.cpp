@@ -376,6 +376,21 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       log_fusion_error(e.what());
     }
   }
+  if (parsed) {
+    // Keras mixed_float16's casts around the training batch norms (rewrite 0e), before the
+    // mixed precision pass and the training fusions that follow it.
+    HostCpuScope timed("graph_pass", "training_fusions");
+    try {
+      const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
+      const int halved = fold_bn_half_casts(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && halved > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d batch norms in float16 (their Casts gone)\n",
+                     item_id(item).c_str(), halved);
+      changed |= halved > 0;
+    } catch (const std::exception& e) {
+      log_fusion_error(e.what());
+    }
+  }
   if (parsed && mixed_precision_requested()) {
     HostCpuScope timed("graph_pass", "mixed_precision");
     try {
