@@ -4593,8 +4593,7 @@ int fuse_all_finites(tfc::GraphDef& graph, const std::unordered_set<std::string>
 // A Cast between the given float types (Truncate false) on the NPU.
 bool float_cast(const tfc::NodeDef& n, tfc::DataType from, tfc::DataType to) {
   const auto truncate = n.attr().find("Truncate");
-  return n.op() == "Cast" && on_npu(n) && type_attr(n, "SrcT") == from &&
-         type_attr(n, "DstT") == to && (truncate == n.attr().end() || !truncate->second.b());
+  return is_cast(&n, from, to) && (truncate == n.attr().end() || !truncate->second.b());
 }
 
 // The nodes reading any output of `name` as data (once each) and whether something reads one
@@ -4785,23 +4784,21 @@ int group_weight_casts(tfc::GraphDef& graph, const std::unordered_set<std::strin
   // cond (Switch), read by nothing else: Keras' mixed_float16 float16 gradients of float32
   // variables, cast at the end of the backward pass.
   std::unordered_set<std::string> checked_gradient;
-  for (const tfc::NodeDef& n : graph.node()) {
-    if (n.op() != "AllFinite") continue;
-    for (const std::string& in : n.input()) {
+  for (const tfc::NodeDef& n : graph.node())
+    if (n.op() == "AllFinite")
+      for (const std::string& in : n.input()) {
+        const InputRef r = parse_input(in);
+        const auto c = index.find(r.node);
+        if (!r.control && r.port == 0 && c != index.end() && graph.node(c->second).op() == "Cast")
+          checked_gradient.insert(r.node);
+      }
+  for (const tfc::NodeDef& reader : graph.node())  // any other reader, or a control edge: out
+    for (const std::string& in : reader.input()) {
       const InputRef r = parse_input(in);
-      const auto c = index.find(r.node);
-      if (r.control || r.port != 0 || c == index.end() || graph.node(c->second).op() != "Cast")
-        continue;
-      bool only = true;
-      for (const tfc::NodeDef& reader : graph.node())
-        for (const std::string& rin : reader.input()) {
-          const InputRef rr = parse_input(rin);
-          if (rr.node == r.node)
-            only = only && !rr.control && (reader.op() == "AllFinite" || reader.op() == "Switch");
-        }
-      if (only) checked_gradient.insert(r.node);
+      if (checked_gradient.count(r.node) &&
+          (r.control || (reader.op() != "AllFinite" && reader.op() != "Switch")))
+        checked_gradient.erase(r.node);
     }
-  }
   auto is_float = [](std::optional<tfc::DataType> t) {
     return t == tfc::DT_FLOAT || t == tfc::DT_HALF || t == tfc::DT_BFLOAT16;
   };
