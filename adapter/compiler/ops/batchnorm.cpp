@@ -60,7 +60,12 @@
 // the element-wise pass (the streaming kernel, per-channel vectors resident in the UB). Sums
 // are formed in a different order than Eigen's (see channel.h), so results agree within f32
 // rounding, not bit for bit. Channels whose C * sizeof(T) is not a multiple of 32 are summed
-// from a channel-padded copy of the tensors in the workspace.
+// from a channel-padded copy of the tensors in the workspace (a launch per tensor and per
+// vector the sums read), except in the training fusions' sums (BNTrainingReduce,
+// BNTrainingUpdateGrad) where C is a multiple of 8 (f16 C = 8, 24, 40, ...): those read x and
+// dy where they are, as rows of two pixels (whole blocks), and fold each row's two pixels back
+// to channels with the blocks' partials (ChannelSumSpec::channels; NPUSIM_BN_RAGGED_CHANNELS=0:
+// the padded copies).
 #include <optional>
 
 #include <fmt/format.h>
@@ -82,18 +87,28 @@ using isa::Opcode;
 
 namespace {
 
-// The tensors a channel sum reads, with C padded to whole blocks.
+// A tensor as a channel sum reads it: rows of cp channels (ChannelSumSpec::cp), with channels
+// != 0 rows of cp / channels whole pixels of the tensor itself (ChannelSumSpec::channels).
 struct Padded {
   ArgRef ref;
-  int64_t cp = 0;
+  int64_t cp = 0, channels = 0;
+  void set(ChannelSumSpec& s) const {
+    s.cp = cp;
+    s.channels = channels;
+  }
 };
 
-// [pixels, c] tensor `src` of type dt in the layout the channel sums need (a padded copy in the
-// workspace unless c * size is whole blocks).
+// [pixels, c] tensor `src` of type dt in the layout the channel sums need: the tensor itself
+// where c * size is whole blocks, or (in_place) where the sums can read it in rows of whole
+// pixels (channel_sum_row: c a multiple of 8, e.g. f16's 24 or 40); else a copy with the
+// channels padded to whole blocks in the workspace (a launch).
 Padded padded(CompiledKernel& k, const OpDesc& op, const ArgRef& src, int64_t pixels, int64_t c,
-              DataType dt, const ChipConfig& cfg) {
+              DataType dt, const ChipConfig& cfg, bool in_place = false) {
   const int64_t size = data_type_bytes(dt), cp = round_up(c, std::max<int64_t>(8, 32 / size));
   if (cp == c) return {src, c};
+  if (in_place)
+    if (const std::optional<ChannelSumRow> row = channel_sum_row(pixels, c, size))
+      return {src, row->cp, row->channels};
   ArgRef ws = workspace_take(k, static_cast<uint64_t>(pixels * cp * size));
   append_channel_pad(k, op, src, ws, pixels, c, cp, dt, cfg);
   return {ws, cp};
@@ -576,11 +591,12 @@ TrainingShape training_shape(const OpDesc& op, size_t inputs, std::initializer_l
   return t;
 }
 
-// The centring vector of a cp-padded channel sum: the per-channel vector `v` itself when c is
-// whole blocks, else a copy in a cp-long workspace buffer (the sums read cp channels of it).
-ArgRef padded_vector(CompiledKernel& k, const OpDesc& op, const ArgRef& v, int64_t c, int64_t cp,
-                     const ChipConfig& cfg) {
-  return cp == c ? v : append_vector_copy(k, op, v, c, cp, cfg);
+// A per-channel vector of a channel sum over x: `v` itself where the sums read x's own
+// channels (whole blocks, or rows of whole pixels), else a copy in an x.cp-long workspace
+// buffer (the sums read cp channels of it).
+ArgRef padded_vector(CompiledKernel& k, const OpDesc& op, const ArgRef& v, int64_t c,
+                     const Padded& x, const ChipConfig& cfg) {
+  return x.cp == c || x.channels ? v : append_vector_copy(k, op, v, c, x.cp, cfg);
 }
 
 // BNTrainingReduce(x) -> sum, square_sum: one pass over x summing x and x^2.
@@ -809,9 +825,9 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   CompiledKernel k;
   const TensorDesc vec{DataType::F32, {t.c}};
   k.outputs = {vec, vec};
-  const Padded dy = padded(k, op, input_ref(0), t.pixels, t.c, t.dt, ctx.cfg);
-  const Padded x = padded(k, op, input_ref(1), t.pixels, t.c, t.dt, ctx.cfg);
-  const ArgRef mean = padded_vector(k, op, input_ref(2), t.c, x.cp, ctx.cfg);
+  const Padded dy = padded(k, op, input_ref(0), t.pixels, t.c, t.dt, ctx.cfg, true);
+  const Padded x = padded(k, op, input_ref(1), t.pixels, t.c, t.dt, ctx.cfg, true);
+  const ArgRef mean = padded_vector(k, op, input_ref(2), t.c, x, ctx.cfg);
   ChannelSumSpec s;
   s.kind = ChannelSumSpec::Kind::kSumProduct;
   s.centered = true;
@@ -823,7 +839,7 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   s.stagger_first_tiles = true;  // where it can pay (ops/channel.h)
   s.a_type = s.b_type = device_dtype(t.dt);
   s.pixels = t.pixels;
-  s.cp = x.cp;
+  x.set(s);
   std::vector<ArgRef> sum_inputs = {x.ref, dy.ref, mean};
   if (relu) {
     // The forward pass's a and shift, recomputed per channel group inside the sums from the
@@ -835,7 +851,7 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
       bnt_fold(b, n, v[0], v[1], v[2], v[3], a, shift, tmp, eps);
     };
     for (int i : {3, 4, 5})
-      sum_inputs.push_back(padded_vector(k, op, input_ref(i), t.c, x.cp, ctx.cfg));
+      sum_inputs.push_back(padded_vector(k, op, input_ref(i), t.c, x, ctx.cfg));
   }
   // The partial sets: sum dy * (x - m), then sum dy.
   ChannelEpilogueSpec e;
@@ -1052,13 +1068,13 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
 
 void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef& x, int64_t pixels,
                                int64_t c, DataType dt, int out, const ChipConfig& cfg) {
-  const Padded xp = padded(k, op, x, pixels, c, dt, cfg);
+  const Padded xp = padded(k, op, x, pixels, c, dt, cfg, true);
   ChannelSumSpec s;
   s.kind = ChannelSumSpec::Kind::kSumSquares;
   s.plain_sum = true;
   s.a_type = device_dtype(dt);
   s.pixels = pixels;
-  s.cp = xp.cp;
+  xp.set(s);
   // The most pixels per raw tile (ops/channel.cpp) on split chips, for f32 x only: f16 x adds
   // a widening per tile, and the smaller tile's extra instructions then cost more than the round
   // trips save (measured: f16 lost 3-10 % at 8x112x112x64 to 8x28x28x512, f32 gained 4-7 %).
