@@ -810,7 +810,7 @@ TEST_CASE("BNTraining gradients with relu: ReluGrad's mask on the stored y, bit 
             .message.find("relu = true needs T = f32 or f16") != std::string::npos);
 }
 
-TEST_CASE("BNTraining f16 channels not whole 32-byte blocks: rows of two pixels, in place") {
+TEST_CASE("BNTraining f16 channels not whole 32-byte blocks: read in place in rows of two pixels") {
   // C = 8, 24, 40 (multiples of 8 whose f16 pixel is 16 bytes past whole blocks; EfficientNet's
   // 24 and 40, RegNet's 24, 56 and 152): the channel sums read x and dy where they are, in rows
   // of two pixels (ChannelSumSpec::channels), an odd pixel count's last pixel a partial row;
