@@ -803,7 +803,7 @@ TEST_CASE("BNTraining gradients with relu: ReluGrad's mask on the stored y, bit 
   check_relu_fold_bits({2, 3, 5, 16}, DataType::F16, 61);
   check_relu_fold_bits({1, 4, 4, 24}, DataType::F16, 62);
   check_relu_fold_bits({1, 3, 5, 40}, DataType::F16, 64);  // rows of two pixels, a partial one
-  check_relu_fold_bits({1, 4, 4, 7}, DataType::F16, 63);  // channels padded to whole blocks
+  check_relu_fold_bits({1, 4, 4, 7}, DataType::F16, 63);   // channels padded to whole blocks
   // bf16 has no BNTrainingUpdate to fold from
   const TensorDesc x{DataType::BF16, {2, 4, 4, 8}}, v{DataType::F32, {8}};
   CHECK(compile_refusal(make_op("BNTrainingUpdateGrad", {x, x, v, v, v, v}, {{"relu", true}}))
@@ -816,15 +816,10 @@ TEST_CASE("BNTraining f16 channels not whole 32-byte blocks: read in place in ro
   // of two pixels (ChannelSumSpec::channels), an odd pixel count's last pixel a partial row;
   // C = 3 (not a multiple of 8) from a channel-padded copy. Against the double reference.
   uint32_t seed = 100;
-  for (const std::vector<int64_t>& shape :
-       std::vector<std::vector<int64_t>>{{2, 3, 5, 8},
-                                         {1, 3, 5, 24},
-                                         {2, 7, 7, 40},
-                                         {1, 7, 7, 40},
-                                         {3, 5, 5, 24},
-                                         {1, 1, 3, 24},
-                                         {1, 4, 4, 3},
-                                         {2, 3, 5, 3}}) {
+  const std::vector<std::vector<int64_t>> shapes = {{2, 3, 5, 8},  {1, 3, 5, 24}, {2, 7, 7, 40},
+                                                    {1, 7, 7, 40}, {3, 5, 5, 24}, {1, 1, 3, 24},
+                                                    {1, 4, 4, 3},  {2, 3, 5, 3}};
+  for (const std::vector<int64_t>& shape : shapes) {
     check_reduce(shape, seed++, DataType::F16);
     check_grads({shape, seed++, false, DataType::F16});
     check_grads({shape, seed++, true, DataType::F16});
@@ -832,6 +827,9 @@ TEST_CASE("BNTraining f16 channels not whole 32-byte blocks: read in place in ro
   // Several tiles and raw tiles per block, the last block's partial row after them.
   check_reduce({1, 41, 61, 24}, seed++, DataType::F16);
   check_grads({{1, 41, 61, 40}, seed++, true, DataType::F16});
+  // The widest row read in place, C = 1,016 (2,032 f32: one repeat stride); 1,032 is padded.
+  check_grads({{1, 1, 3, 1016}, seed++, true, DataType::F16});
+  check_reduce({1, 1, 3, 1032}, seed++, DataType::F16);
   // One launch each where the epilogue joins the sums (split chips), else the sums' and the
   // epilogue's; with NPUSIM_BN_RAGGED_CHANNELS=0 the padded copies of x (and dy, and the
   // per-channel vectors of the gradient) come first.
@@ -843,7 +841,8 @@ TEST_CASE("BNTraining f16 channels not whole 32-byte blocks: read in place in ro
     std::string all;
     for (const auto& l : k.launches) all += l.summary + "\n";
     INFO(all);
-    CHECK((all.find("24 channels, 2 pixels a row") != std::string::npos) == (k.launches.size() == one));
+    CHECK((all.find("24 channels, 2 pixels a row") != std::string::npos) ==
+          (k.launches.size() == one));
     return k.launches.size();
   };
   CHECK(launches("BNTrainingReduce", {x}, false) == one);

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
-#include <string_view>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -215,10 +215,11 @@ ChannelSumEmitter::ChannelSumEmitter(KernelBuilder& b, const ChannelSumSpec& s)
       m_vectors(s.centered || s.relu_mask) {
   if (s.channels) {
     if (s.channels % 8 != 0 || s.cp % s.channels != 0 || s.pixels < s.cp / s.channels)
-      b.fail(fmt::format("channel sums over rows of {} channels of {}-channel pixels: the "
-                         "channels must be a multiple of 8 dividing the row, the tensor at least "
-                         "one row ({} pixels)",
-                         s.cp, s.channels, s.pixels));
+      b.fail(
+          fmt::format("channel sums over rows of {} channels of {}-channel pixels: the "
+                      "channels must be a multiple of 8 dividing the row, the tensor at least "
+                      "one row ({} pixels)",
+                      s.cp, s.channels, s.pixels));
     m_row_pixels = s.cp / s.channels;
   }
   m_rows = s.pixels / m_row_pixels;
@@ -294,8 +295,8 @@ void ChannelSumEmitter::plan_tile() {
   };
   auto [tp, ct] = largest(false);
   if (!ct)
-    m_b.fail(fmt::format("not even one pixel of {} channels fits the UB",
-                         s.channels ? s.cp : unit));
+    m_b.fail(
+        fmt::format("not even one pixel of {} channels fits the UB", s.channels ? s.cp : unit));
   const auto [tp2, ct2] = largest(true);
   // (Not the ReLU-masked sums: their pre-activation and mask buffers make the smaller tile
   // much smaller; measured slower, docs/compiler.md.)
@@ -1143,8 +1144,7 @@ std::optional<ChannelSumRow> channel_sum_row(int64_t pixels, int64_t c, int64_t 
   if (v && std::string_view(v) == "0") return std::nullopt;
   const int64_t cp = std::lcm(c, unit);
   // (a row of cp f32 at most one repeat stride: the sums' one channel group)
-  if (c % 8 != 0 || cp * 4 > kMaxRepeat * vec::kBlockBytes || pixels < cp / c)
-    return std::nullopt;
+  if (c % 8 != 0 || cp * 4 > kMaxRepeat * vec::kBlockBytes || pixels < cp / c) return std::nullopt;
   return ChannelSumRow{cp, c};
 }
 
