@@ -61,11 +61,10 @@
 // are formed in a different order than Eigen's (see channel.h), so results agree within f32
 // rounding, not bit for bit. Channels whose C * sizeof(T) is not a multiple of 32 are summed
 // from a channel-padded copy of the tensors in the workspace (a launch per tensor and per
-// vector the sums read), except in the training fusions' sums (BNTrainingReduce,
-// BNTrainingUpdateGrad) where C is a multiple of 8 (f16 C = 8, 24, 40, ...): those read x and
-// dy where they are, as rows of two pixels (whole blocks), and fold each row's two pixels back
-// to channels with the blocks' partials (ChannelSumSpec::channels; NPUSIM_BN_RAGGED_CHANNELS=0:
-// the padded copies).
+// vector the sums read), except where C is a multiple of 8 (f16 / bf16 C = 8, 24, 40, ...):
+// there the sums read x and dy where they are, as rows of two pixels (whole blocks), and fold
+// each row's two pixels back to channels with the blocks' partials (ChannelSumSpec::channels;
+// NPUSIM_BN_RAGGED_CHANNELS=0: the padded copies).
 #include <optional>
 
 #include <fmt/format.h>
@@ -92,6 +91,8 @@ namespace {
 struct Padded {
   ArgRef ref;
   int64_t cp = 0, channels = 0;
+  // The channel pitch of the sums' partials (ChannelSumLaunch::partial_pitch).
+  int64_t pitch() const { return channels ? channels : cp; }
   void set(ChannelSumSpec& s) const {
     s.cp = cp;
     s.channels = channels;
@@ -99,23 +100,23 @@ struct Padded {
 };
 
 // [pixels, c] tensor `src` of type dt in the layout the channel sums need: the tensor itself
-// where c * size is whole blocks, or (in_place) where the sums can read it in rows of whole
+// where c * size is whole blocks, or where the sums can read it in rows of whole
 // pixels (channel_sum_row: c a multiple of 8, e.g. f16's 24 or 40); else a copy with the
 // channels padded to whole blocks in the workspace (a launch).
 Padded padded(CompiledKernel& k, const OpDesc& op, const ArgRef& src, int64_t pixels, int64_t c,
-              DataType dt, const ChipConfig& cfg, bool in_place = false) {
+              DataType dt, const ChipConfig& cfg) {
   const int64_t size = data_type_bytes(dt), cp = round_up(c, std::max<int64_t>(8, 32 / size));
   if (cp == c) return {src, c};
-  if (in_place)
-    if (const std::optional<ChannelSumRow> row = channel_sum_row(pixels, c, size))
-      return {src, row->cp, row->channels};
+  if (const std::optional<ChannelSumRow> row = channel_sum_row(pixels, c, size))
+    return {src, row->cp, row->channels};
   ArgRef ws = workspace_take(k, static_cast<uint64_t>(pixels * cp * size));
   append_channel_pad(k, op, src, ws, pixels, c, cp, dt, cfg);
   return {ws, cp};
 }
 
-// Appends a channel sum; returns the partials' workspace ref and block count (with
-// s.plain_sum, *plain gets the second partials' ref).
+// Appends a channel sum; returns the partials' workspace ref and their rows of
+// ChannelSumLaunch::partial_pitch channels per item (the blocks, or with s.channels the rows
+// of pixels; with s.plain_sum, *plain gets the second partials' ref).
 std::pair<ArgRef, int> append_sum(CompiledKernel& k, const OpDesc& op, ChannelSumSpec s,
                                   std::vector<ArgRef> ins, const ChipConfig& cfg,
                                   ArgRef* plain = nullptr) {
@@ -128,7 +129,7 @@ std::pair<ArgRef, int> append_sum(CompiledKernel& k, const OpDesc& op, ChannelSu
     ins.push_back(*plain);
   }
   k.launches.push_back(with_args(std::move(cs.launch), ins));
-  return {partials, cs.blocks};
+  return {partials, cs.partial_rows};
 }
 
 // A vector launch writing f32 `value` to every element of the output `out` (index).
@@ -285,12 +286,12 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
     ChannelSumSpec s;
     s.a_type = device_dtype(dt);
     s.pixels = pixels;
-    s.cp = x.cp;
+    x.set(s);
     auto [s1, b1] = append_sum(k, op, s, {x.ref}, cfg);
     ChannelEpilogueSpec e1;
     e1.name = "BatchNormMean";
     e1.c = c;
-    e1.partial_cp = x.cp;
+    e1.partial_cp = x.pitch();
     e1.partial_blocks = {b1};
     e1.outputs = 1;
     const double inv = static_cast<float>(1.0f / static_cast<float>(pixels));
@@ -304,7 +305,7 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
     ChannelEpilogueSpec e2;
     e2.name = "BatchNormVariance";
     e2.c = c;
-    e2.partial_cp = x.cp;
+    e2.partial_cp = x.pitch();
     e2.partial_blocks = {b2};
     e2.vectors = blend ? 4 : 2;  // scale, mean (, old mean, old variance)
     e2.outputs = 5;              // batch_mean, batch_variance, reserve 1, reserve 2, a
@@ -501,12 +502,14 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
   }
   const Padded dy = padded(k, op, input_ref(0), pixels, c, dt, cfg);
   const Padded x = padded(k, op, input_ref(1), pixels, c, dt, cfg);
-  // The centring vector must cover the padded channels: a copy of the mean in a cp buffer.
-  const ArgRef mean_p = append_vector_copy(k, op, input_ref(3), c, x.cp, cfg);
+  // The centring vector must cover the sums' cp channels: a copy of the mean in a cp buffer
+  // (read in rows of pixels: the mean itself, ChannelSumSpec::channels).
+  const ArgRef mean_p =
+      x.channels ? input_ref(3) : append_vector_copy(k, op, input_ref(3), c, x.cp, cfg);
   ChannelSumSpec s;
   s.a_type = s.b_type = device_dtype(dt);
   s.pixels = pixels;
-  s.cp = x.cp;
+  x.set(s);
   auto [sdy, bdy] = append_sum(k, op, s, {dy.ref}, cfg);
   s.kind = ChannelSumSpec::Kind::kSumProduct;
   s.centered = true;
@@ -518,7 +521,7 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
   ChannelEpilogueSpec e;
   e.name = "BatchNormGradCoefficients";
   e.c = c;
-  e.partial_cp = x.cp;
+  e.partial_cp = x.pitch();
   e.partial_blocks = {bdy, bdx};
   e.vectors = 2;  // scale, variance
   e.outputs = training ? 5 : 3;
@@ -825,8 +828,8 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   CompiledKernel k;
   const TensorDesc vec{DataType::F32, {t.c}};
   k.outputs = {vec, vec};
-  const Padded dy = padded(k, op, input_ref(0), t.pixels, t.c, t.dt, ctx.cfg, true);
-  const Padded x = padded(k, op, input_ref(1), t.pixels, t.c, t.dt, ctx.cfg, true);
+  const Padded dy = padded(k, op, input_ref(0), t.pixels, t.c, t.dt, ctx.cfg);
+  const Padded x = padded(k, op, input_ref(1), t.pixels, t.c, t.dt, ctx.cfg);
   const ArgRef mean = padded_vector(k, op, input_ref(2), t.c, x, ctx.cfg);
   ChannelSumSpec s;
   s.kind = ChannelSumSpec::Kind::kSumProduct;
@@ -1068,7 +1071,7 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
 
 void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef& x, int64_t pixels,
                                int64_t c, DataType dt, int out, const ChipConfig& cfg) {
-  const Padded xp = padded(k, op, x, pixels, c, dt, cfg, true);
+  const Padded xp = padded(k, op, x, pixels, c, dt, cfg);
   ChannelSumSpec s;
   s.kind = ChannelSumSpec::Kind::kSumSquares;
   s.plain_sum = true;
