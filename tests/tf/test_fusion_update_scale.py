@@ -12,6 +12,10 @@ rewrite makes it the first step of the variable's FusedVariableUpdate.
 - the same MLP under mixed_float16 with Keras' LossScaleOptimizer around Adam (a variable scale
   in the cond's apply branch): no RealDiv / Mul launch per variable is left there, bit for bit
   the rewrite-off run;
+- a small CNN with Adam and `loss_scale_factor=1024` under allow_mix_precision: its six Muls
+  fold; there the unfused Mul of a float16 gradient ran in float16 and the fused update
+  multiplies in float32, so the weights are the rewrite-off run's within a stated bound, not
+  bit for bit;
 - hand-written Adam-like updates of three variables (m and v from the scaled gradient, w from
   their new values): the scale by a constant (Mul) and by a tensor (RealDiv) fold, bit for bit
   numpy's float32 values; a scaled gradient also returned by the function (read outside the
@@ -48,16 +52,21 @@ def train(device, variant):
         "mixed_float16" if variant == "mixed_float16" else "float32")
     keras.utils.set_random_seed(0)
     with tf.device(device):
-        model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dense(3, dtype="float32")])
+        # adam_conv: a convolution first (its filter gradient runs in float16 under
+        # allow_mix_precision).
+        first = ([keras.Input((8, 8, 3)), keras.layers.Conv2D(8, 3, activation="relu"),
+                  keras.layers.Flatten()] if variant == "adam_conv" else [keras.Input((12,))])
+        model = keras.Sequential(first + [keras.layers.Dense(16, activation="relu"),
+                                          keras.layers.Dense(3, dtype="float32")])
         if variant == "adamw":
             opt = keras.optimizers.AdamW(0.01, weight_decay=0.05, loss_scale_factor=1024.0)
-        elif variant == "adam":
+        elif variant in ("adam", "adam_conv"):
             opt = keras.optimizers.Adam(0.01, loss_scale_factor=1024.0)
         else:
             opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
         rng = np.random.default_rng(0)
-        x = tf.constant(rng.standard_normal((8, 12)).astype(np.float32))
+        x = tf.constant(rng.standard_normal(
+            (8, 8, 8, 3) if variant == "adam_conv" else (8, 12)).astype(np.float32))
         y = tf.constant(rng.standard_normal((8, 3)).astype(np.float32))
 
         @tf.function
@@ -81,13 +90,13 @@ def train(device, variant):
 
 print("RESULT " + json.dumps({v: {"npu": train("/NPU:0", v), "cpu": train("/CPU:0", v)}
                               for v in VARIANTS}))
-'''.replace("VARIANTS", repr(VARIANTS))
+'''
 
 
 @pytest.fixture(scope="module")
 def keras_runs():
-    return child_result(KERAS_CODE, timeout=900), child_result(KERAS_CODE, timeout=900,
-                                                               extra_env=OFF)
+    code = KERAS_CODE.replace("VARIANTS", repr(VARIANTS))
+    return child_result(code, timeout=900), child_result(code, timeout=900, extra_env=OFF)
 
 
 def optimizer_launches(run, types):
@@ -122,6 +131,39 @@ def test_keras_scaled_updates_fold_bit_identical(keras_runs, variant):
         tol = dict(rtol=2e-2, atol=2e-3)
     for got, want in zip(fused["weights"], cpu["weights"]):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), **tol)
+
+
+@pytest.fixture(scope="module")
+def mixed_runs():
+    code = KERAS_CODE.replace("VARIANTS", repr(("adam_conv",)))
+    env = {"NPUSIM_PRECISION_MODE": "allow_mix_precision"}
+    return (child_result(code, timeout=900, extra_env=env),
+            child_result(code, timeout=900, extra_env=dict(env, **OFF)))
+
+
+def test_allow_mix_precision_scales_fold_in_float32(mixed_runs):
+    # Under allow_mix_precision the precision pass runs the unfused Mul of a float16 gradient
+    # (the filter's, a MatMul's) in float16 (then the Cast that rewrite 5c folds); the fused
+    # update casts first
+    # and multiplies in float32, as Keras' float32 optimizer writes it. So the weights are not
+    # the rewrite-off run's bit for bit: they differ by the float16 rounding (and underflow) of
+    # the unscaled gradient. Adam's step is about lr = 0.01 per element whatever the
+    # gradient's size; a relative change of 2^-11 in g moves it by at most about 2 * 2^-11 of
+    # it (m and sqrt(v) both scale with g), so by 1e-5 per step, 3e-5 over three (estimate; a
+    # gradient float16 flushes to zero moves its step further).
+    fused, unfused = mixed_runs[0]["adam_conv"]["npu"], mixed_runs[1]["adam_conv"]["npu"]
+    cpu = mixed_runs[0]["adam_conv"]["cpu"]
+    scales = ("Mul", "RealDiv")
+    # Six trainable variables (filter, its bias, two Dense kernels and biases).
+    assert len(optimizer_launches(fused, scales)) == len(optimizer_launches(unfused, scales)) - 6
+    assert len(fused["launches"]) == len(unfused["launches"]) - 6
+    # The step's forward pass reads the weights before the update: the same losses.
+    assert fused["losses"] == unfused["losses"]
+    for got, want in zip(fused["weights"], unfused["weights"]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=3e-5)
+    np.testing.assert_allclose(fused["losses"], cpu["losses"], rtol=2e-3, atol=1e-5)
+    for got, want in zip(fused["weights"], cpu["weights"]):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-2, atol=5e-3)
 
 
 # Hand-written Adam-like updates (w reads the new m and v: one FusedVariableUpdate group) whose
