@@ -8,8 +8,12 @@
 
 namespace npusim {
 
-L2Tags::L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool write_back)
-    : m_line_bytes(line_bytes), m_ways(ways), m_write_back(write_back) {
+L2Tags::L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool write_back,
+               bool page_rotation)
+    : m_line_bytes(line_bytes),
+      m_ways(ways),
+      m_write_back(write_back),
+      m_page_rotation(page_rotation) {
   if (capacity_bytes > 0 && (line_bytes == 0 || ways <= 0))
     throw ConfigError(
         fmt::format("L2: line_bytes ({}) and ways ({}) must be positive", line_bytes, ways));
@@ -25,7 +29,7 @@ L2Tags::L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool writ
 
 long L2Tags::find(uint64_t line) const {
   if (m_sets == 0) return -1;
-  const size_t set = static_cast<size_t>(line % m_sets);
+  const size_t set = set_of(line);
   if (!set_current(set)) return -1;
   const uint64_t* e = m_entry.data() + set * static_cast<size_t>(m_ways);
   for (uint32_t i = 0; i < m_set[set].count; ++i)
@@ -58,7 +62,7 @@ void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes) {
   }
   for (uint64_t line = first; line <= last; ++line) {
     const long i = find(line);
-    if (i >= 0) erase(static_cast<size_t>(line % m_sets), static_cast<size_t>(i));
+    if (i >= 0) erase(set_of(line), static_cast<size_t>(i));
   }
 }
 
@@ -106,8 +110,9 @@ L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bo
   // A write miss that allocates a line of a write-back L2 is taken by the line.
   const bool absorb = allocate && write && m_write_back;
   const size_t last_set = static_cast<size_t>(m_sets - 1);
-  size_t set = static_cast<size_t>(first % m_sets);
+  size_t set = set_of(first);
   uint64_t line = first;
+  uint64_t page_left = m_sets - first % m_sets;  // lines to the end of the line's page
   while (addr < end) {
     const uint64_t n = std::min(end, (line + 1) * m_line_bytes) - addr;
     if (access(line, set, allocate, write, &o.writeback_bytes)) {
@@ -120,7 +125,12 @@ L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bo
     }
     addr += n;
     ++line;
-    set = set == last_set ? 0 : set + 1;  // the next line's set
+    if (--page_left == 0) {  // a new page: its own rotation
+      set = set_of(line);
+      page_left = m_sets;
+    } else {
+      set = set == last_set ? 0 : set + 1;  // the next line's set
+    }
   }
   return o;
 }
@@ -133,7 +143,9 @@ void L2Tags::invalidate_all() {
 }
 
 bool L2Tags::same_lines(const L2Tags& o) const {
-  if (m_sets != o.m_sets || m_ways != o.m_ways || m_line_bytes != o.m_line_bytes) return false;
+  if (m_sets != o.m_sets || m_ways != o.m_ways || m_line_bytes != o.m_line_bytes ||
+      m_page_rotation != o.m_page_rotation)
+    return false;
   const size_t ways = static_cast<size_t>(m_ways);
   for (size_t set = 0; set < m_sets; ++set) {
     const uint32_t n = set_current(set) ? m_set[set].count : 0;

@@ -37,9 +37,25 @@ class L2Tags {
   // write_back: writes into the L2 mark lines dirty, a write miss that allocates is taken by
   // the new line (write-allocate without a fill), and evicting a dirty line writes it to HBM.
   // Otherwise the L2 is written through: a write miss goes to HBM (and allocates, under NORMAL).
-  L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool write_back = false);
+  // page_rotation: a line's set is set_of(line), each page of `sets` consecutive lines rotated
+  // by its own offset; false: line % sets.
+  L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool write_back = false,
+         bool page_rotation = false);
   uint32_t line_bytes() const { return m_line_bytes; }
   uint64_t sets() const { return m_sets; }  // 0: no L2
+  bool page_rotation() const { return m_page_rotation; }
+  // The set of line `line` (a line address: byte address / line bytes). Without page rotation
+  // line % sets. With it, (line % sets + r(page)) % sets for page = line / sets, r a fixed
+  // pseudo-random offset per page (page 0: 0): within a page consecutive lines take consecutive
+  // sets as under modulo, so any run of n consecutive lines puts at most ceil(n / sets) + 1 of
+  // them in one set (one per page it touches), while lines a multiple of `sets` apart (strides
+  // that divide the sets: rows of a matrix whose pitch divides the L2's sets) land in different
+  // sets. Requires sets > 0.
+  size_t set_of(uint64_t line) const {
+    const uint64_t in_page = line % m_sets;
+    if (!m_page_rotation) return static_cast<size_t>(in_page);
+    return static_cast<size_t>((in_page + page_offset(line / m_sets)) % m_sets);
+  }
   int ways() const { return m_ways; }
   // Every line of [addr, addr + bytes) in address order (a GM range of a transfer) under policy
   // `l2`: NORMAL looks up and fills missing lines; NOALLOC looks up and leaves missing lines
@@ -62,8 +78,15 @@ class L2Tags {
 
  private:
   static constexpr uint32_t kDefaultLineBytes = 512;  // line granularity when there is no L2
+  // The rotation of page `page` (set_of), in [0, sets): Fibonacci hashing, the top 32 bits of
+  // the page number times 2^64 / golden ratio, scaled to the sets by a multiply and shift (no
+  // modulo: the low bits of the product are poorly mixed); 0 for page 0. Requires sets < 2^32.
+  uint64_t page_offset(uint64_t page) const {
+    const uint64_t mixed = (page * 0x9E3779B97F4A7C15ull) >> 32;
+    return (mixed * m_sets) >> 32;
+  }
   // Looks up line `line` (a line address: byte address / line bytes) in its set `set`
-  // (= line % sets); on a miss, fills it (evicting the least recently used line of a full set)
+  // (= set_of(line)); on a miss, fills it (evicting the least recently used line of a full set)
   // if `allocate`, adding a dirty victim's bytes to *writeback. A write marks the line dirty
   // (write-back L2). Returns true on a hit. Requires sets > 0. access_range walks a range's
   // lines with `set` stepping from set to set, so no line costs a division.
@@ -94,6 +117,7 @@ class L2Tags {
   uint32_t m_line_bytes;
   int m_ways;
   bool m_write_back;
+  bool m_page_rotation;
   uint64_t m_sets;
   // invalidate_all() starts a new generation; a set whose gen is older holds no line.
   uint32_t m_generation = 1;

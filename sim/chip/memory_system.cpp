@@ -22,7 +22,7 @@ MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
       port("port"),
       m_cfg(cfg),
       m_abort(abort),
-      m_l2(cfg.l2_bytes, cfg.l2_line_bytes, cfg.l2_ways, cfg.l2_write_back),
+      m_l2(cfg.l2_bytes, cfg.l2_line_bytes, cfg.l2_ways, cfg.l2_write_back, cfg.l2_page_rotation),
       m_placement(m_l2.line_bytes()),
       m_l2_hits(chip_counters.add("l2.hits", "lines", "GM line accesses that hit in L2")),
       m_l2_misses(chip_counters.add("l2.misses", "lines", "GM line accesses that missed L2")),
@@ -87,7 +87,7 @@ GmBlockLookup MemorySystem::select_l2(uint64_t run, GmBlockLookup blocks,
     if (!slot && m_runs_aside.size() < kRunsAside) {
       m_runs_aside.push_back(std::make_unique<RunL2>(
           RunL2{0, 0, L2Tags(m_cfg.l2_bytes, m_cfg.l2_line_bytes, m_cfg.l2_ways,
-                             m_cfg.l2_write_back),
+                             m_cfg.l2_write_back, m_cfg.l2_page_rotation),
                 L2Placement(m_l2.line_bytes())}));
       slot = m_runs_aside.back().get();
     }

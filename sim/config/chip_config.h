@@ -122,6 +122,12 @@ struct ChipConfig {
   // own that the transfer does not wait for; true: the transfer completes only once that flow
   // has (the L2 holds the allocation until its victims are out).
   bool l2_write_back_waits = false;
+  // The L2's set index: false, a line's set is its line address modulo the sets; true, each
+  // page of `sets` consecutive lines is rotated by its own offset (L2Tags::set_of), so strided
+  // accesses whose pitch divides the sets do not crowd a fraction of them while every run of
+  // consecutive lines still spreads as evenly as under modulo (docs/chip_model.md "Memory
+  // system").
+  bool l2_page_rotation = false;
 
   // MTE2's ND -> NZ loads (nd2nz): the engine issues one GM request per ND row and at most one
   // row every nd2nz_row_cycles cycles, so a row takes max(its bytes at the path's rate,

@@ -87,6 +87,7 @@ const char* const kSchemaKeys[] = {
     "memory.l2.keep_within_graph_run",
     "memory.l2.write_back",
     "memory.l2.write_back_waits",
+    "memory.l2.page_rotation",
     "mte.nd2nz_row_cycles",
     "task.dispatch_us",
     "task.block_start_cycles",
@@ -417,6 +418,7 @@ void parse_memory(const Reader& r, ChipConfig& c) {
   c.l2_write_back = r.has("memory.l2.write_back") && r.get_bool("memory.l2.write_back");
   c.l2_write_back_waits =
       r.has("memory.l2.write_back_waits") && r.get_bool("memory.l2.write_back_waits");
+  c.l2_page_rotation = r.has("memory.l2.page_rotation") && r.get_bool("memory.l2.page_rotation");
   if (c.l2_bytes > c.hbm_bytes)
     r.fail("memory.l2.bytes", fmt::format("L2 ({} bytes) is larger than memory.hbm.bytes ({})",
                                           c.l2_bytes, c.hbm_bytes));
@@ -597,6 +599,7 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
   if (c.l2_keep_within_graph_run) o << "    keep_within_graph_run: true\n";
   if (c.l2_write_back) o << "    write_back: true\n";
   if (c.l2_write_back_waits) o << "    write_back_waits: true\n";
+  if (c.l2_page_rotation) o << "    page_rotation: true\n";
   if (c.nd2nz_row_cycles != 0)  // optional, as above
     o << fmt::format("mte:\n  nd2nz_row_cycles: {}\n", c.nd2nz_row_cycles);
   o << fmt::format("task:\n  dispatch_us: {}\n  block_start_cycles: {}\n  done_us: {}\n",

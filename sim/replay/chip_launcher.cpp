@@ -99,9 +99,9 @@ ChipLauncher::ChipLauncher(Chip& chip, DeviceMemory& gm, CounterRegistry& counte
       m_cfg(cfg),
       m_store(store),
       m_root(std::move(counter_root)),
-      m_verify_l2(
-          std::make_unique<L2Tags>(store.opts.replay == SimOptions::Replay::off ? 0 : cfg.l2_bytes,
-                                   cfg.l2_line_bytes, cfg.l2_ways, cfg.l2_write_back)),
+      m_verify_l2(std::make_unique<L2Tags>(
+          store.opts.replay == SimOptions::Replay::off ? 0 : cfg.l2_bytes, cfg.l2_line_bytes,
+          cfg.l2_ways, cfg.l2_write_back, cfg.l2_page_rotation)),
       m_verify_placement(std::make_unique<L2Placement>(m_verify_l2->line_bytes())) {}
 
 ChipLauncher::~ChipLauncher() = default;

@@ -460,7 +460,8 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
                                      m.end - m.begin});
   // Where the touched arguments lay, and whether the launch fits the L2 at any placement: a
   // span of n lines (at a line-aligned L2 address plus its offset in its block) puts at most
-  // ceil(n / sets) of them in any one set.
+  // ceil(n / sets) of them in any one set, one more with the L2's page rotation (one line per
+  // page it touches: L2Tags::set_of).
   const L2Tags& l2 = chip.memory().l2();
   const uint64_t line = l2.line_bytes(), sets = l2.sets();
   uint64_t per_set = 0;
@@ -479,10 +480,13 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
       placed = false;
     touched_blocks[blocks[k].start] = blocks[k].end - blocks[k].start;
     const uint64_t lines = (e.hi + line - 1) / line - e.lo / line;
-    if (sets > 0) per_set += (lines + sets - 1) / sets;
+    if (sets > 0) per_set += (lines + sets - 1) / sets + (l2.page_rotation() ? 1 : 0);
   }
   translation->line_bytes = static_cast<uint32_t>(line);
-  translation->l2_lines = sets * static_cast<uint64_t>(l2.ways());
+  // A packed run of n consecutive lines touches at most ceil(n / sets) + 1 pages of the L2's
+  // page rotation, one line per set each: with it, a run of sets x (ways - 1) lines is what
+  // surely fits.
+  translation->l2_lines = sets * static_cast<uint64_t>(l2.ways() - (l2.page_rotation() ? 1 : 0));
   translation->fits_any_placement = sets > 0 && per_set <= static_cast<uint64_t>(l2.ways());
   translation->fits_packed =
       sets > 0 && packed_lines(touched_blocks, line) <= translation->l2_lines;

@@ -161,7 +161,7 @@ struct RecordedLaunch {
     // for the replay log.
     uint32_t ways_needed = 0, ways = 0;
     uint32_t line_bytes = 0;  // the L2 line the spans were counted in
-    uint64_t l2_lines = 0;    // the L2's sets x ways (fits_packed's limit)
+    uint64_t l2_lines = 0;    // fits_packed's limit: the L2's sets x ways (x (ways - 1) with its page rotation)
     uint64_t sets = 0;        // the L2's sets (set = L2 line % sets)
     // A graph run's launch (memory.l2.keep_within_graph_run), whose L2 outcome depends on the
     // run's earlier launches: every GM range the memory system looked up in the L2

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -24,11 +25,14 @@ struct RefLine {
 
 class RefL2 {
  public:
-  RefL2(uint64_t sets, uint32_t line_bytes, int ways, bool write_back)
+  // set_of: a line's set (line % sets unless given: the page rotation's, asked line by line).
+  RefL2(uint64_t sets, uint32_t line_bytes, int ways, bool write_back,
+        std::function<size_t(uint64_t)> set_of = nullptr)
       : m_sets(sets),
         m_line_bytes(line_bytes),
         m_ways(static_cast<size_t>(ways)),
         m_write_back(write_back),
+        m_set_of(set_of ? std::move(set_of) : [sets](uint64_t line) { return line % sets; }),
         m_lru(sets) {}
 
   L2Outcome access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bool write) {
@@ -43,7 +47,7 @@ class RefL2 {
         if (write) drop(line);
         continue;
       }
-      std::vector<RefLine>& set = m_lru[line % m_sets];
+      std::vector<RefLine>& set = m_lru[m_set_of(line)];
       auto it =
           std::find_if(set.begin(), set.end(), [&](const RefLine& l) { return l.line == line; });
       if (it != set.end()) {  // hit: becomes the most recently used
@@ -72,7 +76,7 @@ class RefL2 {
     return o;
   }
   void drop(uint64_t line) {
-    std::vector<RefLine>& set = m_lru[line % m_sets];
+    std::vector<RefLine>& set = m_lru[m_set_of(line)];
     set.erase(
         std::remove_if(set.begin(), set.end(), [&](const RefLine& l) { return l.line == line; }),
         set.end());
@@ -87,7 +91,7 @@ class RefL2 {
   }
   bool contains(uint64_t addr) const {
     const uint64_t line = addr / m_line_bytes;
-    const auto& set = m_lru[line % m_sets];
+    const auto& set = m_lru[m_set_of(line)];
     return std::any_of(set.begin(), set.end(), [&](const RefLine& l) { return l.line == line; });
   }
 
@@ -96,6 +100,7 @@ class RefL2 {
   uint32_t m_line_bytes;
   size_t m_ways;
   bool m_write_back;
+  std::function<size_t(uint64_t)> m_set_of;
   std::vector<std::vector<RefLine>> m_lru;
 };
 
@@ -112,10 +117,16 @@ void require_same(const L2Outcome& a, const L2Outcome& b, int step) {
 }
 
 // `sets` sets of `ways` lines of 64 bytes; addresses within `span` bytes.
-void run_random(uint64_t sets, int ways, bool write_back, uint64_t span, uint32_t seed) {
+void run_random(uint64_t sets, int ways, bool write_back, uint64_t span, uint32_t seed,
+                bool page_rotation = false) {
   constexpr uint32_t kLine = 64;
-  L2Tags l2(sets * kLine * static_cast<uint64_t>(ways), kLine, ways, write_back);
-  RefL2 ref(sets, kLine, ways, write_back);
+  L2Tags l2(sets * kLine * static_cast<uint64_t>(ways), kLine, ways, write_back, page_rotation);
+  // With the rotation the reference asks set_of for every line; the tags step from line to
+  // line and recompute the set only where a page starts.
+  RefL2 ref(sets, kLine, ways, write_back,
+            page_rotation
+                ? std::function<size_t(uint64_t)>([&l2](uint64_t line) { return l2.set_of(line); })
+                : nullptr);
   std::mt19937_64 rng(seed);
   auto pick = [&](uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
   for (int step = 0; step < 20000; ++step) {
@@ -170,4 +181,56 @@ TEST_CASE("L2 tags: one set, emptied by invalidate_all, then filled in LRU order
   REQUIRE_FALSE(l2.contains(128));
   REQUIRE(l2.access_range(0, 128).miss_lines == 2);  // both ways free again
   REQUIRE(l2.access_range(0, 128).hit_lines == 2);
+}
+
+TEST_CASE("L2 tags with page rotation match the LRU reference across page boundaries") {
+  // Spans of many pages (a page is `sets` lines), ranges of up to 6 lines crossing them.
+  run_random(8, 4, false, 8 * 64 * 40, 5, true);
+  run_random(3, 2, true, 3 * 64 * 60, 6, true);
+}
+
+TEST_CASE("L2 page rotation: page 0 as modulo, consecutive lines spread, pages apart differ") {
+  const uint64_t sets = 24, ways = 4, line = 64;
+  L2Tags rot(sets * ways * line, line, static_cast<int>(ways), false, true);
+  for (uint64_t l = 0; l < sets; ++l) REQUIRE(rot.set_of(l) == l);  // page 0: modulo's sets
+  // Any run of n consecutive lines: at most ceil(n / sets) + 1 in one set.
+  for (uint64_t start : {0ull, 5ull, 23ull, 24ull, 100ull, 1000ull})
+    for (uint64_t n : {1ull, 7ull, 24ull, 25ull, 48ull, 200ull}) {
+      std::vector<uint64_t> per(sets, 0);
+      for (uint64_t l = start; l < start + n; ++l) ++per[rot.set_of(l)];
+      INFO("start " << start << " n " << n);
+      REQUIRE(*std::max_element(per.begin(), per.end()) <= (n + sets - 1) / sets + 1);
+    }
+  // Lines a whole page apart: modulo files them in one set, the rotation in several.
+  std::vector<size_t> seen;
+  for (uint64_t p = 0; p < 16; ++p) seen.push_back(rot.set_of(p * sets + 3));
+  std::sort(seen.begin(), seen.end());
+  REQUIRE(std::unique(seen.begin(), seen.end()) - seen.begin() >= 8);
+}
+
+TEST_CASE("L2 page rotation: a column slice of a matrix with a pitch dividing the sets") {
+  // The 910b's geometry (192 MiB, 512-byte lines, 16 ways: 24,576 sets) and Huawei's DataCopy
+  // sample's slice: 12,288 rows 24 KiB (48 lines) apart, 6 KiB (12 lines) of each, read twice.
+  // Modulo files the rows in 24,576 * 12 / 48 = 6,144 sets, 24 lines a set: the second pass
+  // misses every line. Rotated pages spread them: the 72 MiB fit the 192 MiB L2 and it hits.
+  const uint64_t line = 512, l2_bytes = 192ull << 20, pitch = 48 * line, width = 12 * line;
+  for (bool rotation : {false, true}) {
+    L2Tags l2(l2_bytes, static_cast<uint32_t>(line), 16, false, rotation);
+    REQUIRE(l2.sets() == 24576);
+    L2Outcome second;
+    for (int pass = 0; pass < 2; ++pass)
+      for (uint64_t row = 0; row < 12288; ++row) {
+        const L2Outcome o = l2.access_range(row * pitch, width);
+        if (pass == 1) {
+          second.hit_lines += o.hit_lines;
+          second.miss_lines += o.miss_lines;
+        }
+      }
+    INFO("page rotation " << rotation);
+    REQUIRE(second.hit_lines + second.miss_lines == 12288 * 12);
+    if (rotation)
+      REQUIRE(second.miss_lines == 0);
+    else
+      REQUIRE(second.hit_lines == 0);
+  }
 }
