@@ -91,14 +91,18 @@ bool copied_in_unordered(const tfc::NodeDef& producer, int port, const tfc::Node
          out_mem[static_cast<size_t>(port)] == tfc::HOST_MEMORY;
 }
 
-// The tensors a gate reads, in order of first reading, and their types.
+// The tensors a gate reads, in order of first reading, their types, and whether it reads each in
+// host memory (as a reader that has it copied to the host does) rather than device memory.
 struct GateReads {
   std::vector<std::string> tensors;
   std::vector<tfc::DataType> types;
-  void add(const std::string& tensor, tfc::DataType type) {
-    if (std::find(tensors.begin(), tensors.end(), tensor) != tensors.end()) return;
+  std::vector<bool> in_host_memory;
+  void add(const std::string& tensor, tfc::DataType type, bool host_memory = false) {
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (tensors[i] == tensor && in_host_memory[i] == host_memory) return;
     tensors.push_back(tensor);
     types.push_back(type);
+    in_host_memory.push_back(host_memory);
   }
 };
 
@@ -163,6 +167,14 @@ int add_gate(tfc::GraphDef& graph, const std::unordered_map<std::string, int>& i
   for (const std::string& t : reads.tensors) gate.add_input(t);
   auto& attrs = *gate.mutable_attr();
   for (tfc::DataType t : reads.types) attrs["T"].mutable_list()->add_type(t);
+  // Inputs read in host memory (TensorFlow's memory types honour these attributes; a TensorFlow
+  // that did not would read them in device memory, copying nothing, and the gate would order
+  // no copy).
+  for (size_t i = 0; i < reads.tensors.size(); ++i)
+    if (reads.in_host_memory[i]) {
+      attrs["_input_hostmem"].mutable_list()->add_i(static_cast<int64_t>(i));
+      attrs["_output_hostmem"].mutable_list()->add_i(static_cast<int64_t>(i));
+    }
   attrs[marker].set_b(true);
   return graph.node_size() - 1;
 }
@@ -184,6 +196,21 @@ std::vector<int> add_input_gates(tfc::GraphDef& graph) {
         if (!copied_in_unordered(producer, port, node)) return;
         reads[node.device()].add(
             in, producer.attr().at(producer.op() == "_Arg" ? "T" : "dtype").type());
+      });
+  // Arguments in the device's memory that a node of the device reads in host memory (a cond's
+  // predicate read by its Switches): each is copied to the host when an executor thread gets to
+  // its receive. The gate reads them in host memory too, sharing those copies.
+  OutputMemory outputs(graph);
+  for_each_npu_read(
+      graph, index, tfc::HOST_MEMORY, true,
+      [&](const tfc::NodeDef& node, const std::string& in, int producer_index, int port) {
+        const tfc::NodeDef& producer = graph.node(producer_index);
+        const auto type = producer.attr().find("T");
+        if (producer.op() != "_Arg" || producer.device() != node.device() ||
+            type == producer.attr().end() || tfc::DataTypeAlwaysOnHost(type->second.type()) ||
+            !outputs.is(producer_index, port, tfc::DEVICE_MEMORY))
+          return;
+        reads[node.device()].add(in, type->second.type(), true);
       });
   std::vector<int> gates;
   for (const auto& [device, read] : reads)
@@ -246,33 +273,14 @@ std::vector<std::pair<int, int>> add_read_back_gates(tfc::GraphDef& graph) {
             !outputs.is(producer_index, port, tfc::DEVICE_MEMORY) ||
             !output_type(producer, port, &type) || tfc::DataTypeAlwaysOnHost(type))
           return;
-        reads[producer_index].add(in, type);
+        reads[producer_index].add(in, type, true);
       });
   std::vector<std::pair<int, int>> gates;
   for (const auto& [producer, read] : reads) {
     const tfc::NodeDef& node = graph.node(producer);
-    const std::string name = node.name() + "/npusim_order_read_back";
-    if (const auto kept = index.find(name); kept != index.end()) {
-      gates.emplace_back(kept->second, producer);
-      continue;
-    }
-    const int gate = add_gate(graph, index, name, node.device(), read, kReadBackGateAttr);
-    tfc::NodeDef& g = *graph.mutable_node(gate);
-    auto& attrs = *g.mutable_attr();
-    for (int i = 0; i < static_cast<int>(read.tensors.size()); ++i) {
-      attrs["_input_hostmem"].mutable_list()->add_i(i);
-      attrs["_output_hostmem"].mutable_list()->add_i(i);
-    }
-    // A gate reading in device memory would copy the outputs back onto the device (a TensorFlow
-    // without `_input_hostmem`): none then.
-    tfc::MemoryTypeVector in_mem, out_mem;
-    if (!npu_memory_types(g, &in_mem, &out_mem) ||
-        std::any_of(in_mem.begin(), in_mem.end(),
-                    [](tfc::MemoryType m) { return m != tfc::HOST_MEMORY; })) {
-      graph.mutable_node()->RemoveLast();
-      continue;
-    }
-    gates.emplace_back(gate, producer);
+    gates.emplace_back(add_gate(graph, index, node.name() + "/npusim_order_read_back",
+                                node.device(), read, kReadBackGateAttr),
+                       producer);
   }
   return gates;
 }
