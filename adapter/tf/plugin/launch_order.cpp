@@ -384,8 +384,8 @@ int order_in_frames(tfc::GraphDef& graph, const LivenessClasses& live,
   std::map<std::pair<int, std::string>, int> joins;  // (source, device) -> its join's index
   std::vector<std::pair<int, std::string>> new_joins;
   const auto join = [&](int source, const std::string& device) {
-    const auto [it, added] = joins.emplace(std::make_pair(source, device),
-                                           n + static_cast<int>(new_joins.size()));
+    const auto [it, added] =
+        joins.emplace(std::make_pair(source, device), n + static_cast<int>(new_joins.size()));
     if (added) new_joins.emplace_back(source, device);
     return it->second;
   };
@@ -396,8 +396,8 @@ int order_in_frames(tfc::GraphDef& graph, const LivenessClasses& live,
     const bool target = is_target(v);
     if (enter || target) {
       const int frame = enter ? source_frame(v) : live.frame[static_cast<size_t>(v)];
-      const std::set<std::string> devices =
-          enter ? devices_in(live.frame[static_cast<size_t>(v)]) : std::set<std::string>{node.device()};
+      const std::set<std::string> devices = enter ? devices_in(live.frame[static_cast<size_t>(v)])
+                                                  : std::set<std::string>{node.device()};
       const std::vector<Source>& earlier = sources[frame];
       for (const std::string& device : devices) {
         const auto it = std::find_if(earlier.rbegin(), earlier.rend(),
