@@ -383,7 +383,16 @@ int order_in_frames(tfc::GraphDef& graph, const LivenessClasses& live,
   };
   std::map<std::pair<int, std::string>, int> joins;  // (source, device) -> its join's index
   std::vector<std::pair<int, std::string>> new_joins;
+  // The join of `source` for `device`'s chain: the one the graph has (a chain kept), else a new
+  // one, added below.
+  const auto join_name = [&](int source, const std::string& device) {
+    const tfc::NodeDef& s = graph.node(source);
+    return s.name() + "/npusim_order_join" +
+           (device == s.device() ? "" : "_" + device_suffix(device));
+  };
   const auto join = [&](int source, const std::string& device) {
+    if (const auto kept = index.find(join_name(source, device)); kept != index.end())
+      return kept->second;
     const auto [it, added] =
         joins.emplace(std::make_pair(source, device), n + static_cast<int>(new_joins.size()));
     if (added) new_joins.emplace_back(source, device);
@@ -412,13 +421,12 @@ int order_in_frames(tfc::GraphDef& graph, const LivenessClasses& live,
         sources[live.frame[static_cast<size_t>(v)]].push_back({v, device});
   }
   for (const auto& [source, device] : new_joins) {
-    const std::string& source_name = graph.node(source).name();
+    const std::string name = join_name(source, device);
     tfc::NodeDef& t = *graph.add_node();
-    t.set_name(source_name + "/npusim_order_join" +
-               (device == graph.node(source).device() ? "" : "_" + device_suffix(device)));
+    t.set_name(name);
     t.set_op("ControlTrigger");
     t.set_device(device);
-    t.add_input("^" + source_name);
+    t.add_input("^" + graph.node(source).name());
     (*t.mutable_attr())[kJoinAttr].set_b(true);
   }
   int changed = 0;
