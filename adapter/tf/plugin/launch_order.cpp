@@ -488,28 +488,46 @@ int order_npu_launches(tfc::GraphDef& graph) {
       add_edge(v, n + live.frame[static_cast<size_t>(v)]);
     if (is(v, "Exit") && input_frame(v) > 0) add_edge(n + input_frame(v), v);
   }
-  // Kahn's algorithm, the ready node with the fewest asynchronous ops upstream first, then by
-  // position (a copy gate's: the node it follows, so it comes right after it). upstream[v]: the
-  // most asynchronous ops on a path into v (v itself not counted); final once v is ready, since
-  // all its producers have been taken.
+  // Kahn's algorithm, the ready node with the fewest asynchronous ops upstream first, then a
+  // loop's Enters after every other ready node unless an Enter of that loop was taken already,
+  // then by position (a copy gate's: the node it follows, so it comes right after it). So a loop
+  // starts once nothing else of its parent frame is ready, and runs to its Exits before another
+  // loop starts: its frame's nodes are not interleaved with those of the parent frame (which
+  // no chain edge orders against them: launch_order.h, "Control flow"). upstream[v]: the most
+  // asynchronous ops on a path into v (v itself not counted); final once v is ready, since all
+  // its producers have been taken.
   std::vector<int> upstream(total, 0), position(total);
   for (size_t v = 0; v < total; ++v) position[v] = static_cast<int>(v);
   for (const auto& [gate, producer] : copy_gates) position[static_cast<size_t>(gate)] = producer;
-  using Key = std::tuple<int, int, int>;  // (upstream asynchronous ops, position, node)
+  std::set<int> opened;  // loop frames an Enter of which was taken
+  const auto unopened_enter = [&](int v) {
+    return control_flow && v < n && is(v, "Enter") && live.frame[static_cast<size_t>(v)] > 0 &&
+           !opened.count(live.frame[static_cast<size_t>(v)]);
+  };
+  // (upstream asynchronous ops, an Enter of a loop not started, position, node)
+  using Key = std::tuple<int, int, int, int>;
   std::priority_queue<Key, std::vector<Key>, std::greater<Key>> ready;
+  const auto push = [&](int v) {
+    ready.push({upstream[static_cast<size_t>(v)], unopened_enter(v) ? 1 : 0,
+                position[static_cast<size_t>(v)], v});
+  };
   for (int v = 0; v < static_cast<int>(total); ++v)
-    if (indeg[static_cast<size_t>(v)] == 0) ready.push({0, position[static_cast<size_t>(v)], v});
+    if (indeg[static_cast<size_t>(v)] == 0) push(v);
   std::vector<int> order;
   while (!ready.empty()) {
-    const int v = std::get<2>(ready.top());
+    const auto [up_v, later, pos, v] = ready.top();
     ready.pop();
+    if (later && !unopened_enter(v)) {  // its loop started meanwhile
+      push(v);
+      continue;
+    }
+    if (control_flow && v < n && is(v, "Enter")) opened.insert(live.frame[static_cast<size_t>(v)]);
     order.push_back(v);
     const int level = upstream[static_cast<size_t>(v)] + (v < n && is_async(graph.node(v)) ? 1 : 0);
     for (int s : succ[static_cast<size_t>(v)]) {
       int& up = upstream[static_cast<size_t>(s)];
       up = std::max(up, level);
-      if (--indeg[static_cast<size_t>(s)] == 0)
-        ready.push({up, position[static_cast<size_t>(s)], s});
+      if (--indeg[static_cast<size_t>(s)] == 0) push(s);
     }
   }
   if (order.size() != total) return 0;     // a cycle: not a graph TensorFlow would run
