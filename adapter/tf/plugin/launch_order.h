@@ -35,7 +35,11 @@
 // sequence there. The order is a topological order of the graph without the edges out of
 // NextIteration, with each loop's Enters before its Exits (an Exit fires only once its frame's
 // first iteration, all Enters, is done: an edge from after an Exit into an Enter of its own loop
-// would never be satisfied). Each NPU has a chain per frame: each chained node waits for the
+// would never be satisfied), and a loop's first Enter taken only when nothing else is ready (then
+// the loop runs to its Exits before another loop starts): a loop's nodes, which no chain edge
+// orders against the parent frame's, are not interleaved with them (the Keras LSTM step's
+// gradient Fills raced the forward loop's first copy onto the device). Each NPU has a chain per
+// frame: each chained node waits for the
 // latest earlier node of its device's chain in the frame it runs in (a chained node, the input
 // gate, or the Exit of a loop holding chained nodes of the device), and each Enter of a loop for
 // the latest such node of each device with chained nodes in the loop (in the frame of its
