@@ -505,11 +505,6 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
       if (std::getenv("NPUSIM_FUSION_LOG") && edges > 0)
         std::fprintf(stderr, "npusim: launch order in %s: %d control edges and loop Enters\n",
                      item_id(item).c_str(), edges);
-      if (std::getenv("NPUSIM_FUSION_LOG") && edges < 0)
-        std::fprintf(stderr,
-                     "npusim: launch order not applied in %s: control flow on several NPUs "
-                     "(the executor's order, which may vary from run to run)\n",
-                     item_id(item).c_str());
       changed |= edges > 0;
     } catch (const std::exception& e) {
       // The graph then runs in the order TensorFlow's executor issues it.

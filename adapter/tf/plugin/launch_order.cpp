@@ -42,16 +42,25 @@ bool chained(const tfc::NodeDef& n) {
   return on_npu(n) && !is_async(n) && !kPlumbing.count(n.op());
 }
 
+// A device's name as a part of a node's name: its letters and digits, '_' for the rest.
+std::string device_suffix(const std::string& device) {
+  std::string suffix;
+  for (char ch : device) suffix += (std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_');
+  return suffix;
+}
+
 // The input gate's name for an NPU device: "npusim_order_inputs" and the device's name.
 std::string gate_name(const std::string& device) {
-  std::string name = "npusim_order_inputs";
-  for (char ch : device) name += (std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_');
-  return name;
+  return "npusim_order_inputs" + device_suffix(device);
 }
 
 bool is_gate(const tfc::NodeDef& n) { return n.attr().count(kInputGateAttr) > 0; }
-bool is_copy_gate(const tfc::NodeDef& n) { return n.attr().count(kCopyGateAttr) > 0; }
-bool is_any_gate(const tfc::NodeDef& n) { return is_gate(n) || is_copy_gate(n); }
+bool is_copy_gate(const tfc::NodeDef& n) {
+  return n.attr().count(kCopyGateAttr) > 0 || n.attr().count(kReadBackGateAttr) > 0;
+}
+bool is_join(const tfc::NodeDef& n) { return n.attr().count(kJoinAttr) > 0; }
+// The nodes the chain adds, which come off with it.
+bool is_any_gate(const tfc::NodeDef& n) { return is_gate(n) || is_copy_gate(n) || is_join(n); }
 
 // The memory types of a node's inputs and outputs on an NPU (false: unknown op or no kernel).
 bool npu_memory_types(const tfc::NodeDef& node, tfc::MemoryTypeVector* in_mem,
@@ -82,34 +91,67 @@ bool copied_in_unordered(const tfc::NodeDef& producer, int port, const tfc::Node
          out_mem[static_cast<size_t>(port)] == tfc::HOST_MEMORY;
 }
 
-// The tensors a gate reads, in order of first reading, and their types.
+// The tensors a gate reads, in order of first reading, their types, and whether it reads each in
+// host memory (as a reader that has it copied to the host does) rather than device memory.
 struct GateReads {
   std::vector<std::string> tensors;
   std::vector<tfc::DataType> types;
-  void add(const std::string& tensor, tfc::DataType type) {
-    if (std::find(tensors.begin(), tensors.end(), tensor) != tensors.end()) return;
+  std::vector<bool> in_host_memory;
+  void add(const std::string& tensor, tfc::DataType type, bool host_memory = false) {
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (tensors[i] == tensor && in_host_memory[i] == host_memory) return;
     tensors.push_back(tensor);
     types.push_back(type);
+    in_host_memory.push_back(host_memory);
   }
 };
 
-// Calls read(reader, input as written, producer's index, port) for each data input that a
-// chained node reads in device memory from a node of `graph`.
+// Calls read(reader, input as written, producer's index, port) for each data input that a node
+// of `graph` reads from a node of `graph` in memory `memory`, where the reader is a chained node
+// or, with `control_flow_readers`, also a control-flow op on an NPU (a Switch's predicate).
 template <typename Read>
-void for_each_device_memory_read(const tfc::GraphDef& graph,
-                                 const std::unordered_map<std::string, int>& index, Read read) {
+void for_each_npu_read(const tfc::GraphDef& graph,
+                       const std::unordered_map<std::string, int>& index, tfc::MemoryType memory,
+                       bool control_flow_readers, Read read) {
   for (const tfc::NodeDef& node : graph.node()) {
-    if (!chained(node)) continue;
+    if (!chained(node) && !(control_flow_readers && on_npu(node) && is_control_flow_op(node.op())))
+      continue;
     tfc::MemoryTypeVector in_mem, out_mem;
     if (!npu_memory_types(node, &in_mem, &out_mem)) continue;
     for (int i = 0; i < node.input_size() && i < static_cast<int>(in_mem.size()); ++i) {
       const auto [name, port] = split_input(node.input(i));
       const auto it = index.find(name);
-      if (port < 0 || it == index.end() || in_mem[static_cast<size_t>(i)] != tfc::DEVICE_MEMORY)
-        continue;
+      if (port < 0 || it == index.end() || in_mem[static_cast<size_t>(i)] != memory) continue;
       read(node, node.input(i), it->second, port);
     }
   }
+}
+
+// The memory types of the outputs of the nodes of `graph` on an NPU, looked up once per node.
+class OutputMemory {
+ public:
+  explicit OutputMemory(const tfc::GraphDef& graph) : m_graph(graph) {}
+  bool is(int v, int port, tfc::MemoryType memory) {
+    auto it = m_types.find(v);
+    if (it == m_types.end()) {
+      tfc::MemoryTypeVector in_mem, out_mem;
+      if (!npu_memory_types(m_graph.node(v), &in_mem, &out_mem)) out_mem.clear();
+      it = m_types.emplace(v, std::move(out_mem)).first;
+    }
+    return port < static_cast<int>(it->second.size()) &&
+           it->second[static_cast<size_t>(port)] == memory;
+  }
+
+ private:
+  const tfc::GraphDef& m_graph;
+  std::map<int, tfc::MemoryTypeVector> m_types;
+};
+
+// The type of output `port` of `node`, false if unknown.
+bool output_type(const tfc::NodeDef& node, int port, tfc::DataType* type) {
+  const tfc::OpDef* op_def = nullptr;
+  return tfc::OpRegistry::Global()->LookUpOpDef(node.op(), &op_def).ok() &&
+         tfc::OutputTypeForNode(node, *op_def, port, type).ok();
 }
 
 // The index of gate `name`: the node of that name if `graph` has one (a chain kept), else a new
@@ -125,6 +167,14 @@ int add_gate(tfc::GraphDef& graph, const std::unordered_map<std::string, int>& i
   for (const std::string& t : reads.tensors) gate.add_input(t);
   auto& attrs = *gate.mutable_attr();
   for (tfc::DataType t : reads.types) attrs["T"].mutable_list()->add_type(t);
+  // Inputs read in host memory (TensorFlow's memory types honour these attributes; a TensorFlow
+  // that did not would read them in device memory, copying nothing, and the gate would order
+  // no copy).
+  for (size_t i = 0; i < reads.tensors.size(); ++i)
+    if (reads.in_host_memory[i]) {
+      attrs["_input_hostmem"].mutable_list()->add_i(static_cast<int64_t>(i));
+      attrs["_output_hostmem"].mutable_list()->add_i(static_cast<int64_t>(i));
+    }
   attrs[marker].set_b(true);
   return graph.node_size() - 1;
 }
@@ -139,13 +189,28 @@ std::vector<int> add_input_gates(tfc::GraphDef& graph) {
   std::unordered_map<std::string, int> index;
   for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
   std::map<std::string, GateReads> reads;  // device -> the tensors its gate reads
-  for_each_device_memory_read(
-      graph, index,
+  for_each_npu_read(
+      graph, index, tfc::DEVICE_MEMORY, false,
       [&](const tfc::NodeDef& node, const std::string& in, int producer_index, int port) {
         const tfc::NodeDef& producer = graph.node(producer_index);
         if (!copied_in_unordered(producer, port, node)) return;
         reads[node.device()].add(
             in, producer.attr().at(producer.op() == "_Arg" ? "T" : "dtype").type());
+      });
+  // Arguments in the device's memory that a node of the device reads in host memory (a cond's
+  // predicate read by its Switches): each is copied to the host when an executor thread gets to
+  // its receive. The gate reads them in host memory too, sharing those copies.
+  OutputMemory outputs(graph);
+  for_each_npu_read(
+      graph, index, tfc::HOST_MEMORY, true,
+      [&](const tfc::NodeDef& node, const std::string& in, int producer_index, int port) {
+        const tfc::NodeDef& producer = graph.node(producer_index);
+        const auto type = producer.attr().find("T");
+        if (producer.op() != "_Arg" || producer.device() != node.device() ||
+            type == producer.attr().end() || tfc::DataTypeAlwaysOnHost(type->second.type()) ||
+            !outputs.is(producer_index, port, tfc::DEVICE_MEMORY))
+          return;
+        reads[node.device()].add(in, type->second.type(), true);
       });
   std::vector<int> gates;
   for (const auto& [device, read] : reads)
@@ -162,31 +227,17 @@ std::vector<int> add_input_gates(tfc::GraphDef& graph) {
 std::vector<std::pair<int, int>> add_copy_gates(tfc::GraphDef& graph) {
   std::unordered_map<std::string, int> index;
   for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
-  std::map<int, tfc::MemoryTypeVector> outputs_memory;  // node -> its outputs' memory types
-  const auto output_in_host_memory = [&](int v, int port) {
-    auto it = outputs_memory.find(v);
-    if (it == outputs_memory.end()) {
-      tfc::MemoryTypeVector in_mem, out_mem;
-      if (!npu_memory_types(graph.node(v), &in_mem, &out_mem)) out_mem.clear();
-      it = outputs_memory.emplace(v, std::move(out_mem)).first;
-    }
-    return port < static_cast<int>(it->second.size()) &&
-           it->second[static_cast<size_t>(port)] == tfc::HOST_MEMORY;
-  };
+  OutputMemory outputs(graph);
   std::map<int, GateReads> reads;  // producer -> its outputs read so
-  for_each_device_memory_read(
-      graph, index,
+  for_each_npu_read(
+      graph, index, tfc::DEVICE_MEMORY, false,
       [&](const tfc::NodeDef& node, const std::string& in, int producer_index, int port) {
         const tfc::NodeDef& producer = graph.node(producer_index);
+        tfc::DataType type;
         if (is_control_flow_op(node.op()) || !chained(producer) ||
             is_control_flow_op(producer.op()) || producer.device() != node.device() ||
-            !output_in_host_memory(producer_index, port))
-          return;
-        const tfc::OpDef* op_def = nullptr;
-        tfc::DataType type;
-        if (!tfc::OpRegistry::Global()->LookUpOpDef(producer.op(), &op_def).ok() ||
-            !tfc::OutputTypeForNode(producer, *op_def, port, &type).ok() ||
-            tfc::DataTypeAlwaysOnHost(type))
+            !outputs.is(producer_index, port, tfc::HOST_MEMORY) ||
+            !output_type(producer, port, &type) || tfc::DataTypeAlwaysOnHost(type))
           return;
         reads[producer_index].add(in, type);
       });
@@ -195,6 +246,40 @@ std::vector<std::pair<int, int>> add_copy_gates(tfc::GraphDef& graph) {
     const tfc::NodeDef& node = graph.node(producer);
     gates.emplace_back(add_gate(graph, index, node.name() + "/npusim_order_copies", node.device(),
                                 read, kCopyGateAttr),
+                       producer);
+  }
+  return gates;
+}
+
+// Adds, for each chained node with an output in device memory that a node on its device reads in
+// host memory (a list op's index or element shape, a Switch's predicate: TensorFlow's memory-type
+// pass adds a send and a host receive after this pass, and the receive copies the output to the
+// host when an executor thread gets to it), one IdentityN on that device reading those outputs in
+// host memory (`_input_hostmem`): it shares the readers' receive (one per output), so it runs
+// once the copies are done (launch_order.h, "Read-back gates"). Returns (gate, the node it
+// follows) pairs of indices in `graph`; a node that already has its gate (a chain kept) keeps it.
+std::vector<std::pair<int, int>> add_read_back_gates(tfc::GraphDef& graph) {
+  std::unordered_map<std::string, int> index;
+  for (int v = 0; v < graph.node_size(); ++v) index[graph.node(v).name()] = v;
+  OutputMemory outputs(graph);
+  std::map<int, GateReads> reads;  // producer -> its outputs read so
+  for_each_npu_read(
+      graph, index, tfc::HOST_MEMORY, true,
+      [&](const tfc::NodeDef& node, const std::string& in, int producer_index, int port) {
+        const tfc::NodeDef& producer = graph.node(producer_index);
+        tfc::DataType type;
+        if (!chained(producer) || is_control_flow_op(producer.op()) || is_any_gate(producer) ||
+            producer.device() != node.device() ||
+            !outputs.is(producer_index, port, tfc::DEVICE_MEMORY) ||
+            !output_type(producer, port, &type) || tfc::DataTypeAlwaysOnHost(type))
+          return;
+        reads[producer_index].add(in, type, true);
+      });
+  std::vector<std::pair<int, int>> gates;
+  for (const auto& [producer, read] : reads) {
+    const tfc::NodeDef& node = graph.node(producer);
+    gates.emplace_back(add_gate(graph, index, node.name() + "/npusim_order_read_back",
+                                node.device(), read, kReadBackGateAttr),
                        producer);
   }
   return gates;
@@ -240,16 +325,20 @@ int first_input_frame(const tfc::GraphDef& graph, const std::unordered_map<std::
   return it == index.end() ? -1 : live.frame[static_cast<size_t>(it->second)];
 }
 
-// The chain of a graph with control flow (launch_order.h, "Control flow"), its nodes on one NPU:
-// `order` is a topological order of the graph without the edges out of NextIteration, each
-// loop's Enters before its Exits (indices >= the graph's size: the frames' own nodes). Each
-// target (a chained node, or an Enter) gets an edge from the latest earlier source (a chained
-// node, an input gate, a Merge or an Exit) of the frame it runs in (an Enter: the frame of its
-// input) whose liveness atoms are a subset of its own: in an execution where the target runs,
-// the source runs too, in the same iteration. Appends the edges to `edges`; sets
-// parallel_iterations to 1 on the Enters of every loop that holds a target (directly or in a
-// nested loop), so that one iteration's launches all come before the next one's. Returns the
-// number of Enters so changed.
+// The chain of a graph with control flow (launch_order.h, "Control flow"), each NPU's nodes in
+// each frame: `order` is a topological order of the graph without the edges out of
+// NextIteration, each loop's Enters before its Exits (indices >= the graph's size: the frames'
+// own nodes). Each target (a chained node of device d, or an Enter: once per device that has
+// chained nodes in its loop) gets an edge from the latest earlier source of its frame (an
+// Enter's: the frame of its input) for d: a chained node of d, d's input gate, or an Exit of a
+// loop holding chained nodes of d. The edge comes straight from the source when the source's
+// liveness atoms are a subset of the target's (it runs in every execution the target runs in,
+// in the same iteration), else through a ControlTrigger on d reading the source (a join: it
+// runs once the source ran or was found dead, and is never dead itself, so it neither kills the
+// target nor lets it pass the source). Appends the edges to `edges` and adds the joins to
+// `graph`; sets parallel_iterations to 1 on the Enters of every loop that holds a chained node
+// (directly or in a nested loop), so that one iteration's launches all come before the next
+// one's. Returns the number of Enters so changed.
 int order_in_frames(tfc::GraphDef& graph, const LivenessClasses& live,
                     const std::vector<int>& order, const std::vector<int>& gates,
                     std::vector<std::pair<int, int>>* edges) {
@@ -257,47 +346,93 @@ int order_in_frames(tfc::GraphDef& graph, const LivenessClasses& live,
   std::unordered_map<std::string, int> index;
   for (int v = 0; v < n; ++v) index[graph.node(v).name()] = v;
   const auto source_frame = [&](int v) { return first_input_frame(graph, index, live, v); };
+  const auto is_target = [&](int v) {
+    const tfc::NodeDef& node = graph.node(v);
+    return chained(node) && !is_control_flow_op(node.op()) && !is_gate(node) &&
+           !live.of[static_cast<size_t>(v)].empty();
+  };
   std::map<int, int> parent;  // loop frame -> the frame its Enters read from
   for (int v = 0; v < n; ++v)
     if (is_op(graph.node(v), "Enter") && live.frame[static_cast<size_t>(v)] > 0 &&
         graph.node(v).input_size() > 0)
       parent[live.frame[static_cast<size_t>(v)]] = source_frame(v);
-  std::map<int, std::vector<int>> sources;  // frame -> its sources so far, in order
-  std::set<int> serialized;                 // loop frames holding a target
-  for (int g : gates) sources[0].push_back(g);
+  // loop frame -> the devices of the chained nodes in it, nested loops' included
+  std::map<int, std::set<std::string>> loop_devices;
+  for (int v = 0; v < n; ++v) {
+    if (!is_target(v)) continue;
+    for (int f = live.frame[static_cast<size_t>(v)];
+         f > 0 && loop_devices[f].insert(graph.node(v).device()).second;) {
+      const auto up = parent.find(f);
+      f = up == parent.end() ? -1 : up->second;
+    }
+  }
+  const auto devices_in = [&](int frame) {
+    const auto it = loop_devices.find(frame);
+    return it == loop_devices.end() ? std::set<std::string>{} : it->second;
+  };
+  struct Source {
+    int node;
+    std::string device;  // the chain it belongs to
+  };
+  std::map<int, std::vector<Source>> sources;  // frame -> its sources so far, in order
+  for (int g : gates) sources[0].push_back({g, graph.node(g).device()});
   const auto is_subset = [&](int a, int b) {
     const auto& x = live.atoms[static_cast<size_t>(a)];
     const auto& y = live.atoms[static_cast<size_t>(b)];
     return std::includes(y.begin(), y.end(), x.begin(), x.end());
   };
+  std::map<std::pair<int, std::string>, int> joins;  // (source, device) -> its join's index
+  std::vector<std::pair<int, std::string>> new_joins;
+  // The join of `source` for `device`'s chain: the one the graph has (a chain kept), else a new
+  // one, added below.
+  const auto join_name = [&](int source, const std::string& device) {
+    const tfc::NodeDef& s = graph.node(source);
+    return s.name() + "/npusim_order_join" +
+           (device == s.device() ? "" : "_" + device_suffix(device));
+  };
+  const auto join = [&](int source, const std::string& device) {
+    if (const auto kept = index.find(join_name(source, device)); kept != index.end())
+      return kept->second;
+    const auto [it, added] =
+        joins.emplace(std::make_pair(source, device), n + static_cast<int>(new_joins.size()));
+    if (added) new_joins.emplace_back(source, device);
+    return it->second;
+  };
   for (int v : order) {
     if (v >= n || live.frame[static_cast<size_t>(v)] < 0) continue;
     const tfc::NodeDef& node = graph.node(v);
-    if (is_gate(node)) continue;
     const bool enter = is_op(node, "Enter") && node.input_size() > 0;
-    const bool target = enter || (chained(node) && !is_control_flow_op(node.op()) &&
-                                  !live.of[static_cast<size_t>(v)].empty());
-    const int frame = enter ? source_frame(v) : live.frame[static_cast<size_t>(v)];
-    if (target && frame >= 0) {
-      const std::vector<int>& earlier = sources[frame];
-      for (auto it = earlier.rbegin(); it != earlier.rend(); ++it)
-        if (is_subset(*it, v)) {
-          edges->emplace_back(*it, v);
-          break;
-        }
-      if (!enter)
-        for (int f = frame; f > 0 && serialized.insert(f).second;) {
-          const auto up = parent.find(f);
-          f = up == parent.end() ? -1 : up->second;
-        }
+    const bool target = is_target(v);
+    if (enter || target) {
+      const int frame = enter ? source_frame(v) : live.frame[static_cast<size_t>(v)];
+      const std::set<std::string> devices = enter ? devices_in(live.frame[static_cast<size_t>(v)])
+                                                  : std::set<std::string>{node.device()};
+      const std::vector<Source>& earlier = sources[frame];
+      for (const std::string& device : devices) {
+        const auto it = std::find_if(earlier.rbegin(), earlier.rend(),
+                                     [&](const Source& s) { return s.device == device; });
+        if (frame < 0 || it == earlier.rend()) continue;
+        edges->emplace_back(is_subset(it->node, v) ? it->node : join(it->node, device), v);
+      }
+      if (target) sources[frame].push_back({v, node.device()});
     }
-    if ((target && !enter) || is_op(node, "Merge") || is_op(node, "Exit"))
-      sources[frame].push_back(v);
+    if (is_op(node, "Exit") && source_frame(v) > 0)
+      for (const std::string& device : devices_in(source_frame(v)))
+        sources[live.frame[static_cast<size_t>(v)]].push_back({v, device});
+  }
+  for (const auto& [source, device] : new_joins) {
+    const std::string name = join_name(source, device);
+    tfc::NodeDef& t = *graph.add_node();
+    t.set_name(name);
+    t.set_op("ControlTrigger");
+    t.set_device(device);
+    t.add_input("^" + graph.node(source).name());
+    (*t.mutable_attr())[kJoinAttr].set_b(true);
   }
   int changed = 0;
   for (int v = 0; v < n; ++v) {
     tfc::NodeDef& node = *graph.mutable_node(v);
-    if (!is_op(node, "Enter") || !serialized.count(live.frame[static_cast<size_t>(v)])) continue;
+    if (!is_op(node, "Enter") || !loop_devices.count(live.frame[static_cast<size_t>(v)])) continue;
     auto& iterations = (*node.mutable_attr())["parallel_iterations"];
     if (iterations.i() == 1) continue;
     iterations.set_i(1);
@@ -315,14 +450,10 @@ bool launch_order_enabled() {
 
 int order_npu_launches(tfc::GraphDef& graph) {
   bool control_flow = false;
-  std::set<std::string> devices;
-  for (const tfc::NodeDef& node : graph.node()) {
-    control_flow |= is_control_flow_op(node.op());
-    if (chained(node)) devices.insert(node.device());
-  }
-  if (control_flow && devices.size() > 1) return -1;
+  for (const tfc::NodeDef& node : graph.node()) control_flow |= is_control_flow_op(node.op());
   const std::vector<int> gates = add_input_gates(graph);
-  const std::vector<std::pair<int, int>> copy_gates = add_copy_gates(graph);
+  std::vector<std::pair<int, int>> copy_gates = add_copy_gates(graph);
+  for (const auto& gate : add_read_back_gates(graph)) copy_gates.push_back(gate);
   const int n = graph.node_size();
   std::unordered_map<std::string, int> index;
   for (int v = 0; v < n; ++v) index[graph.node(v).name()] = v;
@@ -357,28 +488,46 @@ int order_npu_launches(tfc::GraphDef& graph) {
       add_edge(v, n + live.frame[static_cast<size_t>(v)]);
     if (is(v, "Exit") && input_frame(v) > 0) add_edge(n + input_frame(v), v);
   }
-  // Kahn's algorithm, the ready node with the fewest asynchronous ops upstream first, then by
-  // position (a copy gate's: the node it follows, so it comes right after it). upstream[v]: the
-  // most asynchronous ops on a path into v (v itself not counted); final once v is ready, since
-  // all its producers have been taken.
+  // Kahn's algorithm, the ready node with the fewest asynchronous ops upstream first, then a
+  // loop's Enters after every other ready node unless an Enter of that loop was taken already,
+  // then by position (a copy gate's: the node it follows, so it comes right after it). So a loop
+  // starts once nothing else of its parent frame is ready, and runs to its Exits before another
+  // loop starts: its frame's nodes are not interleaved with those of the parent frame (which
+  // no chain edge orders against them: launch_order.h, "Control flow"). upstream[v]: the most
+  // asynchronous ops on a path into v (v itself not counted); final once v is ready, since all
+  // its producers have been taken.
   std::vector<int> upstream(total, 0), position(total);
   for (size_t v = 0; v < total; ++v) position[v] = static_cast<int>(v);
   for (const auto& [gate, producer] : copy_gates) position[static_cast<size_t>(gate)] = producer;
-  using Key = std::tuple<int, int, int>;  // (upstream asynchronous ops, position, node)
+  std::set<int> opened;  // loop frames an Enter of which was taken
+  const auto unopened_enter = [&](int v) {
+    return control_flow && v < n && is(v, "Enter") && live.frame[static_cast<size_t>(v)] > 0 &&
+           !opened.count(live.frame[static_cast<size_t>(v)]);
+  };
+  // (upstream asynchronous ops, an Enter of a loop not started, position, node)
+  using Key = std::tuple<int, int, int, int>;
   std::priority_queue<Key, std::vector<Key>, std::greater<Key>> ready;
+  const auto push = [&](int v) {
+    ready.push({upstream[static_cast<size_t>(v)], unopened_enter(v) ? 1 : 0,
+                position[static_cast<size_t>(v)], v});
+  };
   for (int v = 0; v < static_cast<int>(total); ++v)
-    if (indeg[static_cast<size_t>(v)] == 0) ready.push({0, position[static_cast<size_t>(v)], v});
+    if (indeg[static_cast<size_t>(v)] == 0) push(v);
   std::vector<int> order;
   while (!ready.empty()) {
-    const int v = std::get<2>(ready.top());
+    const auto [up_v, later, pos, v] = ready.top();
     ready.pop();
+    if (later && !unopened_enter(v)) {  // its loop started meanwhile
+      push(v);
+      continue;
+    }
+    if (control_flow && v < n && is(v, "Enter")) opened.insert(live.frame[static_cast<size_t>(v)]);
     order.push_back(v);
     const int level = upstream[static_cast<size_t>(v)] + (v < n && is_async(graph.node(v)) ? 1 : 0);
     for (int s : succ[static_cast<size_t>(v)]) {
       int& up = upstream[static_cast<size_t>(s)];
       up = std::max(up, level);
-      if (--indeg[static_cast<size_t>(s)] == 0)
-        ready.push({up, position[static_cast<size_t>(s)], s});
+      if (--indeg[static_cast<size_t>(s)] == 0) push(s);
     }
   }
   if (order.size() != total) return 0;     // a cycle: not a graph TensorFlow would run

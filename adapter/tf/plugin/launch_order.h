@@ -35,19 +35,27 @@
 // sequence there. The order is a topological order of the graph without the edges out of
 // NextIteration, with each loop's Enters before its Exits (an Exit fires only once its frame's
 // first iteration, all Enters, is done: an edge from after an Exit into an Enter of its own loop
-// would never be satisfied). Each chained node, and each Enter, gets one edge from the latest
-// earlier node of the frame it runs in (an Enter: the frame of its input) that is a chained
-// node, the input gate, a Merge or an Exit, and whose liveness atoms are a subset of its own: it
-// runs in every execution the node runs in, in the same iteration, so it neither kills the node
-// nor waits for another iteration. So a frame's sets run one after another per iteration, a
-// cond's branch after the nodes before the cond, the nodes after a cond after its Merge, a loop
-// after the nodes before it and the nodes after it after its Exits. Every loop holding a chained
-// node (directly or in a nested loop) gets parallel_iterations = 1 on its Enters: TensorFlow's
-// executor otherwise starts the next iteration's nodes (tf.while_loop's default: 10 in flight)
-// while this one's still run, and the chain has no edge between iterations. Nodes of classes
-// neither of which implies the other (the two branches of a cond, a node in a branch and a node
-// after the cond that does not wait for its Merge) stay unordered between each other. A graph
-// with control flow and more than one NPU is left as it is.
+// would never be satisfied), and a loop's first Enter taken only when nothing else is ready (then
+// the loop runs to its Exits before another loop starts): a loop's nodes, which no chain edge
+// orders against the parent frame's, are not interleaved with them (the Keras LSTM step's
+// gradient Fills raced the forward loop's first copy onto the device). Each NPU has a chain per
+// frame: each chained node waits for the
+// latest earlier node of its device's chain in the frame it runs in (a chained node, the input
+// gate, or the Exit of a loop holding chained nodes of the device), and each Enter of a loop for
+// the latest such node of each device with chained nodes in the loop (in the frame of its
+// input). The edge comes straight from that node when its liveness atoms are a subset of the
+// waiting node's (it runs in every execution the node runs in, in the same iteration); else
+// (a node of one branch of a cond and one of the other branch, or after the cond, or of another
+// cond) through a join: a ControlTrigger on the device reading it, which TensorFlow's executor
+// runs once its input ran or was found dead and never marks dead, so the waiting node neither
+// dies of it nor passes it. So a frame's chained nodes run one after another per iteration,
+// whichever branches run: a cond's branches after the nodes before the cond, the nodes after
+// it after the branch that ran, a loop after the nodes before it and the nodes after it after
+// its Exits. Every loop holding a chained node (directly or in a nested loop) gets
+// parallel_iterations = 1 on its Enters: TensorFlow's executor otherwise starts the next
+// iteration's nodes (tf.while_loop's default: 10 in flight) while this one's still run, and the
+// chain has no edge between iterations. Several NPUs each get their chains; a device's chain
+// waits for no other device's node but through the Exit of a loop it has nodes in.
 //
 // Input gate: a function argument that lies on another device (the host's int32 labels of a
 // Keras step) reaches an NPU through a receive that TensorFlow's partitioning adds after this
@@ -69,7 +77,18 @@
 // runs when an executor thread gets to it: the Keras LSTM step's 320-byte copy landed before or
 // after its first kernel from run to run. Such a node is followed in the chain by an IdentityN
 // on its device reading those outputs (it shares the readers' copies and launches nothing), so
-// the next chained node waits for the copies. Gates of both kinds come off with the chain.
+// the next chained node waits for the copies.
+//
+// Read-back gates: a chained node whose output lies in device memory read in host memory by a
+// node on its device (the Keras LSTM's backward loop pops int32 list elements, a TensorList's
+// index, length and element shape, which TensorListReserve and TensorListSetItem read in host
+// memory) gets it copied to the host by a send and a host receive that TensorFlow's memory-type
+// pass adds after this one, and the copy went onto the chip's stream when an executor thread got
+// to the receive: between whichever kernels the driver had been given, moving those after it by
+// its time (a 4-byte copy: 5 us on the 910B) from run to run. Such a node is followed in the chain
+// by an IdentityN on its device reading those outputs in host memory (`_input_hostmem`; it
+// shares the readers' receive, one per output, and launches nothing), so the next chained node
+// waits for the copies to the host. Gates of all kinds come off with the chain.
 //
 // The meta-optimizer calls the optimizer more than once on a graph, with TensorFlow's passes in
 // between, and nothing tells a call that it is the last. Each call therefore takes the chain of
@@ -87,7 +106,7 @@
 // redundant) unchaining gives those nodes back instead. Where a recorded input's node is gone
 // otherwise, the chain stays and the call adds only the edges it lacks, as the graph then has no
 // record of what the chain replaced. Each chain edge is named in the
-// attribute kOrderAfterAttr of the node it enters.
+// attribute kOrderAfterAttr of the node it enters; gates and joins come off with the chain.
 #pragma once
 
 #include <string>
@@ -105,6 +124,11 @@ inline constexpr const char* kOrderAfterAttr = "_npusim_order_after";
 inline constexpr const char* kInputGateAttr = "_npusim_order_input_gate";
 // Marks a copy gate (a boolean; below).
 inline constexpr const char* kCopyGateAttr = "_npusim_order_copy_gate";
+// Marks a read-back gate (a boolean; below).
+inline constexpr const char* kReadBackGateAttr = "_npusim_order_read_back_gate";
+// Marks a join: a ControlTrigger through which a node of a graph with control flow waits for a
+// node that may not run (a boolean; "Control flow" above).
+inline constexpr const char* kJoinAttr = "_npusim_order_join";
 // The names of a chained node's control inputs other than its chain edge, when it was chained (a
 // list of strings).
 inline constexpr const char* kOwnControlInputsAttr = "_npusim_order_own_control";
@@ -118,9 +142,7 @@ bool launch_order_enabled();
 
 // Chains each NPU's nodes of `graph` in the canonical order above with control edges; returns
 // the edges added plus the loops' Enters set to one parallel iteration (0 for a graph without
-// two chained nodes on a device), or -1 for a graph with control flow on more than one NPU,
-// which is left in the order TensorFlow's executor issues it (that order, and with it the
-// chips' timelines, may then vary from run to run).
+// two chained nodes on a device).
 int order_npu_launches(tensorflow::GraphDef& graph);
 
 // Takes the chain an earlier call added off `graph`, giving each chained node back its own
