@@ -199,20 +199,26 @@ void store_f32(KernelBuilder& b, const TileOperands& t, uint64_t r, DataType dt)
   }
 }
 
-// Appends a copy of the f32 [c] vector `v` into a new cp-long workspace buffer; returns it.
-ArgRef append_vector_copy(CompiledKernel& k, const OpDesc& op, const ArgRef& v, int64_t c,
-                          int64_t cp, const ChipConfig& cfg) {
-  const ArgRef p = workspace_take(k, static_cast<uint64_t>(cp) * 4);
+// Appends copies of the f32 [c] vectors `vs` into new cp-long workspace buffers (their first c
+// elements), one launch (a channel epilogue named `name`) for all of them; returns the copies in
+// vs's order.
+std::vector<ArgRef> append_vector_copies(CompiledKernel& k, const OpDesc& op,
+                                         const std::vector<ArgRef>& vs, int64_t c, int64_t cp,
+                                         const char* name, const ChipConfig& cfg) {
+  std::vector<ArgRef> copies, args = vs;
+  for (size_t i = 0; i < vs.size(); ++i)
+    copies.push_back(workspace_take(k, static_cast<uint64_t>(cp) * 4));
+  args.insert(args.end(), copies.begin(), copies.end());
   ChannelEpilogueSpec e;
-  e.name = "BatchNormGradMean";
+  e.name = name;
   e.c = c;
-  e.vectors = 1;
-  e.outputs = 1;
+  e.vectors = e.outputs = static_cast<int>(vs.size());
   e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
-    f32_copy(b, o.outputs[0], o.vectors[0], *o.count);
+    for (size_t i = 0; i < o.vectors.size(); ++i)
+      f32_copy(b, o.outputs[i], o.vectors[i], *o.count);
   };
-  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()), {v, p}));
-  return p;
+  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()), args));
+  return copies;
 }
 
 DataType bn_dtype(const OpDesc& op, std::initializer_list<size_t> tensors,
@@ -487,7 +493,8 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
   const Padded dy = padded(k, op, input_ref(0), pixels, c, dt, cfg);
   const Padded x = padded(k, op, input_ref(1), pixels, c, dt, cfg);
   // The centring vector must cover the padded channels: a copy of the mean in a cp buffer.
-  const ArgRef mean_p = append_vector_copy(k, op, input_ref(3), c, x.cp, cfg);
+  const ArgRef mean_p =
+      append_vector_copies(k, op, {input_ref(3)}, c, x.cp, "BatchNormGradMean", cfg)[0];
   ChannelSumSpec s;
   s.a_type = s.b_type = device_dtype(dt);
   s.pixels = pixels;
@@ -576,11 +583,13 @@ TrainingShape training_shape(const OpDesc& op, size_t inputs, std::initializer_l
   return t;
 }
 
-// The centring vector of a cp-padded channel sum: the per-channel vector `v` itself when c is
-// whole blocks, else a copy in a cp-long workspace buffer (the sums read cp channels of it).
-ArgRef padded_vector(CompiledKernel& k, const OpDesc& op, const ArgRef& v, int64_t c, int64_t cp,
-                     const ChipConfig& cfg) {
-  return cp == c ? v : append_vector_copy(k, op, v, c, cp, cfg);
+// The per-channel vectors of a cp-padded channel sum (the centring mean, the ReLU mask's
+// statistics): the vectors `vs` themselves when c is whole blocks, else copies in cp-long
+// workspace buffers (the sums read cp channels of them), all made by one launch.
+std::vector<ArgRef> padded_vectors(CompiledKernel& k, const OpDesc& op,
+                                   const std::vector<ArgRef>& vs, int64_t c, int64_t cp,
+                                   const ChipConfig& cfg) {
+  return cp == c ? vs : append_vector_copies(k, op, vs, c, cp, "BatchNormGradMean", cfg);
 }
 
 // BNTrainingReduce(x) -> sum, square_sum: one pass over x summing x and x^2.
@@ -811,7 +820,11 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   k.outputs = {vec, vec};
   const Padded dy = padded(k, op, input_ref(0), t.pixels, t.c, t.dt, ctx.cfg);
   const Padded x = padded(k, op, input_ref(1), t.pixels, t.c, t.dt, ctx.cfg);
-  const ArgRef mean = padded_vector(k, op, input_ref(2), t.c, x.cp, ctx.cfg);
+  // batch_mean [, batch_variance, scale, offset: the ReLU mask's], cp long
+  std::vector<ArgRef> vectors = {input_ref(2)};
+  if (relu)
+    for (int i : {3, 4, 5}) vectors.push_back(input_ref(i));
+  vectors = padded_vectors(k, op, vectors, t.c, x.cp, ctx.cfg);
   ChannelSumSpec s;
   s.kind = ChannelSumSpec::Kind::kSumProduct;
   s.centered = true;
@@ -824,7 +837,8 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   s.a_type = s.b_type = device_dtype(t.dt);
   s.pixels = t.pixels;
   s.cp = x.cp;
-  std::vector<ArgRef> sum_inputs = {x.ref, dy.ref, mean};
+  std::vector<ArgRef> sum_inputs = {x.ref, dy.ref};
+  sum_inputs.insert(sum_inputs.end(), vectors.begin(), vectors.end());
   if (relu) {
     // The forward pass's a and shift, recomputed per channel group inside the sums from the
     // statistics, scale and offset (cp long: the sums read the padded channels too).
@@ -834,8 +848,6 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
                         uint64_t shift, uint64_t tmp) {
       bnt_fold(b, n, v[0], v[1], v[2], v[3], a, shift, tmp, eps);
     };
-    for (int i : {3, 4, 5})
-      sum_inputs.push_back(padded_vector(k, op, input_ref(i), t.c, x.cp, ctx.cfg));
   }
   // The partial sets: sum dy * (x - m), then sum dy.
   ChannelEpilogueSpec e;

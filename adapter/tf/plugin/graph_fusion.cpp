@@ -732,6 +732,14 @@ bool depends_on(GraphView& g, const std::string& from, const std::string& target
   return false;
 }
 
+// The data inputs, over all nodes, that read output `port` of `name`.
+int output_reads(GraphView& g, const std::string& name, int port) {
+  int reads = 0;
+  for (int c : g.consumer_indices(name))
+    for (int j = 0; j < g.at(c)->input_size(); ++j) reads += reads_output(*g.at(c), j, name, port);
+  return reads;
+}
+
 // AddRelu(y, r) (either operand order) with y output 0 of a BNTrainingUpdate (no ReLU, no
 // residual yet) that nothing else reads, and r output 0 of a training_activation of the same
 // type T -> the BNTrainingUpdate with r as input 5 (R = 1) and relu = true, its name kept,
@@ -766,11 +774,8 @@ int fuse_bn_add_relus_in(tfc::GraphDef& graph, const std::unordered_set<std::str
       if (auto relu = update->attr().find("relu"); relu != update->attr().end() && relu->second.b())
         continue;
       // y (output 0) read by the add alone; batch_mean and batch_variance may have readers.
-      int y_readers = 0;
-      for (int c : g.consumer_indices(update->name()))
-        for (int j = 0; j < g.at(c)->input_size(); ++j)
-          y_readers += reads_output(*g.at(c), j, update->name(), 0);
-      if (y_readers != 1 || depends_on(g, r->name(), update->name())) continue;
+      if (output_reads(g, update->name(), 0) != 1 || depends_on(g, r->name(), update->name()))
+        continue;
       std::vector<std::string> inputs;
       for (const std::string& in : update->input())
         if (in.empty() || in[0] != '^') inputs.push_back(in);
@@ -803,6 +808,48 @@ int fuse_bn_add_relus_in(tfc::GraphDef& graph, const std::unordered_set<std::str
 }
 
 // ---- end of rewrite 0c ----
+
+// ---- Rewrite 0f: a ReLU after a BNTrainingUpdate folded into it (graph_fusion.h) ----
+
+// Relu(y) with y output 0 of a BNTrainingUpdate (relu = false, no residual, not preserved) that
+// the Relu alone reads, both of one T (float or half) on one device, the Relu not preserved and
+// without control inputs -> that BNTrainingUpdate with relu = true, its name kept,
+// `_npusim_fused` naming the Relu, whose readers (the next layer, the ReLU's gradient) read the
+// batch norm's output 0 (control edges from it come from the batch norm) and which goes.
+int fold_bn_relus_in(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                     std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  std::map<std::string, std::string> renamed;  // the Relus -> the batch norms' output 0
+  int folded = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& relu = *g.at(i);
+    if (relu.op() != "Relu" || relu.input_size() != 1 || !on_npu(relu) ||
+        preserve.count(relu.name()) || rm.claimed(relu.name()))
+      continue;
+    const std::optional<tfc::DataType> t = type_attr(relu);
+    tfc::NodeDef* update = g.producer(relu, 0, "BNTrainingUpdate");
+    if ((t != tfc::DT_FLOAT && t != tfc::DT_HALF) || !update || !on_npu(*update) ||
+        update->device() != relu.device() || type_attr(*update) != t ||
+        update->input_size() < 5 || has_residual(*update) || preserve.count(update->name()) ||
+        rm.claimed(update->name()) || output_reads(g, update->name(), 0) != 1)
+      continue;
+    if (auto r = update->attr().find("relu"); r != update->attr().end() && r->second.b()) continue;
+    (*update->mutable_attr())["relu"].set_b(true);
+    (*update->mutable_attr())["_npusim_fused"].mutable_list()->add_s(relu.name());
+    renamed[relu.name()] = update->name();
+    renamed[relu.name() + ":0"] = update->name();
+    renamed["^" + relu.name()] = "^" + update->name();
+    rm.claim(update->name());
+    rm.remove(relu.name());
+    ++folded;
+  }
+  rename_inputs(graph, renamed);
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return folded;
+}
+
+// ---- end of rewrite 0f ----
 
 int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                      std::set<std::string>* removed) {
@@ -5050,6 +5097,18 @@ int fuse_bn_add_relus(tfc::GraphDef& graph, const std::unordered_set<std::string
     return 0;
   return rewrite_and_erase(graph, [&](std::set<std::string>* removed) {
     return fuse_bn_add_relus_in(graph, preserve, removed);
+  });
+}
+
+bool bn_relu_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_BN_RELU");
+  return on;
+}
+
+int fold_bn_relus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !training_fusion_requested() || !bn_relu_fusion_requested()) return 0;
+  return rewrite_and_erase(graph, [&](std::set<std::string>* removed) {
+    return fold_bn_relus_in(graph, preserve, removed);
   });
 }
 
