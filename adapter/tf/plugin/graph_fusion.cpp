@@ -4671,13 +4671,18 @@ bool read_through_half_casts(GraphView& g, const tfc::NodeDef& n,
   return any;
 }
 
+// One batch norm rewrite 0e turns float16: its four nodes (grads: the two gradients, or none
+// in a forward-only graph), x's Cast, dy's Cast (null: none) and the Casts of y and dx to half.
+struct HalfBatchNorm {
+  tfc::NodeDef *update = nullptr, *reduce = nullptr, *xc = nullptr, *gc = nullptr;
+  std::vector<tfc::NodeDef*> grads, out_casts;
+};
+
 // Rewrite 0e (graph_fusion.h). Returns the batch norms turned float16.
 int fold_bn_half_casts_in(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                           std::set<std::string>* removed) {
   GraphView g(graph);
-  std::map<std::string, std::string> rewire;  // a removed Cast -> the tensor its readers read
-  std::set<std::string> gone;
-  int made = 0;
+  std::vector<HalfBatchNorm> found;
   for (int i = 0; i < g.size(); ++i) {
     tfc::NodeDef& update = *g.at(i);
     if (update.op() != "BNTrainingUpdate" || type_attr(update) != tfc::DT_FLOAT ||
@@ -4687,14 +4692,17 @@ int fold_bn_half_casts_in(tfc::GraphDef& graph, const std::unordered_set<std::st
       continue;
     tfc::NodeDef* xc = g.producer(update, 0, "Cast");
     tfc::NodeDef* reduce = g.producer(update, 1, "BNTrainingReduce");
-    if (!xc || !reduce || gone.count(xc->name()) || !float_cast(*xc, tfc::DT_HALF, tfc::DT_FLOAT) ||
+    if (!xc || !reduce || !float_cast(*xc, tfc::DT_HALF, tfc::DT_FLOAT) ||
         preserve.count(xc->name()) || type_attr(*reduce) != tfc::DT_FLOAT ||
         !GraphView::reads(*reduce, 0, xc->name()) || preserve.count(reduce->name()) ||
         g.consumers(reduce->name()) != 2)
       continue;
     // Every reader of x's Cast is this batch norm's: the reduce, the update and its gradients
     // (reading x as input 1 and the update's batch statistics).
-    std::vector<tfc::NodeDef*> grads;
+    HalfBatchNorm h;
+    h.update = &update;
+    h.reduce = reduce;
+    h.xc = xc;
     bool ok = true;
     for (tfc::NodeDef* r : data_readers(g, xc->name())) {
       if (r == reduce || r == &update) continue;
@@ -4704,54 +4712,68 @@ int fold_bn_half_casts_in(tfc::GraphDef& graph, const std::unordered_set<std::st
       if (!grad) ok = false;
       if (const auto b = r->attr().find("bias_grads"); b != r->attr().end() && b->second.i() != 0)
         ok = false;
-      grads.push_back(r);
+      h.grads.push_back(r);
     }
     if (!ok || GraphView::reads(update, 0, xc->name()) == false) continue;
-    // y read only through Casts to half; dy (the gradients' input 0) one Cast from half read by
-    // the gradients alone; dx (BNTrainingReduceGrad's output 0) read only through Casts to half.
-    std::vector<tfc::NodeDef*> out_casts;
-    if (!read_through_half_casts(g, update, preserve, &out_casts)) continue;
-    tfc::NodeDef* gc = nullptr;
-    for (tfc::NodeDef* r : grads) {
+    // y read only through Casts to half; dy (the gradients' input 0) one Cast from half; dx
+    // (BNTrainingReduceGrad's output 0) read only through Casts to half.
+    if (!read_through_half_casts(g, update, preserve, &h.out_casts)) continue;
+    for (tfc::NodeDef* r : h.grads) {
       tfc::NodeDef* c = g.producer(*r, 0, "Cast");
-      if (!c || (gc && c != gc)) ok = false;
-      gc = c;
-      if (r->op() == "BNTrainingReduceGrad" && !read_through_half_casts(g, *r, preserve, &out_casts))
+      if (!c || (h.gc && c != h.gc)) ok = false;
+      h.gc = c;
+      if (r->op() == "BNTrainingReduceGrad" &&
+          !read_through_half_casts(g, *r, preserve, &h.out_casts))
         ok = false;
     }
-    if (gc) {
-      ok = ok && float_cast(*gc, tfc::DT_HALF, tfc::DT_FLOAT) && !preserve.count(gc->name()) &&
-           !gone.count(gc->name());
-      for (tfc::NodeDef* r : data_readers(g, gc->name()))
-        ok = ok && std::find(grads.begin(), grads.end(), r) != grads.end();
+    if (h.gc)
+      ok = ok && float_cast(*h.gc, tfc::DT_HALF, tfc::DT_FLOAT) && !preserve.count(h.gc->name());
+    if (ok) found.push_back(std::move(h));
+  }
+  // dy's Cast goes where the gradients of batch norms taken here are all its readers: one batch
+  // norm's, or several whose dy is one tensor (a residual add's two branches, a projection
+  // block's, whose Casts of that tensor TensorFlow merged into one). Batch norms whose Cast has
+  // other readers are left out, until none is.
+  for (bool dropped = true; dropped;) {
+    dropped = false;
+    std::set<const tfc::NodeDef*> grads;
+    for (const HalfBatchNorm& h : found) grads.insert(h.grads.begin(), h.grads.end());
+    for (auto h = found.begin(); h != found.end();) {
+      bool ok = true;
+      if (h->gc)
+        for (tfc::NodeDef* r : data_readers(g, h->gc->name())) ok = ok && grads.count(r);
+      dropped |= !ok;
+      h = ok ? h + 1 : found.erase(h);
     }
-    if (!ok) continue;
-    // Turn the batch norm float16: x and dy read as the Casts read them, the outputs' Casts go
-    // (their readers read the batch norm's outputs).
-    const auto input_of = [](const tfc::NodeDef& cast) { return cast.input(0); };
-    for (tfc::NodeDef* n : {reduce, &update}) (*n->mutable_attr())["T"] = type_value(tfc::DT_HALF);
-    reduce->set_input(0, input_of(*xc));
-    update.set_input(0, input_of(*xc));
-    for (tfc::NodeDef* r : grads) {
+  }
+  // Turn the batch norms float16: x and dy read as the Casts read them, the outputs' Casts go
+  // (their readers read the batch norm's outputs).
+  std::map<std::string, std::string> rewire;  // a removed Cast -> the tensor its readers read
+  std::set<std::string> gone;
+  const auto input_of = [](const tfc::NodeDef& cast) { return cast.input(0); };
+  for (HalfBatchNorm& h : found) {
+    for (tfc::NodeDef* n : {h.reduce, h.update}) (*n->mutable_attr())["T"] = type_value(tfc::DT_HALF);
+    h.reduce->set_input(0, input_of(*h.xc));
+    h.update->set_input(0, input_of(*h.xc));
+    for (tfc::NodeDef* r : h.grads) {
       (*r->mutable_attr())["T"] = type_value(tfc::DT_HALF);
-      r->set_input(1, input_of(*xc));
-      r->set_input(0, input_of(*gc));
+      r->set_input(1, input_of(*h.xc));
+      r->set_input(0, input_of(*h.gc));
     }
-    for (tfc::NodeDef* c : {xc, gc}) {
-      if (!c) continue;
-      gone.insert(c->name());
+    for (tfc::NodeDef* c : {h.xc, h.gc}) {
+      if (!c || !gone.insert(c->name()).second) continue;  // (a shared dy Cast once)
       rewire[c->name()] = input_of(*c);
-      // The Cast's control inputs hold its readers back: they now hold back the batch norm.
+      // The Cast's control inputs hold its readers back: they now hold back the batch norms.
       for (const std::string& in : c->input())
         if (!in.empty() && in[0] == '^')
           for (tfc::NodeDef* r : data_readers(g, c->name())) r->add_input(in);
     }
-    for (tfc::NodeDef* c : out_casts) {
+    for (tfc::NodeDef* c : h.out_casts) {
       gone.insert(c->name());
       rewire[c->name()] = c->input(0);
     }
-    ++made;
   }
+  const int made = static_cast<int>(found.size());
   if (gone.empty()) return 0;
   // Readers of a removed Cast read what it read (a control edge: its producer's node).
   for (tfc::NodeDef& n : *graph.mutable_node()) {

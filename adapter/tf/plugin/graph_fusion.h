@@ -85,10 +85,12 @@
 //      policy Keras casts a float16 x to float32 for the batch norm and y back, and the
 //      gradient the same way round: rewrite 0's four nodes of T float where x is a Cast half ->
 //      float read by those four alone, y (BNTrainingUpdate's output 0, no residual) read only by
-//      Casts float -> half, the gradients' dy one Cast half -> float read by both alone and dx
-//      read only by Casts float -> half (none preserved, bias_grads 0) -> the four with T = half,
-//      reading x and dy in float16, the statistics staying float32 (CANN's BNTraining* as
-//      allow_mix_precision's pass makes them), the Casts gone (their readers read the batch
+//      Casts float -> half, the gradients' dy one Cast half -> float read by both alone (or by
+//      the gradients of several batch norms that all turn half: a projection block's two, whose
+//      dy is the residual add's one gradient) and dx read only by Casts float -> half (none
+//      preserved, bias_grads 0) -> the four with T = half, reading x and dy in float16, the
+//      statistics staying float32 (CANN's BNTraining* as allow_mix_precision's pass makes
+//      them), the Casts gone (their readers read the batch
 //      norm's outputs; a Cast's control inputs move to the batch norm's nodes). The kernels
 //      widen x and dy exactly and round y and dx once, as the Casts did; the statistics are the
 //      same values summed in another order where the convolution before then sums its own
