@@ -214,8 +214,7 @@ std::vector<ArgRef> append_vector_copies(CompiledKernel& k, const OpDesc& op,
   e.c = c;
   e.vectors = e.outputs = static_cast<int>(vs.size());
   e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
-    for (size_t i = 0; i < o.vectors.size(); ++i)
-      f32_copy(b, o.outputs[i], o.vectors[i], *o.count);
+    for (size_t i = 0; i < o.vectors.size(); ++i) f32_copy(b, o.outputs[i], o.vectors[i], *o.count);
   };
   k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()), args));
   return copies;

@@ -830,9 +830,9 @@ int fold_bn_relus_in(tfc::GraphDef& graph, const std::unordered_set<std::string>
     const std::optional<tfc::DataType> t = type_attr(relu);
     tfc::NodeDef* update = g.producer(relu, 0, "BNTrainingUpdate");
     if ((t != tfc::DT_FLOAT && t != tfc::DT_HALF) || !update || !on_npu(*update) ||
-        update->device() != relu.device() || type_attr(*update) != t ||
-        update->input_size() < 5 || has_residual(*update) || preserve.count(update->name()) ||
-        rm.claimed(update->name()) || output_reads(g, update->name(), 0) != 1)
+        update->device() != relu.device() || type_attr(*update) != t || update->input_size() < 5 ||
+        has_residual(*update) || preserve.count(update->name()) || rm.claimed(update->name()) ||
+        output_reads(g, update->name(), 0) != 1)
       continue;
     if (auto r = update->attr().find("relu"); r != update->attr().end() && r->second.b()) continue;
     (*update->mutable_attr())["relu"].set_b(true);
@@ -4752,7 +4752,8 @@ int fold_bn_half_casts_in(tfc::GraphDef& graph, const std::unordered_set<std::st
   std::set<std::string> gone;
   const auto input_of = [](const tfc::NodeDef& cast) { return cast.input(0); };
   for (HalfBatchNorm& h : found) {
-    for (tfc::NodeDef* n : {h.reduce, h.update}) (*n->mutable_attr())["T"] = type_value(tfc::DT_HALF);
+    for (tfc::NodeDef* n : {h.reduce, h.update})
+      (*n->mutable_attr())["T"] = type_value(tfc::DT_HALF);
     h.reduce->set_input(0, input_of(*h.xc));
     h.update->set_input(0, input_of(*h.xc));
     for (tfc::NodeDef* r : h.grads) {
