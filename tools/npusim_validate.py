@@ -52,7 +52,8 @@ def select(cases, only, path):
 
 def list_cases(cases):
     for c in cases:
-        what = c["op"] if c.kind == "op" else f"{c['model']} {c['mode']} b{c['batch']}"
+        what = {"op": lambda: c["op"], "kernel": lambda: os.path.basename(c["kernel"]),
+                "model": lambda: f"{c['model']} {c['mode']} b{c['batch']}"}[c.kind]()
         print(f"{c['id']:34} {c['set']:11} {c['chip']:5} {what:28} {c['source']['quality']}")
 
 
@@ -63,7 +64,7 @@ def main(argv=None):
         print(f"npusim validate: error: --set '{bad[0]}': expected KEY=VALUE", file=sys.stderr)
         return 1
     try:
-        cases = select(load_cases(a.cases), a.only, a.cases)
+        cases = select(load_cases(a.cases, runner.ROOT), a.only, a.cases)
     except CaseError as e:
         print(f"npusim validate: error: {e}", file=sys.stderr)
         return 1

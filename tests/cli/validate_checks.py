@@ -27,6 +27,13 @@ FILL = "ZerosLike:f32:2097152"
 ADD_BIG = ["f16:2048x2048", "f16:2048x2048"]  # 24 MiB in all, more than the 8 MiB L2
 # A host issue far longer than the 256^3 MatMul on the tiny chip: the loop is host-bound.
 LOOP_ISSUE_US = 100
+# A hand-written kernel case: the DataCopy twin's GM -> UB copies on the tiny chip's 4 vector
+# cores, 2 bands of 64 rows each; twice over (REPEAT) for the hit-rate row: the 256 KiB matrix
+# fits the 8 MiB L2, so the second pass hits.
+COPY_KERNEL = "benchmarks/kernels/gm2ub_load.s"
+COPY_ARGS = {"M": 512, "N": 256, "TR": 64, "TC": 64, "EVERY": 0, "STAGGER": 0, "SLICES": 1,
+             "REPEAT": 1}
+COPY_TWICE = {**COPY_ARGS, "REPEAT": 2}
 
 
 def case(cid, set_, published, workload):
@@ -57,6 +64,11 @@ CASES = yaml.safe_dump({"cases": [
           "work": {"flops": FLOPS}, "host_loop": {"calls": 30, "warmup": 6}}),
     case("mm_l2", "held_out", {"value": 0.5, "unit": "ratio"},
          {"op": "MatMul", "inputs": MATMUL, "metric": "l2_hit_rate"}),
+    case("copy_us", "calibration", {"value": 2.0, "unit": "us"},
+         {"kernel": COPY_KERNEL, "blocks": 4, "args": COPY_ARGS, "buffers": ["x"]}),
+    case("copy_l2", "held_out", {"value": 0.4, "unit": "ratio"},
+         {"kernel": COPY_KERNEL, "blocks": 4, "args": COPY_TWICE, "buffers": ["x"],
+          "metric": "l2_hit_rate"}),
     case("cnn_infer", "held_out", {"value": 20000, "unit": "samples/s"},
          {"chip": "tiny_coupled", "model": "cnn", "mode": "infer", "batch": 2, "steps": 1}),
     case("not_run", "held_out", {"value": 100, "unit": "samples/s"},
@@ -94,6 +106,19 @@ def op_reference(tmp, op, inputs, sets=(), report=False, extra=()):
         with open(os.path.join(rep, "op_summary.csv"), newline="") as f:
             rows = list(csv.DictReader(f))
     return t, rows
+
+
+def kernel_reference(tmp, args):
+    """The copy kernel's time (us) and op_summary.csv rows, from `npusim run` directly."""
+    out, rep = os.path.join(tmp, "ref_copy.json"), os.path.join(tmp, "ref_copy_report")
+    cmd = ["run", os.path.join(ROOT, COPY_KERNEL), "--chip", "tiny", "--timing-only", "--blocks",
+           "4", "--out", f"x={os.path.join(tmp, 'ref_x.npy')}", "--json", out, "--report-dir", rep]
+    for k, v in args.items():
+        cmd += ["--arg", f"{k}={v}"]
+    p = run(*cmd)
+    assert p.returncode == 0, p.stderr
+    with open(os.path.join(rep, "op_summary.csv"), newline="") as f:
+        return json.load(open(out))["time_us"], list(csv.DictReader(f))
 
 
 def model_reference(tmp):
@@ -169,6 +194,24 @@ def main():
         check("ratio row: op_summary.csv l2_hit_rate and difference",
               abs(r["simulated"] - ref_hit) < 1e-9 and abs(r["error"] - (ref_hit - 0.5)) < 1e-9,
               f"{r['simulated']} vs {ref_hit}")
+        t_copy, _ = kernel_reference(tmp, COPY_ARGS)
+        r = rows["copy_us"]
+        check("kernel row: npusim run's Task Duration of the hand-written kernel, and its error",
+              r["status"] == "ok" and abs(r["simulated"] - t_copy) < 1e-9 and
+              abs(r["error"] - (t_copy / 2.0 - 1.0)) < 1e-9, f"{r} vs {t_copy}")
+        _, twice_rows = kernel_reference(tmp, COPY_TWICE)
+        hit = float(twice_rows[0]["l2_hit_rate"])
+        # From the config: a matrix row (N f16) is one L2 line (tiny extends the 910b:
+        # memory.l2.line_bytes 512) read by N / TC copies a pass; the first of the first pass
+        # misses and fills the line, every other lookup of the two passes hits.
+        line_bytes = yaml.safe_load(run("config", "--chip", "tiny").stdout)["memory"]["l2"]["line_bytes"]
+        per_pass = COPY_ARGS["N"] // COPY_ARGS["TC"]
+        expect_hit = 1 - 1 / (2 * per_pass)
+        r = rows["copy_l2"]
+        check("kernel ratio row: its op_summary.csv column (the L2 hits the config gives)",
+              line_bytes == 2 * COPY_ARGS["N"] and len(twice_rows) == 1 and
+              abs(hit - expect_hit) < 1e-4 and abs(r["simulated"] - hit) < 1e-9 and
+              abs(r["error"] - (hit - 0.4)) < 1e-9, f"{r} vs {hit}, expected {expect_hit}")
         ref = model_reference(tmp)
         r = rows["cnn_infer"]
         check("model row: models.run's samples/s on a coupled chip, its convolutions on the NPU",
@@ -204,7 +247,7 @@ def main():
               repr(line))
         summary = json.load(open(out_json))["summary"]
         check("composite row kept out of the kernel means, in a mean of its own",
-              summary["kernel/held_out"]["n"] == 1 and summary["kernel/all"]["n"] == 5 and
+              summary["kernel/held_out"]["n"] == 1 and summary["kernel/all"]["n"] == 6 and
               abs(summary["kernel/held_out"]["mae"] - abs(err_add)) < 1e-9 and
               summary["composite/all"]["n"] == 1 and abs(summary["composite/all"]["mae"] - abs(err_comp)) < 1e-9,
               f"{summary}")
@@ -212,7 +255,7 @@ def main():
         check("composite summary line printed", f"n=1, MAE {100 * abs(err_comp):.1f} %" in comp_line,
               repr(comp_line))
         targets = [l for l in p.stdout.splitlines() if "kernel time MAE <= 10 %" in l]
-        check("composite row not in the kernel target", len(targets) == 1 and "over 5 cases" in targets[0],
+        check("composite row not in the kernel target", len(targets) == 1 and "over 6 cases" in targets[0],
               repr(targets))
 
         out2 = os.path.join(tmp, "out2.json")
@@ -256,6 +299,18 @@ def main():
             check(f"bad published_includes ({why}): exit 1 naming file, case and key",
                   p.returncode == 1 and "bad.yaml" in p.stderr and "add_composite" in p.stderr and
                   ".published_includes" in p.stderr, p.stderr)
+        for bad_value, key in (("benchmarks/kernels/no_such_kernel.s", ".kernel"),
+                               ("benchmarks/kernels/gm2ub_load.txt", ".kernel")):
+            with open(bad, "w") as f:
+                f.write(CASES.replace(f"kernel: {COPY_KERNEL}", f"kernel: {bad_value}", 1))
+            p = run("validate", "--cases", bad)
+            check(f"bad kernel path ({bad_value}): exit 1 naming the case and the key",
+                  p.returncode == 1 and "copy_us" in p.stderr and key in p.stderr, p.stderr)
+        with open(bad, "w") as f:
+            f.write(CASES.replace("    M: 512\n", "    M: many\n", 1))
+        p = run("validate", "--cases", bad)
+        check("bad kernel args: exit 1 naming the case and the key",
+              p.returncode == 1 and "copy_us" in p.stderr and ".args" in p.stderr, p.stderr)
         with open(bad, "w") as f:
             f.write(CASES.replace("  metric: l2_hit_rate\n",
                                   "  metric: l2_hit_rate\n  published_includes: MemSet\n", 1))

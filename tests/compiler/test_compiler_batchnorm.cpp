@@ -212,6 +212,11 @@ TEST_CASE("FusedBatchNormV3 training: batch statistics, channels not multiples o
   check_forward({DataType::F16, {2, 5, 3, 12}, true}, 3);
   check_forward({DataType::BF16, {1, 6, 7, 32}, true}, 4);
   check_forward({DataType::F32, {1, 1, 1, 3}, true}, 5);  // one pixel: Bessel factor 1
+  // 16-bit pixels of 24 and 40 channels (not whole 32-byte blocks) summed in place in rows of
+  // two pixels, an odd pixel count's last pixel a partial row (ops/channel.h)
+  check_forward({DataType::F16, {2, 5, 3, 24}, true}, 6);
+  check_forward({DataType::F16, {1, 5, 3, 40}, true}, 7);
+  check_forward({DataType::BF16, {1, 3, 3, 8}, true}, 8);
 }
 
 TEST_CASE("FusedBatchNormV3 inference and exponential averaging") {
@@ -225,6 +230,11 @@ TEST_CASE("FusedBatchNormGradV3 training and inference") {
   check_grad({DataType::F16, {2, 4, 3, 16}, true}, 21);
   check_grad({DataType::BF16, {1, 5, 5, 10}, true}, 22);
   check_grad({DataType::F32, {3, 2, 4, 9}, false}, 23);
+  // (pixels of 24 and 40 channels read in place, as in the forward test)
+  check_grad({DataType::F16, {2, 4, 3, 24}, true}, 24);
+  check_grad({DataType::F16, {1, 3, 5, 40}, true}, 25);
+  check_grad({DataType::BF16, {1, 3, 3, 8}, true}, 26);
+  check_grad({DataType::F16, {1, 3, 5, 24}, false}, 27);
 }
 
 TEST_CASE("FusedBatchNorm: empty batch, errors") {

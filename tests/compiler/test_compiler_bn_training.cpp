@@ -467,7 +467,12 @@ compiler::ops::ChannelSumSpec update_grad_sums(int64_t pixels, int64_t c, isa::D
   s.plain_sum = true;
   s.a_type = s.b_type = t;
   s.pixels = pixels;
-  s.cp = c;
+  // (c not whole blocks of t: rows of whole pixels, ChannelSumSpec::channels)
+  const std::optional<compiler::ops::ChannelSumRow> row =
+      compiler::ops::channel_sum_row(pixels, c, isa::dtype_size(t));
+  REQUIRE(row);
+  s.cp = row->cp;
+  s.channels = row->channels;
   return s;
 }
 
@@ -586,6 +591,10 @@ TEST_CASE("Channel sums with their epilogue in the kernel: the two launches' val
   check_epilogue_in_kernel(2 * 20 * 61, 64, DataType::F16, 71);
   check_epilogue_in_kernel(4 * 7 * 7, 512, DataType::F32, 72);
   check_epilogue_in_kernel(3 * 9 * 9, 2048, DataType::F16, 73);
+  // f16 pixels of 24 and 40 channels read as rows of two (ChannelSumSpec::channels): the
+  // partials fold a row's two pixels with the blocks; an odd count's last pixel a partial row
+  check_epilogue_in_kernel(2 * 7 * 7, 24, DataType::F16, 74);
+  check_epilogue_in_kernel(3 * 7 * 7, 40, DataType::F16, 75);
 }
 
 TEST_CASE("Channel epilogue: the blocks' partials folded pairwise in a fixed order") {
@@ -793,11 +802,58 @@ TEST_CASE("BNTraining gradients with relu: ReluGrad's mask on the stored y, bit 
   check_relu_fold_bits({2, 3, 5, 16}, DataType::F32, 60);
   check_relu_fold_bits({2, 3, 5, 16}, DataType::F16, 61);
   check_relu_fold_bits({1, 4, 4, 24}, DataType::F16, 62);
-  check_relu_fold_bits({1, 4, 4, 7}, DataType::F16, 63);  // channels padded to whole blocks
+  check_relu_fold_bits({1, 3, 5, 40}, DataType::F16, 64);  // rows of two pixels, a partial one
+  check_relu_fold_bits({1, 4, 4, 7}, DataType::F16, 63);   // channels padded to whole blocks
   // bf16 has no BNTrainingUpdate to fold from
   const TensorDesc x{DataType::BF16, {2, 4, 4, 8}}, v{DataType::F32, {8}};
   CHECK(compile_refusal(make_op("BNTrainingUpdateGrad", {x, x, v, v, v, v}, {{"relu", true}}))
             .message.find("relu = true needs T = f32 or f16") != std::string::npos);
+}
+
+TEST_CASE("BNTraining f16 channels not whole 32-byte blocks: read in place in rows of two pixels") {
+  // C = 8, 24, 40 (multiples of 8 whose f16 pixel is 16 bytes past whole blocks; EfficientNet's
+  // 24 and 40, RegNet's 24, 56 and 152): the channel sums read x and dy where they are, in rows
+  // of two pixels (ChannelSumSpec::channels), an odd pixel count's last pixel a partial row;
+  // C = 3 (not a multiple of 8) from a channel-padded copy. Against the double reference.
+  uint32_t seed = 100;
+  const std::vector<std::vector<int64_t>> shapes = {{2, 3, 5, 8},  {1, 3, 5, 24}, {2, 7, 7, 40},
+                                                    {1, 7, 7, 40}, {3, 5, 5, 24}, {1, 1, 3, 24},
+                                                    {1, 4, 4, 3},  {2, 3, 5, 3}};
+  for (const std::vector<int64_t>& shape : shapes) {
+    check_reduce(shape, seed++, DataType::F16);
+    check_grads({shape, seed++, false, DataType::F16});
+    check_grads({shape, seed++, true, DataType::F16});
+  }
+  // Several tiles and raw tiles per block, the last block's partial row after them.
+  check_reduce({1, 41, 61, 24}, seed++, DataType::F16);
+  check_grads({{1, 41, 61, 40}, seed++, true, DataType::F16});
+  // The widest row read in place, C = 1,016 (2,032 f32: one repeat stride); 1,032 is padded.
+  check_grads({{1, 1, 3, 1016}, seed++, true, DataType::F16});
+  check_reduce({1, 1, 3, 1032}, seed++, DataType::F16);
+  // One launch each where the epilogue joins the sums (split chips), else the sums' and the
+  // epilogue's; with NPUSIM_BN_RAGGED_CHANNELS=0 the padded copies of x (and dy, and the
+  // per-channel vectors of the gradient) come first.
+  const ChipConfig& cfg = test_sim().config();
+  const size_t one = compiler::ops::channel_epilogue_in_kernel(cfg) ? 1 : 2;
+  const TensorDesc x{DataType::F16, {8, 14, 14, 24}}, v{DataType::F32, {24}};
+  const auto launches = [&](const std::string& type, std::vector<TensorDesc> in, bool relu) {
+    const auto k = compiler::compile(make_op(type, std::move(in), {{"relu", relu}}), cfg);
+    std::string all;
+    for (const auto& l : k.launches) all += l.summary + "\n";
+    INFO(all);
+    CHECK((all.find("24 channels, 2 pixels a row") != std::string::npos) ==
+          (k.launches.size() == one));
+    return k.launches.size();
+  };
+  CHECK(launches("BNTrainingReduce", {x}, false) == one);
+  CHECK(launches("BNTrainingUpdateGrad", {x, x, v, v}, false) == one);
+  CHECK(launches("BNTrainingUpdateGrad", {x, x, v, v, v, v}, true) == one);
+  setenv("NPUSIM_BN_RAGGED_CHANNELS", "0", 1);
+  CHECK(launches("BNTrainingReduce", {x}, false) == one + 1);
+  CHECK(launches("BNTrainingUpdateGrad", {x, x, v, v}, false) == one + 3);
+  CHECK(launches("BNTrainingUpdateGrad", {x, x, v, v, v, v}, true) == one + 6);
+  check_grads({{1, 3, 5, 24}, seed++, true, DataType::F16});
+  unsetenv("NPUSIM_BN_RAGGED_CHANNELS");
 }
 
 TEST_CASE("BNTraining channel sums: several tiles per block, a partial last tile") {

@@ -21,6 +21,12 @@ and one workload:
       back to back (after W warm-ups) and divided by N, e.g. a torch.mm loop around a device
       synchronize: the figure is the time per call of `npusim op --host-loop N --host-warmup W`
       (host issue host.op_dispatch_us a call, the host running ahead of the device)
+  kernel: a hand-written kernel (assembly .s or binary .npuk, its path from the repository
+      root) run by `npusim run` (timing-only): blocks (block_dim; default every core it runs
+      on), args {NAME: integer} (its scalar arguments), buffers [NAME, ...] (its tensor
+      arguments, allocated on the device from their declared types, `npusim run --out`), metric
+      for unit ratio as for op; the figure is the launch's Task Duration (or the metric). A
+      vendor sample's own loop (Huawei's DataCopy sample) run without a compiler in between.
   model: a models/ registry name run by `python -m models.run`: mode, batch, input_size,
       steps (default 1), precision; needs_timing_only: true if the published size only runs
       with timing-only TensorFlow runs; interim {batch, input_size}: the size run until then
@@ -30,6 +36,7 @@ Optional: blocked: "why" (the case is listed, not run: e.g. no such model in mod
       kernel targets' means, in a line of its own (tools/validate/table.py).
 Errors (CaseError) name the file, the case and the key.
 """
+import os
 import re
 
 import yaml
@@ -40,6 +47,7 @@ COMMON_KEYS = ("id", "set", "chip", "overrides", "published", "source", "conditi
                "notes", "published_includes")
 KIND_KEYS = {
     "op": ("op", "inputs", "attrs", "precision", "work", "metric", "before", "env", "host_loop"),
+    "kernel": ("kernel", "blocks", "args", "buffers", "work", "metric"),
     "model": ("model", "mode", "batch", "input_size", "steps", "precision", "needs_timing_only",
               "interim"),
 }
@@ -55,7 +63,8 @@ class Case(dict):
 
     @property
     def kind(self):
-        return "op" if "op" in self else "model"
+        """op, kernel or model: the case's workload."""
+        return next(k for k in KIND_KEYS if k in self)
 
     @property
     def composite(self):
@@ -89,19 +98,32 @@ def _check_published(path, where, c):
         _fail(path, where + ".published.value", f"must be a positive number, not {p['value']!r}")
     if p["unit"] not in UNITS:
         _fail(path, where + ".published.unit", f"'{p['unit']}' is not one of {', '.join(UNITS)}")
-    kind = "op" if "op" in c else "model"
+    kind = next((k for k in KIND_KEYS if k in c), "model")
     if (kind == "model") != (p["unit"] == "samples/s"):
         _fail(path, where + ".published.unit",
-              "model cases compare samples/s; op cases compare time, TFLOPS, GB/s or a ratio")
+              "model cases compare samples/s; op and kernel cases compare time, TFLOPS, GB/s or "
+              "a ratio")
     if "published_includes" in c:
         inc = c["published_includes"]
         if not isinstance(inc, str) or not inc.strip():
             _fail(path, where + ".published_includes",
                   f"must be a non-empty string naming the kernels the published figure sums "
                   f"besides the case's (e.g. \"TransData x2, MemSet\"), not {inc!r}")
-        if kind != "op" or p["unit"] == "ratio":
+        if kind == "model" or p["unit"] == "ratio":
             _fail(path, where + ".published_includes",
                   "only a kernel case (an op's time, TFLOPS or GB/s) sums kernels")
+
+
+def _check_figure(path, where, c):
+    """The keys an op or kernel case's figure needs: work for a rate, metric for a ratio."""
+    unit = c["published"]["unit"]
+    need = {"TFLOPS": "flops", "GB/s": "bytes"}.get(unit)
+    work = c.get("work", {})
+    if need and not (isinstance(work, dict) and isinstance(work.get(need), int) and work[need] > 0):
+        _fail(path, where + ".work", f"unit {unit} needs work: {{{need}: positive integer}}")
+    if (unit == "ratio") != ("metric" in c):
+        _fail(path, where + ".metric", "a ratio case names its op_summary.csv column in 'metric' "
+              "(and only ratio cases have one)")
 
 
 def _check_op(path, where, c):
@@ -110,10 +132,7 @@ def _check_op(path, where, c):
     if not isinstance(c.get("attrs", {}), dict):
         _fail(path, where + ".attrs", "must be a mapping {name: value}")
     unit = c["published"]["unit"]
-    need = {"TFLOPS": "flops", "GB/s": "bytes"}.get(unit)
-    work = c.get("work", {})
-    if need and not (isinstance(work, dict) and isinstance(work.get(need), int) and work[need] > 0):
-        _fail(path, where + ".work", f"unit {unit} needs work: {{{need}: positive integer}}")
+    _check_figure(path, where, c)
     before = c.get("before", [])
     if not (isinstance(before, list) and all(isinstance(b, str) and ":" in b for b in before)):
         _fail(path, where + ".before", "must be a list of OP:DTYPE:SHAPE[,DTYPE:SHAPE...]")
@@ -129,9 +148,27 @@ def _check_op(path, where, c):
             _fail(path, where + ".host_loop", "must be {calls: N >= 1, warmup: N >= 0}")
         if unit == "ratio":
             _fail(path, where + ".host_loop", "a ratio case reads a counter, not a loop's time")
-    if (unit == "ratio") != ("metric" in c):
-        _fail(path, where + ".metric", "a ratio case names its op_summary.csv column in 'metric' "
-              "(and only ratio cases have one)")
+
+
+def _check_kernel(path, where, c, root):
+    k = c["kernel"]
+    if not (isinstance(k, str) and k.endswith((".s", ".npuk"))):
+        _fail(path, where + ".kernel", f"must be the path of a .s or .npuk file, not {k!r}")
+    if root is not None and not os.path.isfile(os.path.join(root, k)):
+        _fail(path, where + ".kernel", f"no such file '{k}' (paths are from the repository root)")
+    blocks = c.get("blocks", 1)
+    if not (isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 1):
+        _fail(path, where + ".blocks", f"must be a positive integer, not {blocks!r}")
+    args = c.get("args", {})
+    if not (isinstance(args, dict) and all(
+            re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(n)) and isinstance(v, int) and
+            not isinstance(v, bool) for n, v in args.items())):
+        _fail(path, where + ".args", "must be a mapping {NAME: integer}")
+    bufs = c.get("buffers", [])
+    if not (isinstance(bufs, list) and all(
+            isinstance(b, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", b) for b in bufs)):
+        _fail(path, where + ".buffers", "must be a list of argument names")
+    _check_figure(path, where, c)
 
 
 def _check_model(path, where, c):
@@ -145,14 +182,14 @@ def _check_model(path, where, c):
         _fail(path, where + ".interim", "must be {batch: N, input_size: N}")
 
 
-def check_case(path, index, c, seen):
+def check_case(path, index, c, seen, root=None):
     where = f"cases[{index}]"
     if not isinstance(c, dict):
         _fail(path, where, "a case is a mapping")
     where = f"case '{c.get('id', index)}'"
     kinds = [k for k in KIND_KEYS if k in c]
     if len(kinds) != 1:
-        _fail(path, where, "a case has exactly one workload: 'op' or 'model'")
+        _fail(path, where, "a case has exactly one workload: 'op', 'kernel' or 'model'")
     _check_keys(path, where, c, COMMON_KEYS + KIND_KEYS[kinds[0]])
     for k in ("id", "set", "chip", "published", "source", "conditions"):
         if k not in c:
@@ -170,12 +207,18 @@ def check_case(path, index, c, seen):
         _fail(path, where + ".source", "needs at least url and quality")
     _check_keys(path, where + ".source", src, SOURCE_KEYS)
     _check_published(path, where, c)
-    (_check_op if kinds[0] == "op" else _check_model)(path, where, c)
+    if kinds[0] == "op":
+        _check_op(path, where, c)
+    elif kinds[0] == "kernel":
+        _check_kernel(path, where, c, root)
+    else:
+        _check_model(path, where, c)
     return Case(c)
 
 
-def load_cases(path):
-    """The checked cases of a case file, in file order."""
+def load_cases(path, root=None):
+    """The checked cases of a case file, in file order (ROOT: the repository root, where a
+    kernel case's file must exist; None: not checked)."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
@@ -187,6 +230,6 @@ def load_cases(path):
         raise CaseError(f"{path}: the file must have one top-level key 'cases' with a list of cases")
     seen, out = set(), []
     for i, c in enumerate(doc["cases"]):
-        out.append(check_case(path, i, c, seen))
+        out.append(check_case(path, i, c, seen, root))
         seen.add(c["id"])
     return out

@@ -4,6 +4,8 @@ op cases run `npusim op OP ... --timing-only --json --report-dir` (a ratio case'
 op_summary.csv column, averaged over the op's launches weighted by Task Duration; a host-loop
 case's is the loop's time per call, `--host-loop`); cases of one op with the same command share
 its run;
+kernel cases run `npusim run KERNEL ... --timing-only --json --report-dir`, their figures read
+as an op case's;
 model cases run `python -m models.run ... --json` from the repository root with this Python.
 A model case that needs timing-only TensorFlow runs uses them when models.run has
 --timing-only; until then it runs its interim size (and says so) or is reported as waiting.
@@ -55,6 +57,22 @@ def op_command(npusim, case, tmp, extra_sets):
     loop = case.get("host_loop")
     if loop:
         cmd += ["--host-loop", str(loop["calls"]), "--host-warmup", str(loop.get("warmup", 0))]
+    return cmd + ["--report-dir", os.path.join(tmp, "report")], out
+
+
+def kernel_command(npusim, case, tmp, extra_sets):
+    """`npusim run KERNEL ... --timing-only --json --report-dir`: the case's blocks, scalar
+    arguments and device buffers (each written, undefined in timing-only mode, to the scratch
+    folder)."""
+    out = os.path.join(tmp, "result.json")
+    cmd = [npusim, "run", os.path.join(ROOT, case["kernel"])] + chip_args(case, extra_sets) + \
+        ["--timing-only", "--json", out, "--quiet"]
+    if "blocks" in case:
+        cmd += ["--blocks", str(case["blocks"])]
+    for name, v in (case.get("args") or {}).items():
+        cmd += ["--arg", f"{name}={v}"]
+    for name in case.get("buffers") or []:
+        cmd += ["--out", f"{name}={os.path.join(tmp, name + '.npy')}"]
     return cmd + ["--report-dir", os.path.join(tmp, "report")], out
 
 
@@ -189,8 +207,12 @@ def run_case(case, npusim, timeout_s, extra_sets=()):
         return rec
     rec["ran"] = size[3] if size else ""
     with tempfile.TemporaryDirectory(prefix="npusim_validate_") as tmp:
-        cmd, out = (op_command(npusim, case, tmp, extra_sets) if case.kind == "op"
-                    else model_command(case, tmp, size, extra_sets))
+        if case.kind == "op":
+            cmd, out = op_command(npusim, case, tmp, extra_sets)
+        elif case.kind == "kernel":
+            cmd, out = kernel_command(npusim, case, tmp, extra_sets)
+        else:
+            cmd, out = model_command(case, tmp, size, extra_sets)
         run = execute(cmd, out, tmp, timeout_s, case.get("env"))
     rec["wall_s"] = run["wall_s"]
     if "reason" in run:

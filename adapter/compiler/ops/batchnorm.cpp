@@ -60,7 +60,11 @@
 // the element-wise pass (the streaming kernel, per-channel vectors resident in the UB). Sums
 // are formed in a different order than Eigen's (see channel.h), so results agree within f32
 // rounding, not bit for bit. Channels whose C * sizeof(T) is not a multiple of 32 are summed
-// from a channel-padded copy of the tensors in the workspace.
+// from a channel-padded copy of the tensors in the workspace (a launch per tensor and per
+// vector the sums read), except where C is a multiple of 8 (f16 / bf16 C = 8, 24, 40, ...):
+// there the sums read x and dy where they are, as rows of two pixels (whole blocks), and fold
+// each row's two pixels back to channels with the blocks' partials (ChannelSumSpec::channels;
+// NPUSIM_BN_RAGGED_CHANNELS=0: the padded copies).
 #include <optional>
 
 #include <fmt/format.h>
@@ -82,25 +86,37 @@ using isa::Opcode;
 
 namespace {
 
-// The tensors a channel sum reads, with C padded to whole blocks.
+// A tensor as a channel sum reads it: rows of cp channels (ChannelSumSpec::cp), with channels
+// != 0 rows of cp / channels whole pixels of the tensor itself (ChannelSumSpec::channels).
 struct Padded {
   ArgRef ref;
-  int64_t cp = 0;
+  int64_t cp = 0, channels = 0;
+  // The channel pitch of the sums' partials (ChannelSumLaunch::partial_pitch).
+  int64_t pitch() const { return channels ? channels : cp; }
+  void set(ChannelSumSpec& s) const {
+    s.cp = cp;
+    s.channels = channels;
+  }
 };
 
-// [pixels, c] tensor `src` of type dt in the layout the channel sums need (a padded copy in the
-// workspace unless c * size is whole blocks).
+// [pixels, c] tensor `src` of type dt in the layout the channel sums need: the tensor itself
+// where c * size is whole blocks, or where the sums can read it in rows of whole
+// pixels (channel_sum_row: c a multiple of 8, e.g. f16's 24 or 40); else a copy with the
+// channels padded to whole blocks in the workspace (a launch).
 Padded padded(CompiledKernel& k, const OpDesc& op, const ArgRef& src, int64_t pixels, int64_t c,
               DataType dt, const ChipConfig& cfg) {
   const int64_t size = data_type_bytes(dt), cp = round_up(c, std::max<int64_t>(8, 32 / size));
   if (cp == c) return {src, c};
+  if (const std::optional<ChannelSumRow> row = channel_sum_row(pixels, c, size))
+    return {src, row->cp, row->channels};
   ArgRef ws = workspace_take(k, static_cast<uint64_t>(pixels * cp * size));
   append_channel_pad(k, op, src, ws, pixels, c, cp, dt, cfg);
   return {ws, cp};
 }
 
-// Appends a channel sum; returns the partials' workspace ref and block count (with
-// s.plain_sum, *plain gets the second partials' ref).
+// Appends a channel sum; returns the partials' workspace ref and their rows of
+// ChannelSumLaunch::partial_pitch channels per item (the blocks, or with s.channels the rows
+// of pixels; with s.plain_sum, *plain gets the second partials' ref).
 std::pair<ArgRef, int> append_sum(CompiledKernel& k, const OpDesc& op, ChannelSumSpec s,
                                   std::vector<ArgRef> ins, const ChipConfig& cfg,
                                   ArgRef* plain = nullptr) {
@@ -113,7 +129,7 @@ std::pair<ArgRef, int> append_sum(CompiledKernel& k, const OpDesc& op, ChannelSu
     ins.push_back(*plain);
   }
   k.launches.push_back(with_args(std::move(cs.launch), ins));
-  return {partials, cs.blocks};
+  return {partials, cs.partial_rows};
 }
 
 // A vector launch writing f32 `value` to every element of the output `out` (index).
@@ -275,12 +291,12 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
     ChannelSumSpec s;
     s.a_type = device_dtype(dt);
     s.pixels = pixels;
-    s.cp = x.cp;
+    x.set(s);
     auto [s1, b1] = append_sum(k, op, s, {x.ref}, cfg);
     ChannelEpilogueSpec e1;
     e1.name = "BatchNormMean";
     e1.c = c;
-    e1.partial_cp = x.cp;
+    e1.partial_cp = x.pitch();
     e1.partial_blocks = {b1};
     e1.outputs = 1;
     const double inv = static_cast<float>(1.0f / static_cast<float>(pixels));
@@ -294,7 +310,7 @@ CompiledKernel compile_fused_batch_norm(const CompileContext& ctx) {
     ChannelEpilogueSpec e2;
     e2.name = "BatchNormVariance";
     e2.c = c;
-    e2.partial_cp = x.cp;
+    e2.partial_cp = x.pitch();
     e2.partial_blocks = {b2};
     e2.vectors = blend ? 4 : 2;  // scale, mean (, old mean, old variance)
     e2.outputs = 5;              // batch_mean, batch_variance, reserve 1, reserve 2, a
@@ -491,13 +507,15 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
   }
   const Padded dy = padded(k, op, input_ref(0), pixels, c, dt, cfg);
   const Padded x = padded(k, op, input_ref(1), pixels, c, dt, cfg);
-  // The centring vector must cover the padded channels: a copy of the mean in a cp buffer.
-  const ArgRef mean_p =
-      append_vector_copies(k, op, {input_ref(3)}, c, x.cp, "BatchNormGradMean", cfg)[0];
+  // The centring vector must cover the sums' cp channels: a copy of the mean in a cp buffer
+  // (read in rows of pixels: the mean itself, ChannelSumSpec::channels).
+  const ArgRef mean_p = x.channels ? input_ref(3)
+                                   : append_vector_copies(k, op, {input_ref(3)}, c, x.cp,
+                                                          "BatchNormGradMean", cfg)[0];
   ChannelSumSpec s;
   s.a_type = s.b_type = device_dtype(dt);
   s.pixels = pixels;
-  s.cp = x.cp;
+  x.set(s);
   auto [sdy, bdy] = append_sum(k, op, s, {dy.ref}, cfg);
   s.kind = ChannelSumSpec::Kind::kSumProduct;
   s.centered = true;
@@ -509,7 +527,7 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
   ChannelEpilogueSpec e;
   e.name = "BatchNormGradCoefficients";
   e.c = c;
-  e.partial_cp = x.cp;
+  e.partial_cp = x.pitch();
   e.partial_blocks = {bdy, bdx};
   e.vectors = 2;  // scale, variance
   e.outputs = training ? 5 : 3;
@@ -582,13 +600,16 @@ TrainingShape training_shape(const OpDesc& op, size_t inputs, std::initializer_l
   return t;
 }
 
-// The per-channel vectors of a cp-padded channel sum (the centring mean, the ReLU mask's
-// statistics): the vectors `vs` themselves when c is whole blocks, else copies in cp-long
-// workspace buffers (the sums read cp channels of them), all made by one launch.
+// The per-channel vectors of a channel sum over x (the centring mean, the ReLU mask's
+// statistics): the vectors `vs` themselves where the sums read x's own channels (whole blocks,
+// or rows of whole pixels), else copies in x.cp-long workspace buffers (the sums read cp
+// channels of them), all made by one launch.
 std::vector<ArgRef> padded_vectors(CompiledKernel& k, const OpDesc& op,
-                                   const std::vector<ArgRef>& vs, int64_t c, int64_t cp,
+                                   const std::vector<ArgRef>& vs, int64_t c, const Padded& x,
                                    const ChipConfig& cfg) {
-  return cp == c ? vs : append_vector_copies(k, op, vs, c, cp, "BatchNormGradMean", cfg);
+  return x.cp == c || x.channels
+             ? vs
+             : append_vector_copies(k, op, vs, c, x.cp, "BatchNormGradMean", cfg);
 }
 
 // BNTrainingReduce(x) -> sum, square_sum: one pass over x summing x and x^2.
@@ -823,7 +844,7 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   std::vector<ArgRef> vectors = {input_ref(2)};
   if (relu)
     for (int i : {3, 4, 5}) vectors.push_back(input_ref(i));
-  vectors = padded_vectors(k, op, vectors, t.c, x.cp, ctx.cfg);
+  vectors = padded_vectors(k, op, vectors, t.c, x, ctx.cfg);
   ChannelSumSpec s;
   s.kind = ChannelSumSpec::Kind::kSumProduct;
   s.centered = true;
@@ -835,7 +856,7 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   s.stagger_first_tiles = true;  // where it can pay (ops/channel.h)
   s.a_type = s.b_type = device_dtype(t.dt);
   s.pixels = t.pixels;
-  s.cp = x.cp;
+  x.set(s);
   std::vector<ArgRef> sum_inputs = {x.ref, dy.ref};
   sum_inputs.insert(sum_inputs.end(), vectors.begin(), vectors.end());
   if (relu) {
@@ -1069,7 +1090,7 @@ void append_bn_training_reduce(CompiledKernel& k, const OpDesc& op, const ArgRef
   s.plain_sum = true;
   s.a_type = device_dtype(dt);
   s.pixels = pixels;
-  s.cp = xp.cp;
+  xp.set(s);
   // The most pixels per raw tile (ops/channel.cpp) on split chips, for f32 x only: f16 x adds
   // a widening per tile, and the smaller tile's extra instructions then cost more than the round
   // trips save (measured: f16 lost 3-10 % at 8x112x112x64 to 8x28x28x512, f32 gained 4-7 %).

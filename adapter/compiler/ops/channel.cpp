@@ -4,7 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -152,7 +154,8 @@ class ChannelSumEmitter {
   void fold_into_first(const uint64_t (&acc)[2], int from);
   void load_raw_tile(int q, const Reg& t0, const Reg& p1, const Reg& item, const Reg& g);
   void accumulate_raw_tile(int q, const Reg& t0, const Reg& p1, const Label (&exit)[2]);
-  void accumulate_tile(int q, int k, int j, const Reg& n);
+  void accumulate_tile(int q, int k, int j, const Reg& n, const Reg* elements = nullptr);
+  void accumulate_tail(const Reg& item);
   void load_tile(const char* arg, uint64_t dst, int64_t size, int64_t bstride, const Reg& n,
                  const Reg& t0, const Reg& item, const Reg& g);
   void store_sums(const char* arg, uint64_t acc, const Reg& blk, const Reg& item, const Reg& g);
@@ -171,7 +174,10 @@ class ChannelSumEmitter {
   int64_t m_tp = 1;          // pixels per tile (a power of two)
   int64_t m_rt = 1;          // tiles per raw tile (a power of two): loaded under one flag
   int64_t m_ct = 0;          // channels per group (divides cp)
-  int64_t m_per = 0;         // pixels per block
+  int64_t m_per = 0;         // rows per block
+  // The rows summed (ChannelSumSpec::channels: whole rows of m_row_pixels pixels; else pixels),
+  // and the elements of the partial row after them (the last block's).
+  int64_t m_row_pixels = 1, m_rows = 0, m_tail = 0;
   bool m_stagger = false;    // ChannelSumSpec::stagger_first_tiles taken
   int m_blocks = 0;
   uint64_t m_tile = 0;                                // elements per tile
@@ -206,7 +212,19 @@ ChannelSumEmitter::ChannelSumEmitter(KernelBuilder& b, const ChannelSumSpec& s)
       m_has_b(s.kind == Kind::kSumProduct),
       m_sa(isa::dtype_size(s.a_type)),
       m_sb(m_has_b ? isa::dtype_size(s.b_type) : 0),
-      m_vectors(s.centered || s.relu_mask) {}
+      m_vectors(s.centered || s.relu_mask) {
+  if (s.channels) {
+    if (s.channels % 8 != 0 || s.cp % s.channels != 0 || s.pixels < s.cp / s.channels)
+      b.fail(
+          fmt::format("channel sums over rows of {} channels of {}-channel pixels: the "
+                      "channels must be a multiple of 8 dividing the row, the tensor at least "
+                      "one row ({} pixels)",
+                      s.cp, s.channels, s.pixels));
+    m_row_pixels = s.cp / s.channels;
+  }
+  m_rows = s.pixels / m_row_pixels;
+  m_tail = (s.pixels % m_row_pixels) * (s.channels ? s.channels : s.cp);
+}
 
 // Tile: T pixels x ct channels, T a power of two; bytes per pixel-channel: a (2 raw + f32),
 // b (2 raw + f32), the accumulators (f32 copies only for f16 / bf16 inputs).
@@ -244,8 +262,8 @@ void ChannelSumEmitter::plan_tile() {
   // cleared and folded per channel group, whatever the pixels it accumulates; measured: sizing
   // it to hold all of a block's 9 or 33 pixels costs more in that than a remnant tile does).
   const int64_t cores = m_vector_blocks ? m_vector_blocks : m_core.count;
-  m_per = ceil_div(s.pixels, std::min<int64_t>(cores, s.pixels));
-  m_blocks = static_cast<int>(ceil_div(s.pixels, m_per));
+  m_per = ceil_div(m_rows, std::min<int64_t>(cores, m_rows));
+  m_blocks = static_cast<int>(ceil_div(m_rows, m_per));
   // The largest tile (channels first, then pixels) for in-place sums; ping-pong sums where
   // the same tile fits them, or where their own largest tile still leaves a block at least
   // kPingPongTiles tiles per channel group (measured, docs/compiler.md "The channel sums'
@@ -268,14 +286,17 @@ void ChannelSumEmitter::plan_tile() {
     int64_t tp = 1;
     while (tp * 2 <= kMaxTilePixels && tp * 2 <= m_per) tp *= 2;
     for (int64_t c = s.cp / unit * unit; c >= unit; c -= unit) {
-      if (!channels_fit(c)) continue;
+      // (rows of pixels: the whole row, one group)
+      if (!channels_fit(c) || (s.channels && c != s.cp)) continue;
       for (int64_t t = tp; t >= 1; t /= 2)
         if (need(t, c, pingpong) <= ub) return std::pair<int64_t, int64_t>{t, c};
     }
     return std::pair<int64_t, int64_t>{tp, int64_t{0}};
   };
   auto [tp, ct] = largest(false);
-  if (!ct) m_b.fail(fmt::format("not even one pixel of {} channels fits the UB", unit));
+  if (!ct)
+    m_b.fail(
+        fmt::format("not even one pixel of {} channels fits the UB", s.channels ? s.cp : unit));
   const auto [tp2, ct2] = largest(true);
   // (Not the ReLU-masked sums: their pre-activation and mask buffers make the smaller tile
   // much smaller; measured slower, docs/compiler.md.)
@@ -393,11 +414,11 @@ void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 1, 0});
   }
   if (s.centered) {
-    b.declare_arg("m", Dtype::F32, {s.cp});
+    b.declare_arg("m", Dtype::F32, {s.channels ? s.channels : s.cp});
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 2, 0});
   }
   for (int i = 0; s.relu_mask && i < s.mask_vectors; ++i) {
-    b.declare_arg(fmt::format("mask{}", i), Dtype::F32, {s.cp});
+    b.declare_arg(fmt::format("mask{}", i), Dtype::F32, {s.channels ? s.channels : s.cp});
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kInput, 3 + i, 0});
   }
   b.declare_arg("partials", Dtype::F32, {s.batch, m_blocks, s.cp});
@@ -590,8 +611,10 @@ void emit_epilogue_tiles(KernelBuilder& b, const ChannelEpilogueSpec& s, const E
 int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
   KernelBuilder& b = m_b;
   const ChannelSumSpec& s = m_s;
-  if (m_has_b || s.centered || s.relu_mask || s.batch != 1)
-    b.fail("a channel-sum section sums one tensor a (kSum or kSumSquares, one item)");
+  if (m_has_b || s.centered || s.relu_mask || s.batch != 1 || s.channels)
+    b.fail(
+        "a channel-sum section sums one tensor a (kSum or kSumSquares, one item, whole-block "
+        "pixels)");
   if (sec.groups < 1) b.fail("a channel-sum section needs at least one group");
   m_a_arg = sec.a_arg;
   m_vector_blocks = sec.groups * static_cast<int64_t>(b.config().aiv_per_aic);
@@ -658,15 +681,18 @@ ChannelSumLaunch ChannelSumEmitter::build(std::optional<ChannelEpilogueSpec> e) 
     out.launch.args.push_back(ArgRef{ArgRef::Kind::kOutput, first + e->vectors + i, 0});
   }
   emit_body([&](const Reg& blk) { b.emit(Opcode::op_get_block_id, {blk}); }, nullptr);
+  // The partials as [rows][pitch] (ChannelSumSpec::channels: a row's pixels are rows of them).
+  const int64_t pitch = s.channels ? s.channels : s.cp;
+  const int rows_per_block = static_cast<int>(m_row_pixels);
   std::string epilogue;
   if (e) {
     std::vector<std::string> sets = {"partials"};
     if (s.plain_sum) sets.push_back("partials2");
-    e->partial_cp = s.cp;
+    e->partial_cp = pitch;
     // Every block has pixels (m_blocks splits them): all of them meet at the barrier.
     m_px.reset();
-    emit_partials_epilogue(b, *e, sets, static_cast<int>(m_blocks), 0);
-    e->partial_blocks.assign(sets.size(), m_blocks);
+    emit_partials_epilogue(b, *e, sets, static_cast<int>(m_blocks), 0, rows_per_block);
+    e->partial_blocks.assign(sets.size(), m_blocks * rows_per_block);
     const EpiloguePlan p = plan_epilogue(b, *e, m_core.capacity(Buf::UB), m_blocks);
     epilogue = fmt::format("; then {} in the kernel, tiles of {} channels on {} blocks", e->name,
                            p.ct, p.blocks);
@@ -675,11 +701,17 @@ ChannelSumLaunch ChannelSumEmitter::build(std::optional<ChannelEpilogueSpec> e) 
   out.launch.kernel = b.finish();
   out.launch.block_dim = m_blocks;
   out.blocks = m_blocks;
+  out.partial_rows = m_blocks * rows_per_block;
+  out.partial_pitch = pitch;
+  const std::string rows =
+      s.channels ? fmt::format(" ({} channels, {} pixels a row{})", s.channels, m_row_pixels,
+                               m_tail ? fmt::format(", a partial row of {}", m_tail) : "")
+                 : "";
   out.launch.summary = fmt::format(
-      "channel sums of {} x {} x {} {}: {} blocks of {} pixels, "
+      "channel sums of {} x {} x {} {}{}: {} blocks of {} pixels, "
       "tiles of {} pixels x {} channels, loaded {} pixels at a time{}{}",
-      s.batch, s.pixels, s.cp, isa::dtype_name(s.a_type), m_blocks, m_per, m_tp, m_ct, m_tp * m_rt,
-      m_stagger ? " (the blocks' first raw tiles staggered)" : "", epilogue);
+      s.batch, m_rows, s.cp, isa::dtype_name(s.a_type), rows, m_blocks, m_per, m_tp, m_ct,
+      m_tp * m_rt, m_stagger ? " (the blocks' first raw tiles staggered)" : "", epilogue);
   return out;
 }
 
@@ -719,7 +751,7 @@ void ChannelSumEmitter::emit_body(const std::function<void(const Reg& blk)>& blo
   if (!m_vector_blocks) block(blk);
   b.mul(p0, blk, m_per);
   b.add(p1, p0, m_per);
-  b.min(p1, p1, s.pixels);
+  b.min(p1, p1, m_rows);
   Reg item = b.reg("item"), g = b.reg("channel group");
   b.for_range(item, 0, s.batch, 1, [&] {
     b.for_range(g, 0, s.cp / m_ct, 1, [&] { emit_group(p0, p1, blk, item, g); });
@@ -779,6 +811,15 @@ void ChannelSumEmitter::vectors_ready() {
 void ChannelSumEmitter::load_vector(const std::string& arg, uint64_t dst, const Reg& g) {
   KernelBuilder& b = m_b;
   Reg src = b.load_arg(arg), t = b.reg("temp"), d = b.reg_imm("vector buffer", int64_t(dst));
+  if (m_s.channels) {  // the one group: the [channels] vector once per pixel of the row
+    const int64_t bytes = m_s.channels * 4;
+    for (int64_t p = 0; p < m_row_pixels; ++p) {
+      if (p) b.add(d, d, bytes);
+      b.emit(Opcode::op_copy_gm2ub, {d, src, 1, bytes / 32, 0, 0},
+             fmt::format("{}, for pixel {} of the row", arg, p));
+    }
+    return;
+  }
   b.mul(t, g, m_ct * 4);
   b.add(src, src, t);
   b.emit(Opcode::op_copy_gm2ub, {d, src, 1, m_ct * 4 / 32, 0, 0},
@@ -866,12 +907,46 @@ void ChannelSumEmitter::accumulate_tiles(const Reg& p0, const Reg& p1, const Reg
   b.jmp(loop);
   for (int q = 0; q < exits; ++q) {
     b.bind(exit[q]);
-    if (m_vectors) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);  // the group's vectors are done
+    // the group's vectors are done (with a partial row: after it)
+    if (m_vectors && !m_tail) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
     fold_into_first(m_acc, q);
     if (m_s.plain_sum) fold_into_first(m_acc2, q);
     if (q + 1 < exits) b.jmp(end);
   }
   b.bind(end);
+  if (m_tail) {
+    b.if_(eq(blk, m_blocks - 1), [&] { accumulate_tail(item); });
+    if (m_vectors) b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
+  }
+}
+
+// The partial row after the whole ones (ChannelSumSpec::channels; the last block's, the one
+// group's sums folded into acc[0]): its m_tail elements (whole pixels, fewer than a row's) into
+// the ping raw buffers, 32-byte blocks rounded up as the streaming kernels load (the lanes past
+// them are never added), then accumulate_tile's steps over one pixel of the row, added in
+// place onto the first m_tail sums: element l of the row is channel l mod channels, as in a
+// whole row.
+void ChannelSumEmitter::accumulate_tail(const Reg& item) {
+  KernelBuilder& b = m_b;
+  const ChannelSumSpec& s = m_s;
+  KernelBuilder::Origin o(b, fmt::format("the partial row: {} elements", m_tail));
+  b.wait_flag(m_in_free, 0);
+  const auto load = [&](const char* arg, uint64_t dst, int64_t size, int64_t bstride) {
+    Reg src = b.load_arg(arg), q = b.reg("offset"), d = b.reg_imm("tile", int64_t(dst));
+    b.mul(q, item, bstride);
+    b.add(q, q, m_rows * s.cp);
+    b.mul(q, q, size);
+    b.add(src, src, q);
+    b.emit(Opcode::op_copy_gm2ub, {d, src, 1, ceil_div(m_tail * size, 32), 0, 0},
+           fmt::format("{}: the partial row", arg));
+  };
+  load(m_a_arg, m_a_raw[0], m_sa, s.a_batch_stride);
+  if (m_has_b) load("b", m_b_raw[0], m_sb, s.b_batch_stride);
+  b.set_flag(m_in_ready, 0);
+  b.wait_flag(m_in_ready, 0);
+  Reg n = b.reg_imm("pixels (one row)", 1), elements = b.reg_imm("elements", m_tail);
+  accumulate_tile(0, 0, 0, n, &elements);
+  b.set_flag(m_in_free, 0);
 }
 
 // The raw tile at pixel t0 (< p1) into buffers q: up to rt tiles of a (and b) under one flag.
@@ -949,15 +1024,20 @@ void ChannelSumEmitter::accumulate_raw_tile(int q, const Reg& t0, const Reg& p1,
 // into acc[1 - j]; a partial tile (fewer than tp pixels: the block's last) adds in place into
 // acc[j], as acc[1 - j] would keep stale sums past its pixels (the caller leaves the loop after
 // it, the sums in acc[j]).
-void ChannelSumEmitter::accumulate_tile(int q, int k, int j, const Reg& n) {
+// With `elements` (the partial row, accumulate_tail): that many of the n pixels' elements, added
+// in place into acc[j].
+void ChannelSumEmitter::accumulate_tile(int q, int k, int j, const Reg& n, const Reg* elements) {
   KernelBuilder& b = m_b;
   const ChannelSumSpec& s = m_s;
   PixelOps& px = *m_px;
   KernelBuilder::Origin o(b, fmt::format("tile {} of the raw tile", k));
   Reg cnt = b.reg("tile elements");
-  b.mul(cnt, n, m_ct);
+  if (elements)
+    b.mov(cnt, *elements);
+  else
+    b.mul(cnt, n, m_ct);
   auto accumulate = [&](const uint64_t(&acc)[2], uint64_t src) {
-    if (!m_pingpong) {
+    if (!m_pingpong || elements) {
       vec_binary(b, Opcode::op_vadd, Dtype::F32, acc[0], acc[0], src, cnt);
       return;
     }
@@ -1057,6 +1137,17 @@ ChannelSumLaunch build_channel_sum_with_epilogue(const ChannelSumSpec& s,
   return ChannelSumEmitter(b, s).build(e);
 }
 
+std::optional<ChannelSumRow> channel_sum_row(int64_t pixels, int64_t c, int64_t elem_bytes) {
+  const int64_t unit = std::max<int64_t>(8, 32 / elem_bytes);  // channels of whole blocks
+  if (c % unit == 0) return ChannelSumRow{c, 0};
+  const char* v = std::getenv("NPUSIM_BN_RAGGED_CHANNELS");
+  if (v && std::string_view(v) == "0") return std::nullopt;
+  const int64_t cp = std::lcm(c, unit);
+  // (a row of cp f32 at most one repeat stride: the sums' one channel group)
+  if (c % 8 != 0 || cp * 4 > kMaxRepeat * vec::kBlockBytes || pixels < cp / c) return std::nullopt;
+  return ChannelSumRow{cp, c};
+}
+
 bool channel_epilogue_in_kernel(const ChipConfig& cfg) {
   static const bool enabled = [] {
     const char* v = std::getenv("NPUSIM_FUSION_CHANNEL_EPILOGUE");
@@ -1084,18 +1175,18 @@ void append_channel_sum_epilogue(CompiledKernel& k, const std::string& op, const
     return;
   }
   k.launches.push_back(with_args(std::move(sum.launch), std::move(args)));
-  e.partial_cp = s.cp;
-  e.partial_blocks.assign(partials.size(), sum.blocks);
+  e.partial_cp = sum.partial_pitch;
+  e.partial_blocks.assign(partials.size(), sum.partial_rows);
   partials.insert(partials.end(), tail.begin(), tail.end());
   k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op), std::move(partials)));
 }
 
 void emit_partials_epilogue(KernelBuilder& b, ChannelEpilogueSpec e,
                             const std::vector<std::string>& partial_args, int blocks,
-                            int barrier_flag) {
+                            int barrier_flag, int rows_per_block) {
   if (!b.config().split)
     b.fail("a channel epilogue in the kernel needs a split chip (cross-core flags)");
-  e.partial_blocks.assign(partial_args.size(), blocks);
+  e.partial_blocks.assign(partial_args.size(), blocks * rows_per_block);
   partials_barrier(b, barrier_flag);
   // The epilogue's buffers over the kernel's (stored before the barrier; V's last use of them
   // came before its flag to MTE3, whose stores came before the barrier that MTE2's loads wait

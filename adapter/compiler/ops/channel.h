@@ -16,7 +16,9 @@
 //                           channel group by mask_fold from m and mask_vectors more f32 [cp]
 //                           vectors
 //                           of tensors laid out [pixels][cp] with cp * element size a multiple
-//                           of 32 bytes (callers copy other channel counts to a padded layout).
+//                           of 32 bytes, or read as rows of whole pixels of `channels` each
+//                           (ChannelSumSpec::channels, channel_sum_row: f16's 24 or 40); callers
+//                           copy other channel counts to a padded layout.
 //                           Block k of the launch sums pixels [k * per, (k+1) * per) and writes
 //                           partials[item][k][0..cp) (f32), item < batch (independent sums:
 //                           a advances a_batch_stride elements per item, b b_batch_stride).
@@ -33,6 +35,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +53,16 @@ struct ChannelSumSpec {
   isa::Dtype a_type = isa::Dtype::F32, b_type = isa::Dtype::F32;
   int64_t batch = 1;
   int64_t pixels = 0, cp = 0;
+  // The tensor's channels per pixel where a pixel is not whole 32-byte blocks of a's (and b's)
+  // type (0: cp, the tensor's own): a multiple of 8 that divides cp. The tensor is then read
+  // as rows of cp / channels pixels (whole blocks), cp channels each (lane l: channel
+  // l mod channels), and the pixels past the last whole row (fewer than cp / channels) as one
+  // partial row added lane by lane onto the last block's sums. m and the mask vectors are
+  // [channels] (replicated over a row's pixels as they are loaded); the partials are
+  // [batch][blocks * cp / channels][channels] f32 (ChannelSumLaunch::partial_rows,
+  // partial_pitch): the epilogue folds a row's pixels with the blocks. One channel group only
+  // (a row of cp f32 one repeat stride at most, channel_sum_row).
+  int64_t channels = 0;
   int64_t a_batch_stride = 0, b_batch_stride = 0;  // elements
   bool centered = false;  // subtract m (f32 [cp], argument "m") from a
   bool plain_sum = false;  // also sum a (kSumSquares) or b (kSumProduct) into "partials2"
@@ -85,7 +98,21 @@ struct ChannelSumLaunch {
                    // the mask vectors (relu_mask), then partials, then partials2 (plain_sum;
                    // the same layout)
   int blocks = 0;  // partials are [batch][blocks][cp] f32
+  // The partials as an epilogue reads them: [batch][partial_rows][partial_pitch] f32 (blocks
+  // rows of cp, or with ChannelSumSpec::channels blocks * cp / channels rows of channels).
+  int partial_rows = 0;
+  int64_t partial_pitch = 0;
 };
+
+// The row a channel sum reads a [pixels, c] tensor of elem_bytes elements in: cp = c where c is
+// whole 32-byte blocks (channels 0); else, where c is a multiple of 8 of at most 1020 and the
+// tensor holds a row's pixels, cp = lcm(c, 32 / elem_bytes) read in place (channels = c,
+// ChannelSumSpec::channels); else nothing (the caller pads the channels to whole blocks in a
+// copy). NPUSIM_BN_RAGGED_CHANNELS=0 (read at every call): nothing for ragged c either.
+struct ChannelSumRow {
+  int64_t cp = 0, channels = 0;
+};
+std::optional<ChannelSumRow> channel_sum_row(int64_t pixels, int64_t c, int64_t elem_bytes);
 ChannelSumLaunch build_channel_sum(const ChannelSumSpec& s, const ChipConfig& cfg,
                                    const std::string& op);
 
@@ -194,9 +221,10 @@ void emit_epilogue_section(KernelBuilder& b, const ChannelEpilogueSpec& e,
 // UB (every pipe is done with the kernel's own by the barrier). e's partial_blocks are set here;
 // its vectors and outputs are arguments "vector<i>", "output<i>" the caller declared. Split
 // chips only (cross-core flags).
+// rows_per_block: partial rows each block stored (ChannelSumSpec::channels: a row's pixels).
 void emit_partials_epilogue(KernelBuilder& b, ChannelEpilogueSpec e,
                             const std::vector<std::string>& partial_args, int blocks,
-                            int barrier_flag);
+                            int barrier_flag, int rows_per_block = 1);
 
 // The per-channel sums of an f32 result that the stream kernel `spec` (elementwise.h) computes
 // per tile, as a second product of its pass (BNTrainingReduceGrad's bias gradient): its tiles
