@@ -11,8 +11,7 @@ NPUSIM_FUSION_BN_RELU=0 and NPUSIM_FUSION_BN_HALF_CASTS=0 in child processes and
 two Conv-BN-ReLU blocks (fused; the second's output also the next block's shortcut, so its ReLU's
 gradient is a sum), a residual block Conv-BN + Add + ReLU and a projection block (0c's AddRelus,
 fused in both of the first two runs), and a Conv-BN whose y is read by its ReLU and by a pooled
-side branch (must not fuse: its Relu stays, so does its ReluGrad); 8 channels, so the float16
-gradients' per-channel vectors are padded to whole blocks:
+side branch (must not fuse: its Relu stays, so does its ReluGrad):
 - the fused run lacks the two blocks' Relu launches, the first one's ReluGrad, and the second
   one's FusedElementwise of its gradient sum and ReluGrad (rewrite 16), whose AddN stays a launch
   of its own, as in float32 graphs; BNTrainingUpdate and BNTrainingReduceGrad run with relu;
@@ -59,12 +58,12 @@ def train(device):
     y = np.arange(4).astype(np.int32) % 3
     with tf.device(device):
         inp = keras.Input((8, 8, 3))
-        a = keras.layers.ReLU()(conv_bn(inp, 8))  # rewrite 0f, then 0b
-        a = keras.layers.ReLU()(conv_bn(a, 8))  # the same; its gradient a sum (the shortcut's)
-        a = keras.layers.ReLU()(keras.layers.Add()([conv_bn(a, 8), a]))  # rewrite 0c
+        a = keras.layers.ReLU()(conv_bn(inp, 16))  # rewrite 0f, then 0b
+        a = keras.layers.ReLU()(conv_bn(a, 16))  # the same; its gradient a sum (the shortcut's)
+        a = keras.layers.ReLU()(keras.layers.Add()([conv_bn(a, 16), a]))  # rewrite 0c
         # a projection block (0c; both batch norms' dy one Cast under the policy)
-        a = keras.layers.ReLU()(keras.layers.Add()([conv_bn(a, 16), conv_bn(a, 16, 1)]))
-        z = conv_bn(a, 8)  # y read by its ReLU and a side branch: the ReLU stays
+        a = keras.layers.ReLU()(keras.layers.Add()([conv_bn(a, 32), conv_bn(a, 32, 1)]))
+        z = conv_bn(a, 16)  # y read by its ReLU and a side branch: the ReLU stays
         h = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(z))
         side = keras.layers.GlobalMaxPooling2D()(z)
         h = keras.layers.Concatenate()([h, side])
