@@ -90,13 +90,13 @@
 //      dy is the residual add's one gradient) and dx read only by Casts float -> half (none
 //      preserved, bias_grads 0) -> the four with T = half, reading x and dy in float16, the
 //      statistics staying float32 (CANN's BNTraining* as allow_mix_precision's pass makes
-//      them), the Casts gone (their readers read the batch
-//      norm's outputs; a Cast's control inputs move to the batch norm's nodes). The kernels
-//      widen x and dy exactly and round y and dx once, as the Casts did; the statistics are the
-//      same values summed in another order where the convolution before then sums its own
-//      output (Conv2DBNTrainingReduce, which the Cast between them kept apart): the trained
-//      weights of tests/tf/test_fusion_bn_half_casts.py's CNN come out bit for bit, its moving
-//      statistics within 1e-6. Forward-only graphs take the reduce and update alone.
+//      them), the Casts gone (their readers read the batch norm's outputs; a Cast's control
+//      inputs move to the batch norm's nodes). The kernels widen x and dy exactly and round y
+//      and dx once, as the Casts did; the statistics are the same values summed in another order
+//      where the convolution before then sums its own output (Conv2DBNTrainingReduce, which the
+//      Cast between them kept apart): the trained weights of tests/tf/
+//      test_fusion_bn_half_casts.py's CNN come out bit for bit, its moving statistics within
+//      1e-6. Forward-only graphs take the reduce and update alone.
 //      NPUSIM_FUSION_BN_HALF_CASTS=0 turns it alone off.
 //   0f. The ReLU that rewrite 0 could not take, run by the optimizer right after 0e
 //      (fold_bn_relus below): under mixed_float16 the Relu read y's Cast, not the chain's
@@ -113,8 +113,9 @@
 //      again and rewrite 0 would then carry 0e's work. The values: the kernel rounds y to half
 //      after the ReLU where the unfused Relu reads y rounded (equal values: only a -0 that
 //      rounding makes of a tiny negative y comes out +0), and 0b's mask is ReluGrad's on the
-//      rounded y (adapter/compiler/ops/batchnorm.cpp). A y read by
-//      anything besides the Relu keeps the Relu. NPUSIM_FUSION_BN_RELU=0 turns it alone off.
+//      rounded y (adapter/compiler/ops/batchnorm.cpp): tests/tf/test_fusion_bn_half_relu.py
+//      trains bit for bit as with the Relu. A y read by anything besides the Relu keeps the
+//      Relu. NPUSIM_FUSION_BN_RELU=0 turns it alone off.
 //   1. BatchNormInference: Keras 3's BatchNormalization at inference,
 //        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
