@@ -2254,6 +2254,114 @@ int fold_update_casts(tfc::GraphDef& graph, const std::unordered_set<std::string
   return folded;
 }
 
+// ---- rewrite 5d: a gradient's scaling folded into its update ----
+
+// An optimizer that scales each gradient before its update (Keras' constant loss scale: g * (1 /
+// k); LossScaleOptimizer's dynamic one: g / scale) makes that product a node of its own where the
+// update reads it in more than one chain (Adam's m and v): rewrite 4 leaves a node read by two
+// chains out of both, and rewrite 5 then puts the two chains into one FusedVariableUpdate. Each
+// FusedVariableUpdate (one member: run before 5b; a multi-tensor node's steps are common to its
+// members) data input that is output 0 of a Mul or RealDiv
+// of the update's T, on its device, with no control edges either way, not preserved and read by
+// this update alone, becomes that step: the update reads the Mul's / RealDiv's two operands
+// (deduplicated against its other inputs) and its steps start with "Mul a b" / "RealDiv a b",
+// which its other steps read where they read the input. The kernel computes the step with the
+// op's own instructions (fused_elementwise.h), so the new values are the same bits. Returns the
+// nodes folded.
+int fold_update_scales(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                       std::set<std::string>* removed) {
+  GraphView g(graph);
+  int folded = 0;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    tfc::NodeDef& u = *graph.mutable_node(i);
+    const auto members = u.attr().find("members");  // rewrite 5c's nodes have one (1)
+    if (u.op() != "FusedVariableUpdate" || !on_npu(u) || removed->count(u.name()) ||
+        (members != u.attr().end() && members->second.i() != 1) || !u.attr().count("M") ||
+        !u.attr().count("steps") || !u.attr().count("updates"))
+      continue;
+    const std::optional<tfc::DataType> t = type_attr(u);
+    const auto tin = u.attr().find("Tin");
+    if (!t || tin == u.attr().end()) continue;
+    const int64_t m = u.attr().at("M").i();
+    std::vector<tfc::DataType> types;
+    for (int type : tin->second.list().type()) types.push_back(static_cast<tfc::DataType>(type));
+    int data = 0;  // data inputs: M handles, then the others
+    while (data < u.input_size() && !parse_input(u.input(data)).control) ++data;
+    if (m < 1 || data != m + static_cast<int64_t>(types.size())) continue;
+
+    // The scale feeding other input k (data input m + k), or nullptr.
+    auto scale_of = [&](size_t k) -> tfc::NodeDef* {
+      const InputRef r = parse_input(u.input(static_cast<int>(m + static_cast<int64_t>(k))));
+      tfc::NodeDef* p = r.port == 0 ? g.node(r.node) : nullptr;
+      if (!p || (p->op() != "Mul" && p->op() != "RealDiv") || types[k] != *t ||
+          type_attr(*p) != t || p->device() != u.device() || removed->count(p->name()) ||
+          preserve.count(p->name()) || has_control_inputs(*p) || g.control_target(p->name()) ||
+          g.consumers(p->name()) != 1 || p->input_size() != 2)
+        return nullptr;
+      return p;
+    };
+    std::vector<tfc::NodeDef*> scale(types.size());
+    bool any = false;
+    for (size_t k = 0; k < types.size(); ++k) any |= (scale[k] = scale_of(k)) != nullptr;
+    if (!any) continue;
+
+    // The new inputs: the handles, the inputs kept, then the scales' operands (deduplicated);
+    // operand_of: an old data input's operand text in the new steps.
+    std::vector<std::string> inputs(u.input().begin(), u.input().begin() + m);
+    std::vector<tfc::DataType> input_types;
+    std::map<std::string, int> index_of;  // a non-handle input, as written -> its data input
+    auto input_text = [&](const std::string& in, tfc::DataType type) {
+      auto [it, added] = index_of.emplace(in, static_cast<int>(inputs.size()));
+      if (added) {
+        inputs.push_back(in);
+        input_types.push_back(type);
+      }
+      return "i" + std::to_string(it->second);
+    };
+    std::map<std::string, std::string> operand_of;  // "i<old>" -> "i<new>" / "s<new>"
+    for (int64_t j = 0; j < m; ++j) operand_of["i" + std::to_string(j)] = "i" + std::to_string(j);
+    for (size_t k = 0; k < types.size(); ++k)
+      if (!scale[k])
+        operand_of["i" + std::to_string(m + static_cast<int64_t>(k))] =
+            input_text(u.input(static_cast<int>(m + static_cast<int64_t>(k))), types[k]);
+    std::vector<std::string> steps;
+    for (size_t k = 0; k < types.size(); ++k) {
+      if (!scale[k]) continue;
+      const tfc::NodeDef& p = *scale[k];
+      steps.push_back(p.op() + " " + input_text(p.input(0), *t) + " " + input_text(p.input(1), *t));
+      operand_of["i" + std::to_string(m + static_cast<int64_t>(k))] =
+          "s" + std::to_string(steps.size() - 1);
+      removed->insert(p.name());
+      ++folded;
+    }
+    const size_t shift = steps.size();
+    for (const std::string& text : u.attr().at("steps").list().s()) {
+      std::istringstream words(text);
+      std::string word, renamed;
+      words >> renamed;
+      while (words >> word)
+        renamed += " " + (word[0] == 's' ? "s" + std::to_string(std::stoul(word.substr(1)) + shift)
+                                         : operand_of.at(word));
+      steps.push_back(renamed);
+    }
+
+    std::vector<std::string> controls(u.input().begin() + data, u.input().end());
+    auto& attrs = *u.mutable_attr();
+    attrs["Tin"] = type_list_value(input_types);
+    attrs["steps"].mutable_list()->clear_s();
+    for (const std::string& s : steps) attrs["steps"].mutable_list()->add_s(s);
+    std::vector<int64_t> updates(attrs["updates"].list().i().begin(),
+                                 attrs["updates"].list().i().end());
+    attrs["updates"].mutable_list()->clear_i();
+    for (int64_t s : updates)
+      attrs["updates"].mutable_list()->add_i(s + static_cast<int64_t>(shift));
+    u.clear_input();
+    for (const std::string& in : inputs) u.add_input(in);
+    for (const std::string& c : controls) u.add_input(c);
+  }
+  return folded;
+}
+
 // ---- rewrite 6: duplicate pure nodes ----
 
 // Ops whose result depends only on their inputs and attributes (no state, no randomness), so
@@ -4950,6 +5058,11 @@ bool variable_update_fusion_requested() {
   return on;
 }
 
+bool update_scale_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_UPDATE_SCALE");
+  return on;
+}
+
 bool cast_fusion_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_CAST");
   return on;
@@ -5264,6 +5377,11 @@ FusionCounts fuse_npu_graph(tfc::GraphDef& graph, const std::unordered_set<std::
         [&](auto* removed) { return fuse_variable_updates(graph, preserve, removed); });
   apply("duplicate node", true, &counts.deduplicated,
         [&](auto* removed) { return dedup_pure_nodes(graph, preserve, removed); });
+  // After 6 (a scale's operands are then each one node) and before 5c, which folds the Casts
+  // of the gradients the scales read, and 5b, which groups the updates of the same steps.
+  apply("update scale", update_scale_fusion_requested() && fused_variable_update_registered(),
+        &counts.update_scales,
+        [&](auto* removed) { return fold_update_scales(graph, preserve, removed); });
   // After 6, which leaves one Cast per gradient (and one reader where the update is its only
   // one); before 5b, which groups updates of the same steps and input types.
   apply("update Cast", cast_fusion_requested() && fused_variable_update_registered(),

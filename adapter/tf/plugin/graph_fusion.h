@@ -219,6 +219,19 @@
 //      which inserts the gradients' Casts (fold_update_casts below). The update computes the cast
 //      in its tile, with the Cast kernel's vconv: the same values, one launch and one HBM pass less
 //      per gradient. NPUSIM_FUSION_CAST=0 turns this rewrite alone off.
+//   5d. A gradient's scaling folded into its update, after 6 and before 5c: an optimizer that
+//      multiplies every gradient by a scale before the update (Keras' `loss_scale_factor=k`:
+//      g * (1 / k), a Const; LossScaleOptimizer under mixed_float16: g / scale, a variable's
+//      value, in the cond's apply branch) makes g's product a node of its own where the update
+//      reads it in two chains (Adam's and AdamW's m and v: rewrite 4 leaves it out of both;
+//      SGD's one chain takes it). A FusedVariableUpdate (one member) data input that is output 0
+//      of a Mul or RealDiv of the update's T, on its device, not preserved, with no control
+//      edges either way and read by this update alone -> the update reads its two operands
+//      (deduplicated against its other inputs; a scale is broadcast as any input is) and its
+//      steps start with "Mul a b" / "RealDiv a b", read where the input was; the node goes. The
+//      kernel runs the step with the op's own instructions: the same values bit for bit, one
+//      launch and one HBM pass over the gradient less per variable. 5c then folds a Cast the
+//      gradient is read through. NPUSIM_FUSION_UPDATE_SCALE=0 turns this rewrite alone off.
 //   6. Duplicates, last: grappler's common-subexpression elimination, which goes with its
 //      arithmetic optimizer (below): a node of a pure op (Const, Cast, ReadVariableOp, the
 //      fusible element-wise ops) on the NPU with the same op, device, attributes, data inputs and
@@ -474,6 +487,7 @@ struct FusionCounts {
   int variable_update = 0;      // FusedVariableUpdate nodes created (rewrite 5)
   int multi_tensor_update = 0;  // multi-tensor FusedVariableUpdate nodes created (rewrite 5b)
   int update_casts = 0;         // Casts folded into FusedVariableUpdate nodes (rewrite 5c)
+  int update_scales = 0;        // Mul / RealDiv folded into FusedVariableUpdate nodes (5d)
   int deduplicated = 0;         // duplicates removed or no longer read (rewrite 6)
   int rms_norm = 0;             // RmsNorm nodes created (rewrite 7)
   int swiglu = 0;               // SwiGlu nodes created (rewrite 8)
@@ -493,8 +507,8 @@ struct FusionCounts {
   int total() const {
     return training_batch_norm + bn_relu_grad + batch_norm + conv_pad + conv_batch_norm +
            conv_residual + add_relu + bias_epilogue + elementwise + variable_update +
-           multi_tensor_update + update_casts + deduplicated + rms_norm + swiglu + attention +
-           rope + rope_tables + geglu + gelu + layer_norm + layer_norm_training +
+           multi_tensor_update + update_casts + update_scales + deduplicated + rms_norm + swiglu +
+           attention + rope + rope_tables + geglu + gelu + layer_norm + layer_norm_training +
            weight_quant_matmul + matmul_transposes + lamb + multi_square_sum + gen_mask +
            all_finite;
   }
@@ -519,6 +533,8 @@ bool attention_fusion_requested();
 bool multi_tensor_update_requested();
 // False when NPUSIM_FUSION_CAST is "0" (read once): rewrite 5c alone off.
 bool cast_fusion_requested();
+// False when NPUSIM_FUSION_UPDATE_SCALE is "0" (read once): rewrite 5d alone off.
+bool update_scale_fusion_requested();
 // False when NPUSIM_FUSION_EPILOGUE is "0" (read once): rewrite 3b alone off.
 bool epilogue_fusion_requested();
 // False when NPUSIM_FUSION_ROPE is "0" (read once): rewrite 10 alone off.

@@ -353,7 +353,7 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
             "(%d of them into "
             "Conv2DBatchNormInference, %d with a residual add, %d handing fp16 on), %d AddRelu, "
             "%d Conv2DBiasAdd / MatMulBiasAdd, %d FusedElementwise, %d FusedVariableUpdate (%d "
-            "multi-tensor, %d Casts folded in), %d duplicates, %d RmsNorm, "
+            "multi-tensor, %d Casts and %d scales folded in), %d duplicates, %d RmsNorm, "
             "%d SwiGlu, %d fused attention, %d RotaryPositionEmbedding (%d table "
             "duplicates), %d GeGlu, %d Gelu, %d LayerNorm, %d LayerNorm in training (with "
             "its gradient), %d WeightQuantBatchMatmulV2, %d "
@@ -363,10 +363,11 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
             counts.batch_norm, counts.conv_pad, counts.conv_batch_norm, counts.conv_residual,
             counts.half_handoffs, counts.add_relu, counts.bias_epilogue, counts.elementwise,
             counts.variable_update, counts.multi_tensor_update, counts.update_casts,
-            counts.deduplicated, counts.rms_norm, counts.swiglu, counts.attention, counts.rope,
-            counts.rope_tables, counts.geglu, counts.gelu, counts.layer_norm,
-            counts.layer_norm_training, counts.weight_quant_matmul, counts.matmul_transposes,
-            counts.lamb, counts.multi_square_sum, counts.gen_mask, counts.all_finite);
+            counts.update_scales, counts.deduplicated, counts.rms_norm, counts.swiglu,
+            counts.attention, counts.rope, counts.rope_tables, counts.geglu, counts.gelu,
+            counts.layer_norm, counts.layer_norm_training, counts.weight_quant_matmul,
+            counts.matmul_transposes, counts.lamb, counts.multi_square_sum, counts.gen_mask,
+            counts.all_finite);
       if (counts.total() > 0) {
         graph.Swap(&fused);
         changed = true;
