@@ -215,20 +215,25 @@ void store_f32(KernelBuilder& b, const TileOperands& t, uint64_t r, DataType dt)
   }
 }
 
-// Appends a copy of the f32 [c] vector `v` into a new cp-long workspace buffer; returns it.
-ArgRef append_vector_copy(CompiledKernel& k, const OpDesc& op, const ArgRef& v, int64_t c,
-                          int64_t cp, const ChipConfig& cfg) {
-  const ArgRef p = workspace_take(k, static_cast<uint64_t>(cp) * 4);
+// Appends copies of the f32 [c] vectors `vs` into new cp-long workspace buffers (their first c
+// elements), one launch (a channel epilogue named `name`) for all of them; returns the copies in
+// vs's order.
+std::vector<ArgRef> append_vector_copies(CompiledKernel& k, const OpDesc& op,
+                                         const std::vector<ArgRef>& vs, int64_t c, int64_t cp,
+                                         const char* name, const ChipConfig& cfg) {
+  std::vector<ArgRef> copies, args = vs;
+  for (size_t i = 0; i < vs.size(); ++i)
+    copies.push_back(workspace_take(k, static_cast<uint64_t>(cp) * 4));
+  args.insert(args.end(), copies.begin(), copies.end());
   ChannelEpilogueSpec e;
-  e.name = "BatchNormGradMean";
+  e.name = name;
   e.c = c;
-  e.vectors = 1;
-  e.outputs = 1;
+  e.vectors = e.outputs = static_cast<int>(vs.size());
   e.compute = [](KernelBuilder& b, const EpilogueOperands& o) {
-    f32_copy(b, o.outputs[0], o.vectors[0], *o.count);
+    for (size_t i = 0; i < o.vectors.size(); ++i) f32_copy(b, o.outputs[i], o.vectors[i], *o.count);
   };
-  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()), {v, p}));
-  return p;
+  k.launches.push_back(with_args(build_channel_epilogue(e, cfg, op.str()), args));
+  return copies;
 }
 
 DataType bn_dtype(const OpDesc& op, std::initializer_list<size_t> tensors,
@@ -504,8 +509,9 @@ CompiledKernel compile_fused_batch_norm_grad(const CompileContext& ctx) {
   const Padded x = padded(k, op, input_ref(1), pixels, c, dt, cfg);
   // The centring vector must cover the sums' cp channels: a copy of the mean in a cp buffer
   // (read in rows of pixels: the mean itself, ChannelSumSpec::channels).
-  const ArgRef mean_p =
-      x.channels ? input_ref(3) : append_vector_copy(k, op, input_ref(3), c, x.cp, cfg);
+  const ArgRef mean_p = x.channels ? input_ref(3)
+                                   : append_vector_copies(k, op, {input_ref(3)}, c, x.cp,
+                                                          "BatchNormGradMean", cfg)[0];
   ChannelSumSpec s;
   s.a_type = s.b_type = device_dtype(dt);
   s.pixels = pixels;
@@ -594,12 +600,16 @@ TrainingShape training_shape(const OpDesc& op, size_t inputs, std::initializer_l
   return t;
 }
 
-// A per-channel vector of a channel sum over x: `v` itself where the sums read x's own
-// channels (whole blocks, or rows of whole pixels), else a copy in an x.cp-long workspace
-// buffer (the sums read cp channels of it).
-ArgRef padded_vector(CompiledKernel& k, const OpDesc& op, const ArgRef& v, int64_t c,
-                     const Padded& x, const ChipConfig& cfg) {
-  return x.cp == c || x.channels ? v : append_vector_copy(k, op, v, c, x.cp, cfg);
+// The per-channel vectors of a channel sum over x (the centring mean, the ReLU mask's
+// statistics): the vectors `vs` themselves where the sums read x's own channels (whole blocks,
+// or rows of whole pixels), else copies in x.cp-long workspace buffers (the sums read cp
+// channels of them), all made by one launch.
+std::vector<ArgRef> padded_vectors(CompiledKernel& k, const OpDesc& op,
+                                   const std::vector<ArgRef>& vs, int64_t c, const Padded& x,
+                                   const ChipConfig& cfg) {
+  return x.cp == c || x.channels
+             ? vs
+             : append_vector_copies(k, op, vs, c, x.cp, "BatchNormGradMean", cfg);
 }
 
 // BNTrainingReduce(x) -> sum, square_sum: one pass over x summing x and x^2.
@@ -830,7 +840,11 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   k.outputs = {vec, vec};
   const Padded dy = padded(k, op, input_ref(0), t.pixels, t.c, t.dt, ctx.cfg);
   const Padded x = padded(k, op, input_ref(1), t.pixels, t.c, t.dt, ctx.cfg);
-  const ArgRef mean = padded_vector(k, op, input_ref(2), t.c, x, ctx.cfg);
+  // batch_mean [, batch_variance, scale, offset: the ReLU mask's], cp long
+  std::vector<ArgRef> vectors = {input_ref(2)};
+  if (relu)
+    for (int i : {3, 4, 5}) vectors.push_back(input_ref(i));
+  vectors = padded_vectors(k, op, vectors, t.c, x, ctx.cfg);
   ChannelSumSpec s;
   s.kind = ChannelSumSpec::Kind::kSumProduct;
   s.centered = true;
@@ -843,7 +857,8 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
   s.a_type = s.b_type = device_dtype(t.dt);
   s.pixels = t.pixels;
   x.set(s);
-  std::vector<ArgRef> sum_inputs = {x.ref, dy.ref, mean};
+  std::vector<ArgRef> sum_inputs = {x.ref, dy.ref};
+  sum_inputs.insert(sum_inputs.end(), vectors.begin(), vectors.end());
   if (relu) {
     // The forward pass's a and shift, recomputed per channel group inside the sums from the
     // statistics, scale and offset (cp long: the sums read the padded channels too).
@@ -853,8 +868,6 @@ CompiledKernel compile_bn_training_update_grad(const CompileContext& ctx) {
                         uint64_t shift, uint64_t tmp) {
       bnt_fold(b, n, v[0], v[1], v[2], v[3], a, shift, tmp, eps);
     };
-    for (int i : {3, 4, 5})
-      sum_inputs.push_back(padded_vector(k, op, input_ref(i), t.c, x, ctx.cfg));
   }
   // The partial sets: sum dy * (x - m), then sum dy.
   ChannelEpilogueSpec e;

@@ -732,6 +732,14 @@ bool depends_on(GraphView& g, const std::string& from, const std::string& target
   return false;
 }
 
+// The data inputs, over all nodes, that read output `port` of `name`.
+int output_reads(GraphView& g, const std::string& name, int port) {
+  int reads = 0;
+  for (int c : g.consumer_indices(name))
+    for (int j = 0; j < g.at(c)->input_size(); ++j) reads += reads_output(*g.at(c), j, name, port);
+  return reads;
+}
+
 // AddRelu(y, r) (either operand order) with y output 0 of a BNTrainingUpdate (no ReLU, no
 // residual yet) that nothing else reads, and r output 0 of a training_activation of the same
 // type T -> the BNTrainingUpdate with r as input 5 (R = 1) and relu = true, its name kept,
@@ -766,11 +774,8 @@ int fuse_bn_add_relus_in(tfc::GraphDef& graph, const std::unordered_set<std::str
       if (auto relu = update->attr().find("relu"); relu != update->attr().end() && relu->second.b())
         continue;
       // y (output 0) read by the add alone; batch_mean and batch_variance may have readers.
-      int y_readers = 0;
-      for (int c : g.consumer_indices(update->name()))
-        for (int j = 0; j < g.at(c)->input_size(); ++j)
-          y_readers += reads_output(*g.at(c), j, update->name(), 0);
-      if (y_readers != 1 || depends_on(g, r->name(), update->name())) continue;
+      if (output_reads(g, update->name(), 0) != 1 || depends_on(g, r->name(), update->name()))
+        continue;
       std::vector<std::string> inputs;
       for (const std::string& in : update->input())
         if (in.empty() || in[0] != '^') inputs.push_back(in);
@@ -803,6 +808,48 @@ int fuse_bn_add_relus_in(tfc::GraphDef& graph, const std::unordered_set<std::str
 }
 
 // ---- end of rewrite 0c ----
+
+// ---- Rewrite 0f: a ReLU after a BNTrainingUpdate folded into it (graph_fusion.h) ----
+
+// Relu(y) with y output 0 of a BNTrainingUpdate (relu = false, no residual, not preserved) that
+// the Relu alone reads, both of one T (float or half) on one device, the Relu not preserved and
+// without control inputs -> that BNTrainingUpdate with relu = true, its name kept,
+// `_npusim_fused` naming the Relu, whose readers (the next layer, the ReLU's gradient) read the
+// batch norm's output 0 (control edges from it come from the batch norm) and which goes.
+int fold_bn_relus_in(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
+                     std::set<std::string>* removed) {
+  GraphView g(graph);
+  Removal rm(g, preserve);
+  std::map<std::string, std::string> renamed;  // the Relus -> the batch norms' output 0
+  int folded = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    tfc::NodeDef& relu = *g.at(i);
+    if (relu.op() != "Relu" || relu.input_size() != 1 || !on_npu(relu) ||
+        preserve.count(relu.name()) || rm.claimed(relu.name()))
+      continue;
+    const std::optional<tfc::DataType> t = type_attr(relu);
+    tfc::NodeDef* update = g.producer(relu, 0, "BNTrainingUpdate");
+    if ((t != tfc::DT_FLOAT && t != tfc::DT_HALF) || !update || !on_npu(*update) ||
+        update->device() != relu.device() || type_attr(*update) != t || update->input_size() < 5 ||
+        has_residual(*update) || preserve.count(update->name()) || rm.claimed(update->name()) ||
+        output_reads(g, update->name(), 0) != 1)
+      continue;
+    if (auto r = update->attr().find("relu"); r != update->attr().end() && r->second.b()) continue;
+    (*update->mutable_attr())["relu"].set_b(true);
+    (*update->mutable_attr())["_npusim_fused"].mutable_list()->add_s(relu.name());
+    renamed[relu.name()] = update->name();
+    renamed[relu.name() + ":0"] = update->name();
+    renamed["^" + relu.name()] = "^" + update->name();
+    rm.claim(update->name());
+    rm.remove(relu.name());
+    ++folded;
+  }
+  rename_inputs(graph, renamed);
+  removed->insert(rm.removed().begin(), rm.removed().end());
+  return folded;
+}
+
+// ---- end of rewrite 0f ----
 
 int fuse_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                      std::set<std::string>* removed) {
@@ -4732,13 +4779,18 @@ bool read_through_half_casts(GraphView& g, const tfc::NodeDef& n,
   return any;
 }
 
+// One batch norm rewrite 0e turns float16: its four nodes (grads: the two gradients, or none
+// in a forward-only graph), x's Cast, dy's Cast (null: none) and the Casts of y and dx to half.
+struct HalfBatchNorm {
+  tfc::NodeDef *update = nullptr, *reduce = nullptr, *xc = nullptr, *gc = nullptr;
+  std::vector<tfc::NodeDef*> grads, out_casts;
+};
+
 // Rewrite 0e (graph_fusion.h). Returns the batch norms turned float16.
 int fold_bn_half_casts_in(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                           std::set<std::string>* removed) {
   GraphView g(graph);
-  std::map<std::string, std::string> rewire;  // a removed Cast -> the tensor its readers read
-  std::set<std::string> gone;
-  int made = 0;
+  std::vector<HalfBatchNorm> found;
   for (int i = 0; i < g.size(); ++i) {
     tfc::NodeDef& update = *g.at(i);
     if (update.op() != "BNTrainingUpdate" || type_attr(update) != tfc::DT_FLOAT ||
@@ -4748,14 +4800,17 @@ int fold_bn_half_casts_in(tfc::GraphDef& graph, const std::unordered_set<std::st
       continue;
     tfc::NodeDef* xc = g.producer(update, 0, "Cast");
     tfc::NodeDef* reduce = g.producer(update, 1, "BNTrainingReduce");
-    if (!xc || !reduce || gone.count(xc->name()) || !float_cast(*xc, tfc::DT_HALF, tfc::DT_FLOAT) ||
+    if (!xc || !reduce || !float_cast(*xc, tfc::DT_HALF, tfc::DT_FLOAT) ||
         preserve.count(xc->name()) || type_attr(*reduce) != tfc::DT_FLOAT ||
         !GraphView::reads(*reduce, 0, xc->name()) || preserve.count(reduce->name()) ||
         g.consumers(reduce->name()) != 2)
       continue;
     // Every reader of x's Cast is this batch norm's: the reduce, the update and its gradients
     // (reading x as input 1 and the update's batch statistics).
-    std::vector<tfc::NodeDef*> grads;
+    HalfBatchNorm h;
+    h.update = &update;
+    h.reduce = reduce;
+    h.xc = xc;
     bool ok = true;
     for (tfc::NodeDef* r : data_readers(g, xc->name())) {
       if (r == reduce || r == &update) continue;
@@ -4765,54 +4820,69 @@ int fold_bn_half_casts_in(tfc::GraphDef& graph, const std::unordered_set<std::st
       if (!grad) ok = false;
       if (const auto b = r->attr().find("bias_grads"); b != r->attr().end() && b->second.i() != 0)
         ok = false;
-      grads.push_back(r);
+      h.grads.push_back(r);
     }
     if (!ok || GraphView::reads(update, 0, xc->name()) == false) continue;
-    // y read only through Casts to half; dy (the gradients' input 0) one Cast from half read by
-    // the gradients alone; dx (BNTrainingReduceGrad's output 0) read only through Casts to half.
-    std::vector<tfc::NodeDef*> out_casts;
-    if (!read_through_half_casts(g, update, preserve, &out_casts)) continue;
-    tfc::NodeDef* gc = nullptr;
-    for (tfc::NodeDef* r : grads) {
+    // y read only through Casts to half; dy (the gradients' input 0) one Cast from half; dx
+    // (BNTrainingReduceGrad's output 0) read only through Casts to half.
+    if (!read_through_half_casts(g, update, preserve, &h.out_casts)) continue;
+    for (tfc::NodeDef* r : h.grads) {
       tfc::NodeDef* c = g.producer(*r, 0, "Cast");
-      if (!c || (gc && c != gc)) ok = false;
-      gc = c;
-      if (r->op() == "BNTrainingReduceGrad" && !read_through_half_casts(g, *r, preserve, &out_casts))
+      if (!c || (h.gc && c != h.gc)) ok = false;
+      h.gc = c;
+      if (r->op() == "BNTrainingReduceGrad" &&
+          !read_through_half_casts(g, *r, preserve, &h.out_casts))
         ok = false;
     }
-    if (gc) {
-      ok = ok && float_cast(*gc, tfc::DT_HALF, tfc::DT_FLOAT) && !preserve.count(gc->name()) &&
-           !gone.count(gc->name());
-      for (tfc::NodeDef* r : data_readers(g, gc->name()))
-        ok = ok && std::find(grads.begin(), grads.end(), r) != grads.end();
+    if (h.gc)
+      ok = ok && float_cast(*h.gc, tfc::DT_HALF, tfc::DT_FLOAT) && !preserve.count(h.gc->name());
+    if (ok) found.push_back(std::move(h));
+  }
+  // dy's Cast goes where the gradients of batch norms taken here are all its readers: one batch
+  // norm's, or several whose dy is one tensor (a residual add's two branches, a projection
+  // block's, whose Casts of that tensor TensorFlow merged into one). Batch norms whose Cast has
+  // other readers are left out, until none is.
+  for (bool dropped = true; dropped;) {
+    dropped = false;
+    std::set<const tfc::NodeDef*> grads;
+    for (const HalfBatchNorm& h : found) grads.insert(h.grads.begin(), h.grads.end());
+    for (auto h = found.begin(); h != found.end();) {
+      bool ok = true;
+      if (h->gc)
+        for (tfc::NodeDef* r : data_readers(g, h->gc->name())) ok = ok && grads.count(r);
+      dropped |= !ok;
+      h = ok ? h + 1 : found.erase(h);
     }
-    if (!ok) continue;
-    // Turn the batch norm float16: x and dy read as the Casts read them, the outputs' Casts go
-    // (their readers read the batch norm's outputs).
-    const auto input_of = [](const tfc::NodeDef& cast) { return cast.input(0); };
-    for (tfc::NodeDef* n : {reduce, &update}) (*n->mutable_attr())["T"] = type_value(tfc::DT_HALF);
-    reduce->set_input(0, input_of(*xc));
-    update.set_input(0, input_of(*xc));
-    for (tfc::NodeDef* r : grads) {
+  }
+  // Turn the batch norms float16: x and dy read as the Casts read them, the outputs' Casts go
+  // (their readers read the batch norm's outputs).
+  std::map<std::string, std::string> rewire;  // a removed Cast -> the tensor its readers read
+  std::set<std::string> gone;
+  const auto input_of = [](const tfc::NodeDef& cast) { return cast.input(0); };
+  for (HalfBatchNorm& h : found) {
+    for (tfc::NodeDef* n : {h.reduce, h.update})
+      (*n->mutable_attr())["T"] = type_value(tfc::DT_HALF);
+    h.reduce->set_input(0, input_of(*h.xc));
+    h.update->set_input(0, input_of(*h.xc));
+    for (tfc::NodeDef* r : h.grads) {
       (*r->mutable_attr())["T"] = type_value(tfc::DT_HALF);
-      r->set_input(1, input_of(*xc));
-      r->set_input(0, input_of(*gc));
+      r->set_input(1, input_of(*h.xc));
+      r->set_input(0, input_of(*h.gc));
     }
-    for (tfc::NodeDef* c : {xc, gc}) {
-      if (!c) continue;
-      gone.insert(c->name());
+    for (tfc::NodeDef* c : {h.xc, h.gc}) {
+      if (!c || !gone.insert(c->name()).second) continue;  // (a shared dy Cast once)
       rewire[c->name()] = input_of(*c);
-      // The Cast's control inputs hold its readers back: they now hold back the batch norm.
+      // The Cast's control inputs hold its readers back: they now hold back the batch norms.
       for (const std::string& in : c->input())
         if (!in.empty() && in[0] == '^')
           for (tfc::NodeDef* r : data_readers(g, c->name())) r->add_input(in);
     }
-    for (tfc::NodeDef* c : out_casts) {
+    for (tfc::NodeDef* c : h.out_casts) {
       gone.insert(c->name());
       rewire[c->name()] = c->input(0);
     }
-    ++made;
   }
+  const int made = static_cast<int>(found.size());
   if (gone.empty()) return 0;
   // Readers of a removed Cast read what it read (a control edge: its producer's node).
   for (tfc::NodeDef& n : *graph.mutable_node()) {
@@ -5163,6 +5233,18 @@ int fuse_bn_add_relus(tfc::GraphDef& graph, const std::unordered_set<std::string
     return 0;
   return rewrite_and_erase(graph, [&](std::set<std::string>* removed) {
     return fuse_bn_add_relus_in(graph, preserve, removed);
+  });
+}
+
+bool bn_relu_fusion_requested() {
+  static const bool on = switch_on("NPUSIM_FUSION_BN_RELU");
+  return on;
+}
+
+int fold_bn_relus(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve) {
+  if (!fusion_enabled() || !training_fusion_requested() || !bn_relu_fusion_requested()) return 0;
+  return rewrite_and_erase(graph, [&](std::set<std::string>* removed) {
+    return fold_bn_relus_in(graph, preserve, removed);
   });
 }
 

@@ -46,7 +46,8 @@
 //      the ReLU's own pre-activation recomputed bit for bit (adapter/compiler/ops/
 //      batchnorm.cpp); the ReluGrad goes (a pass over g, y and its output fewer). The four
 //      ops of one type, float or half. Runs with rewrite 0 only; under allow_mix_precision's
-//      graph pass after that pass (fold_bn_relu_grads below), on the half ops it leaves.
+//      graph pass after that pass (fold_bn_relu_grads below), on the half ops it leaves, and
+//      after 0f (on its float16 batch norms) in every graph.
 //      NPUSIM_FUSION_BN_RELU_GRAD=0 turns it alone off.
 //   0c. The residual add and its ReLU in BNTrainingUpdate (CANN's BNTrainingUpdate + Add +
 //      ReLU fusion), run by the optimizer after the mixed precision pass and 0b
@@ -84,17 +85,37 @@
 //      policy Keras casts a float16 x to float32 for the batch norm and y back, and the
 //      gradient the same way round: rewrite 0's four nodes of T float where x is a Cast half ->
 //      float read by those four alone, y (BNTrainingUpdate's output 0, no residual) read only by
-//      Casts float -> half, the gradients' dy one Cast half -> float read by both alone and dx
-//      read only by Casts float -> half (none preserved, bias_grads 0) -> the four with T = half,
-//      reading x and dy in float16, the statistics staying float32 (CANN's BNTraining* as
-//      allow_mix_precision's pass makes them), the Casts gone (their readers read the batch
-//      norm's outputs; a Cast's control inputs move to the batch norm's nodes). The kernels
-//      widen x and dy exactly and round y and dx once, as the Casts did; the statistics are the
-//      same values summed in another order where the convolution before then sums its own
-//      output (Conv2DBNTrainingReduce, which the Cast between them kept apart): the trained
-//      weights of tests/tf/test_fusion_bn_half_casts.py's CNN come out bit for bit, its moving
-//      statistics within 1e-6. Forward-only graphs take the reduce and update alone.
+//      Casts float -> half, the gradients' dy one Cast half -> float read by both alone (or by
+//      the gradients of several batch norms that all turn half: a projection block's two, whose
+//      dy is the residual add's one gradient) and dx read only by Casts float -> half (none
+//      preserved, bias_grads 0) -> the four with T = half, reading x and dy in float16, the
+//      statistics staying float32 (CANN's BNTraining* as allow_mix_precision's pass makes
+//      them), the Casts gone (their readers read the batch norm's outputs; a Cast's control
+//      inputs move to the batch norm's nodes). The kernels widen x and dy exactly and round y
+//      and dx once, as the Casts did; the statistics are the same values summed in another order
+//      where the convolution before then sums its own output (Conv2DBNTrainingReduce, which the
+//      Cast between them kept apart): the trained weights of tests/tf/
+//      test_fusion_bn_half_casts.py's CNN come out bit for bit, its moving statistics within
+//      1e-6. Forward-only graphs take the reduce and update alone.
 //      NPUSIM_FUSION_BN_HALF_CASTS=0 turns it alone off.
+//   0f. The ReLU that rewrite 0 could not take, run by the optimizer right after 0e
+//      (fold_bn_relus below): under mixed_float16 the Relu read y's Cast, not the chain's
+//      AddV2, so rewrite 0 took the batch norm without it; once 0e has removed the Cast,
+//      Relu(y) where y is output 0 of a BNTrainingUpdate (relu = false, no residual, not
+//      preserved) that the Relu alone reads, one T (float or half) on one device, the Relu not
+//      preserved and without control inputs -> that BNTrainingUpdate with relu = true, its name
+//      kept, `_npusim_fused` naming the Relu, whose readers (the next layer, the ReluGrad) read
+//      the batch norm's output 0 and which goes. The graph is then the one rewrite 0 makes of a
+//      float32 batch norm with its ReLU, in float16: 0b (run again after 0f, on the types the
+//      nodes have) folds the ReluGrad and 0c takes a residual add's AddRelu as for float32.
+//      Chosen over teaching rewrite 0's match the Casts: one small pass on the fused ops that
+//      reuses 0b and 0c unchanged, where the match would need the Casts' every reader checked
+//      again and rewrite 0 would then carry 0e's work. The values: the kernel rounds y to half
+//      after the ReLU where the unfused Relu reads y rounded (equal values: only a -0 that
+//      rounding makes of a tiny negative y comes out +0), and 0b's mask is ReluGrad's on the
+//      rounded y (adapter/compiler/ops/batchnorm.cpp): tests/tf/test_fusion_bn_half_relu.py
+//      trains bit for bit as with the Relu. A y read by anything besides the Relu keeps the
+//      Relu. NPUSIM_FUSION_BN_RELU=0 turns it alone off.
 //   1. BatchNormInference: Keras 3's BatchNormalization at inference,
 //        add = AddV2(variance, eps Const)  rs = Rsqrt(add)  mul = Mul(rs, scale)
 //        mul_1 = Mul(x, mul)  mul_2 = Mul(mean, mul)  sub = Sub(offset, mul_2)
@@ -571,11 +592,18 @@ int fold_bn_relu_grads(tensorflow::GraphDef& graph,
 bool bn_add_relu_fusion_requested();
 // Rewrite 0c (above) on `graph` while fusion_enabled() and rewrites 0 and 0c are requested,
 // after allow_mix_precision's pass; returns the AddRelus taken into batch norms.
+int fuse_bn_add_relus(tensorflow::GraphDef& graph, const std::unordered_set<std::string>& preserve);
+
 // Rewrite 0e (above) on `graph` while fusion_enabled() and rewrite 0 is requested, unless
 // NPUSIM_FUSION_BN_HALF_CASTS is "0"; returns the batch norms turned float16.
 int fold_bn_half_casts(tensorflow::GraphDef& graph,
                        const std::unordered_set<std::string>& preserve);
-int fuse_bn_add_relus(tensorflow::GraphDef& graph, const std::unordered_set<std::string>& preserve);
+
+// False when NPUSIM_FUSION_BN_RELU is "0" (read once): rewrite 0f alone off.
+bool bn_relu_fusion_requested();
+// Rewrite 0f (above) on `graph` while fusion_enabled() and rewrites 0 and 0f are requested,
+// after rewrite 0e; returns the Relus folded into batch norms.
+int fold_bn_relus(tensorflow::GraphDef& graph, const std::unordered_set<std::string>& preserve);
 
 // Rewrite 16 (above) on `graph` while fusion_enabled(), requested and FusedElementwise is
 // registered; returns the ReluGrads rewritten.

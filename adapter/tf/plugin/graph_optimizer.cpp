@@ -388,6 +388,13 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
         std::fprintf(stderr, "npusim: fusion in %s: %d batch norms in float16 (their Casts gone)\n",
                      item_id(item).c_str(), halved);
       changed |= halved > 0;
+      // The ReLUs that the Casts kept from rewrite 0 folded into those batch norms (rewrite 0f);
+      // 0b and 0c below then take their gradients and residual adds as in float32 graphs.
+      const int relus = fold_bn_relus(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && relus > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d Relus folded into BNTrainingUpdate\n",
+                     item_id(item).c_str(), relus);
+      changed |= relus > 0;
     } catch (const std::exception& e) {
       log_fusion_error(e.what());
     }
@@ -416,14 +423,13 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
     try {
       const auto* cc_item = reinterpret_cast<const tfc::grappler::GrapplerItem*>(item);
       // The ReLUs' gradients folded into the batch norms' (rewrite 0b), in the types the
-      // mixed precision pass gave them.
-      if (mixed_precision_requested()) {
-        const int folded = fold_bn_relu_grads(graph, cc_item->NodesToPreserve());
-        if (std::getenv("NPUSIM_FUSION_LOG") && folded > 0)
-          std::fprintf(stderr, "npusim: fusion in %s: %d ReluGrads folded into batch norms\n",
-                       item_id(item).c_str(), folded);
-        changed |= folded > 0;
-      }
+      // mixed precision pass gave them, and those of rewrite 0f's ReLUs (fuse_npu_graph folded
+      // the others without the mixed precision pass).
+      const int folded = fold_bn_relu_grads(graph, cc_item->NodesToPreserve());
+      if (std::getenv("NPUSIM_FUSION_LOG") && folded > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d ReluGrads folded into batch norms\n",
+                     item_id(item).c_str(), folded);
+      changed |= folded > 0;
       // The residual add and its ReLU in the batch norm (rewrite 0c), after 0b (which must not
       // take the ReLU it adds), in the types the mixed precision pass gave them.
       const int adds = fuse_bn_add_relus(graph, cc_item->NodesToPreserve());
