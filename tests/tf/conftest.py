@@ -166,6 +166,29 @@ def fit_steps(model, opt, x, y, device, steps=3):
 # graph pass's rewrite 0 fuses it with its gradient), and run_pattern_variants(pattern, args,
 # variants): each variant's outputs of tf.function(pattern(*args, variant)) on the NPU and on the
 # CPU, with the NPU's launched op types, printed as the child's RESULT line.
+# Child code (after `import npusim` and `import tensorflow as tf`): Keras' train step under a loss
+# scale, as `model.fit` runs it (the scaled loss's gradients, unscaled by the optimizer's
+# `apply`), as a tf.function; `steps` steps on (x, y), the launch records cleared before each
+# (so they hold the last step's). Returns the unscaled losses. Call it inside the device scope.
+KERAS_SCALED_TRAIN = r"""
+def scaled_train(model, opt, x, y, steps=3):
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+            scaled = opt.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        opt.apply(grads, model.trainable_variables)
+        return loss
+
+    losses = []
+    for _ in range(steps):
+        npusim.clear_launch_records()
+        losses.append(float(step(x, y).numpy()))
+    return losses
+"""
+
+
 KERAS3_BN_PATTERN = r"""
 import json
 import numpy as np

@@ -28,7 +28,7 @@ pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import (  # noqa: E402  pylint: disable=wrong-import-position
-    KERAS3_BN_PATTERN, assert_close_lists, child_result)
+    KERAS3_BN_PATTERN, KERAS_SCALED_TRAIN, assert_close_lists, child_result)
 
 BN_TYPES = ("BNTrainingReduce", "BNTrainingUpdate", "BNTrainingUpdateGrad",
             "BNTrainingReduceGrad")
@@ -45,7 +45,7 @@ import numpy as np
 import npusim
 import tensorflow as tf
 import keras
-
+''' + KERAS_SCALED_TRAIN + r'''
 
 def train(device, variant):
     keras.mixed_precision.set_global_policy(
@@ -68,21 +68,7 @@ def train(device, variant):
         rng = np.random.default_rng(0)
         x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
         y = tf.constant(rng.standard_normal((4, 4)).astype(np.float32))
-
-        @tf.function
-        def step(x, y):
-            # Keras' train step: the scaled loss's gradients, unscaled by the optimizer.
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-                scaled = opt.scale_loss(loss)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            opt.apply(grads, model.trainable_variables)
-            return loss
-
-        losses = []
-        for _ in range(3):
-            npusim.clear_launch_records()
-            losses.append(float(step(x, y).numpy()))
+        losses = scaled_train(model, opt, x, y)
     recs = npusim.launch_records() if device != "/CPU:0" else []
     return {"losses": losses, "weights": [np.asarray(w).tolist() for w in model.weights],
             "launches": len(recs),

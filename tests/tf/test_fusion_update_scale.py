@@ -32,7 +32,7 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import child_result  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import KERAS_SCALED_TRAIN, child_result  # noqa: E402  pylint: disable=wrong-import-position
 
 OFF = {"NPUSIM_FUSION_UPDATE_SCALE": "0"}
 VARIANTS = ("adam", "adamw", "mixed_float16")
@@ -45,7 +45,7 @@ import numpy as np
 import npusim
 import tensorflow as tf
 import keras
-
+''' + KERAS_SCALED_TRAIN + r'''
 
 def train(device, variant):
     keras.mixed_precision.set_global_policy(
@@ -68,21 +68,7 @@ def train(device, variant):
         x = tf.constant(rng.standard_normal(
             (8, 8, 8, 3) if variant == "adam_conv" else (8, 12)).astype(np.float32))
         y = tf.constant(rng.standard_normal((8, 3)).astype(np.float32))
-
-        @tf.function
-        def step(x, y):
-            # Keras' train step: the scaled loss's gradients, unscaled by the optimizer.
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-                scaled = opt.scale_loss(loss)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            opt.apply(grads, model.trainable_variables)
-            return loss
-
-        losses = []
-        for _ in range(3):
-            npusim.clear_launch_records()
-            losses.append(float(step(x, y).numpy()))
+        losses = scaled_train(model, opt, x, y)
     recs = npusim.launch_records() if device != "/CPU:0" else []
     return {"losses": losses, "weights": [np.asarray(w).tolist() for w in model.weights],
             "launches": [[r["op_type"], r["op_name"]] for r in recs]}
