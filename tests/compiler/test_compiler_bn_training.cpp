@@ -912,6 +912,24 @@ TEST_CASE("BNTrainingUpdate in pieces: many tiles per block, the f32 work per pi
   };
   CHECK(summary({8, 56, 56, 256}).find(" in pieces of ") != std::string::npos);
   CHECK(summary({8, 14, 14, 256}).find(" in pieces of ") == std::string::npos);
+  // Compiled for the 910b and run on the test chip: the 28x28x128 layer (2.5 tiles a block, no
+  // pieces) staggers its blocks' first tiles (the 910b's ports outrun its HBM), and with them
+  // loads the first tile together with the resident per-channel vectors, before their flag
+  // (ops/elementwise.cpp first_tile_ahead).
+  {
+    const TensorDesc x{DataType::F16, {8, 28, 28, 128}}, v{DataType::F32, {128}};
+    const auto k = compiler::compile(
+        make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"relu", true}}), b910);
+    REQUIRE(k.launches.size() == 1);
+    const std::string& listing = k.launches[0].kernel.listing;
+    CHECK(listing.find("staggered first tile") != std::string::npos);
+    CHECK(listing.find("first_tile_compute") != std::string::npos);
+  }
+  g_compile_for = &b910;
+  check_update({8, 28, 28, 128}, true, 66, DataType::F16);
+  check_update({8, 28, 28, 128}, false, 67, DataType::F16, true);
+  check_residual_bits({8, 28, 28, 128}, DataType::F16, 68);
+  g_compile_for = nullptr;
   if (test_chip_is_tiny()) {
     const TensorDesc x{DataType::F16, {2, 56, 56, 32}}, v{DataType::F32, {32}};
     const auto k = compiler::compile(
