@@ -904,8 +904,8 @@ TEST_CASE("BNTrainingUpdate in pieces: many tiles per block, the f32 work per pi
   const ChipConfig b910 = load_chip_config("910b");
   auto summary = [&](const std::vector<int64_t>& shape) {
     const TensorDesc x{DataType::F16, shape}, v{DataType::F32, {shape[3]}};
-    const auto k = compiler::compile(
-        make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"relu", true}}), b910);
+    const auto k =
+        compiler::compile(make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"relu", true}}), b910);
     REQUIRE(k.launches.size() == 1);
     INFO(k.launches[0].summary);
     return k.launches[0].summary;
@@ -918,8 +918,8 @@ TEST_CASE("BNTrainingUpdate in pieces: many tiles per block, the f32 work per pi
   // (ops/elementwise.cpp first_tile_ahead).
   {
     const TensorDesc x{DataType::F16, {8, 28, 28, 128}}, v{DataType::F32, {128}};
-    const auto k = compiler::compile(
-        make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"relu", true}}), b910);
+    const auto k =
+        compiler::compile(make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"relu", true}}), b910);
     REQUIRE(k.launches.size() == 1);
     const std::string& listing = k.launches[0].kernel.listing;
     CHECK(listing.find("staggered first tile") != std::string::npos);
@@ -932,8 +932,8 @@ TEST_CASE("BNTrainingUpdate in pieces: many tiles per block, the f32 work per pi
   g_compile_for = nullptr;
   if (test_chip_is_tiny()) {
     const TensorDesc x{DataType::F16, {2, 56, 56, 32}}, v{DataType::F32, {32}};
-    const auto k = compiler::compile(
-        make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"relu", true}}), test_sim().config());
+    const auto k = compiler::compile(make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"relu", true}}),
+                                     test_sim().config());
     REQUIRE(k.launches.size() == 1);
     INFO(k.launches[0].summary);
     CHECK(k.launches[0].summary.find(" in pieces of ") != std::string::npos);
