@@ -764,11 +764,12 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   // 1.4-2.5x (with 1 to 2.5 tiles a block the pieces' instructions cost more than they save:
   // measured, docs/compiler.md "BNTrainingUpdate's round trips"); and the blocks' first tiles
   // out of phase (StreamSpec::stagger_first_tiles: taken where the vector cores' ports outrun
-  // HBM, not on the 910). Tile boundaries and instruction grouping only: y, batch_mean and
-  // batch_variance keep their bits.
+  // HBM; split chips only: on the coupled 310P, where they outrun its DDR, measured no faster).
+  // Tile boundaries and instruction grouping only: y, batch_mean and batch_variance keep their
+  // bits.
   apply.work_piece = ctx.cfg.split ? kBnTrainingWorkPiece : 0;
   apply.work_piece_min_tiles = 4;
-  apply.stagger_first_tiles = true;
+  apply.stagger_first_tiles = ctx.cfg.split;
   for (int i = 0; i < 2; ++i) {
     apply.inputs.push_back(StreamInput{Dtype::F32, broadcast_view({t.c}, t.shape), {t.c}});
     apply.inputs.back().period_only = true;

@@ -809,9 +809,12 @@ void StreamEmitter::build_resident_inputs(bool doubled,
 // one round trip for both; the resident work then runs once both have landed. Every block of
 // build_stream_kernel has at least one element (block_dim = ceil(n / per)), so the first tile
 // is never empty; its branch to the drain stays as a guard, skipping the resident flag's set
-// and wait together.
+// and wait together. Only with staggered first tiles (m_tile_limit; without, a whole first
+// tile's round trip no longer overlaps the resident work and was measured slower on the 910b)
+// and on split chips (on the coupled 310P, whose DDR the stagger serves too, it was measured
+// slower: docs/compiler.md "The first tile with the resident inputs").
 bool StreamEmitter::first_tile_ahead() const {
-  if (!m_any_flat || !m_segments.empty() || !m_tile_limit) return false;
+  if (!m_any_flat || !m_segments.empty() || !m_tile_limit || !m_b.config().split) return false;
   bool direct = false;
   for (size_t k = 0; k < m_in.size(); ++k) {
     if (m_in[k].access == Access::kGather) return false;
