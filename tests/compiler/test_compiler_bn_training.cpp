@@ -886,6 +886,60 @@ TEST_CASE("BNTrainingReduceGrad in pieces: many tiles per block, the f32 work pe
   check_grads({{8, 28, 28, 100}, 51, true, DataType::F32});
 }
 
+TEST_CASE("BNTrainingUpdate in pieces: many tiles per block, the f32 work per piece") {
+  // On split chips the apply's f32 work runs in pieces (StreamSpec::work_piece) where a block
+  // holds at least 4 tiles without them, and the blocks' first tiles are staggered. The tiny
+  // chip's 4 vector blocks take pieces at these shapes: 50176 (f16) and 43264 (f32, C = 104:
+  // pieces of whole 104-channel periods, not whole UB bank spans) elements a block, the last
+  // tile partial. Values against the double reference, and the residual's bits against the
+  // unfused BNTrainingUpdate + AddRelu.
+  check_update({2, 56, 56, 32}, true, 60, DataType::F16);
+  check_update({2, 56, 56, 32}, false, 61, DataType::F16, true);
+  check_update({4, 26, 16, 104}, true, 62, DataType::F32);
+  check_update({4, 26, 16, 104}, true, 63, DataType::F32, true);
+  check_residual_bits({2, 56, 56, 32}, DataType::F16, 64);
+  check_residual_bits({4, 26, 16, 104}, DataType::F32, 65);
+  // Where the pieces are taken, compiled for the 910b (48 vector blocks): ResNet-50's largest
+  // maps (about 20 tiles a block) take them, its 14x14x256 layers (about one tile) do not.
+  const ChipConfig b910 = load_chip_config("910b");
+  auto summary = [&](const std::vector<int64_t>& shape) {
+    const TensorDesc x{DataType::F16, shape}, v{DataType::F32, {shape[3]}};
+    const auto k =
+        compiler::compile(make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"relu", true}}), b910);
+    REQUIRE(k.launches.size() == 1);
+    INFO(k.launches[0].summary);
+    return k.launches[0].summary;
+  };
+  CHECK(summary({8, 56, 56, 256}).find(" in pieces of ") != std::string::npos);
+  CHECK(summary({8, 14, 14, 256}).find(" in pieces of ") == std::string::npos);
+  // Compiled for the 910b and run on the test chip: the 28x28x128 layer (2.5 tiles a block, no
+  // pieces) staggers its blocks' first tiles (the 910b's ports outrun its HBM), and with them
+  // loads the first tile together with the resident per-channel vectors, before their flag
+  // (ops/elementwise.cpp first_tile_ahead).
+  {
+    const TensorDesc x{DataType::F16, {8, 28, 28, 128}}, v{DataType::F32, {128}};
+    const auto k =
+        compiler::compile(make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"relu", true}}), b910);
+    REQUIRE(k.launches.size() == 1);
+    const std::string& listing = k.launches[0].kernel.listing;
+    CHECK(listing.find("staggered first tile") != std::string::npos);
+    CHECK(listing.find("first_tile_compute") != std::string::npos);
+  }
+  g_compile_for = &b910;
+  check_update({8, 28, 28, 128}, true, 66, DataType::F16);
+  check_update({8, 28, 28, 128}, false, 67, DataType::F16, true);
+  check_residual_bits({8, 28, 28, 128}, DataType::F16, 68);
+  g_compile_for = nullptr;
+  if (test_chip_is_tiny()) {
+    const TensorDesc x{DataType::F16, {2, 56, 56, 32}}, v{DataType::F32, {32}};
+    const auto k = compiler::compile(make_op("BNTrainingUpdate", {x, v, v, v, v}, {{"relu", true}}),
+                                     test_sim().config());
+    REQUIRE(k.launches.size() == 1);
+    INFO(k.launches[0].summary);
+    CHECK(k.launches[0].summary.find(" in pieces of ") != std::string::npos);
+  }
+}
+
 TEST_CASE("BNTrainingReduceGrad: the bias gradient's accumulator takes no tile UB") {
   // The stream kernel reserves a gather scratch for its per-channel inputs; they are loaded
   // whole (C * 4 bytes, whole 32-byte blocks), so it is dead UB and the bias gradient's

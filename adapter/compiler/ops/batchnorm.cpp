@@ -86,6 +86,11 @@ using isa::Opcode;
 
 namespace {
 
+// The elements of the f32 work pieces of the training passes streamed in pieces on split chips
+// (StreamSpec::work_piece: BNTrainingReduceGrad's x gradient, BNTrainingUpdate's apply;
+// measured, docs/compiler.md "The x gradient in pieces").
+constexpr int64_t kBnTrainingWorkPiece = 2048;
+
 // A tensor as a channel sum reads it: rows of cp channels (ChannelSumSpec::cp), with channels
 // != 0 rows of cp / channels whole pixels of the tensor itself (ChannelSumSpec::channels).
 struct Padded {
@@ -753,6 +758,18 @@ CompiledKernel compile_bn_training_update(const CompileContext& ctx) {
   StreamSpec apply =
       batch_norm_apply_spec(t.shape, y_act, device_dtype(t.dt), device_dtype(t.dt), true);
   apply.kernel_name = name;
+  // Split chips (the 910b's vector cores stream against HBM's sustained rate, their tiles each
+  // wait a round trip): the f32 work in pieces where a block holds at least 4 tiles without
+  // them (StreamSpec::work_piece, BNTrainingReduceGrad's piece), so the f16 tiles grow about
+  // 1.4-2.5x (with 1 to 2.5 tiles a block the pieces' instructions cost more than they save:
+  // measured, docs/compiler.md "BNTrainingUpdate's round trips"); and the blocks' first tiles
+  // out of phase (StreamSpec::stagger_first_tiles: taken where the vector cores' ports outrun
+  // HBM; split chips only: on the coupled 310P, where they outrun its DDR, measured no faster).
+  // Tile boundaries and instruction grouping only: y, batch_mean and batch_variance keep their
+  // bits.
+  apply.work_piece = ctx.cfg.split ? kBnTrainingWorkPiece : 0;
+  apply.work_piece_min_tiles = 4;
+  apply.stagger_first_tiles = ctx.cfg.split;
   for (int i = 0; i < 2; ++i) {
     apply.inputs.push_back(StreamInput{Dtype::F32, broadcast_view({t.c}, t.shape), {t.c}});
     apply.inputs.back().period_only = true;
@@ -973,7 +990,7 @@ CompiledKernel compile_bn_training_reduce_grad(const CompileContext& ctx) {
   // docs/compiler.md "The x gradient in pieces": larger tiles wait fewer round trips; with
   // under 8 tiles a block, the pieces' instructions cost more than that saves, most with the
   // mask's 11 steps; on the 910's coupled cores, nearer their HBM roofline, slower throughout).
-  spec.work_piece = ctx.cfg.split ? 2048 : 0;
+  spec.work_piece = ctx.cfg.split ? kBnTrainingWorkPiece : 0;
   spec.work_piece_min_tiles = 8;
   // The blocks' first tiles out of phase (StreamSpec::stagger_first_tiles; taken where the
   // vector cores' ports outrun HBM, as on the 910b, not the 910): blocks in step all wait their

@@ -303,7 +303,13 @@ class StreamEmitter {
   void load_args(Launch& launch);
   void init_flags();
   // Builds the resident tiles: one period gathered, then (doubled) repeated over the tile.
-  void build_resident_inputs(bool doubled = true);
+  // first_tile_loads (if given) is emitted right after the direct resident loads, before their
+  // flag (first_tile_ahead).
+  void build_resident_inputs(bool doubled = true,
+                             const std::function<void()>& first_tile_loads = {});
+  // Whether the block's first tile is loaded together with the resident inputs loaded straight
+  // into their tiles, so that the two round trips overlap (build()).
+  bool first_tile_ahead() const;
   void double_resident_input(size_t k);
   int64_t resident_built(size_t k) const;
   // Whether input k is resident and loaded straight into its tile, one contiguous run (no
@@ -760,7 +766,8 @@ void StreamEmitter::init_flags() {
 // contiguous run from its start: those are loaded straight into their tiles, one load each,
 // all issued before the one wait for them (no gather scratch, its round trip and its vector
 // copy per input).
-void StreamEmitter::build_resident_inputs(bool doubled) {
+void StreamEmitter::build_resident_inputs(bool doubled,
+                                          const std::function<void()>& first_tile_loads) {
   std::vector<size_t> direct, gathered;
   for (size_t k = 0; k < m_in.size(); ++k) {
     const InputPlan& p = m_in[k];
@@ -776,6 +783,7 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
                {m_in[k].buf[0], m_in_addr[k], 1, m_period * m_in[k].size / kBlockBytes, 0, 0},
                fmt::format("load in{}'s period", k));
     }
+    if (first_tile_loads) first_tile_loads();
     m_b.set_flag(Pipe::MTE2, Pipe::V, m_resident_ready);
   }
   for (size_t k : gathered) {
@@ -791,6 +799,30 @@ void StreamEmitter::build_resident_inputs(bool doubled) {
   m_b.wait_flag(Pipe::MTE2, Pipe::V, m_resident_ready, "resident inputs loaded");
   if (doubled)
     for (size_t k : direct) double_resident_input(k);
+}
+
+// A load's set_flag holds MTE2 until its transfers have landed (sync.set_flag_holds_pipe), so
+// a block that loads its resident inputs, then flags them, then loads its first tile waits two
+// memory round trips before its first tile's compute. Where the resident inputs are all loaded
+// straight into their tiles (no gather, which needs V between its loads) and every other input
+// is flat, the first tile's loads are issued right after the resident ones, before their flag:
+// one round trip for both; the resident work then runs once both have landed. Every block of
+// build_stream_kernel has at least one element (block_dim = ceil(n / per)), so the first tile
+// is never empty; its branch to the drain stays as a guard, skipping the resident flag's set
+// and wait together. Only with staggered first tiles (m_tile_limit; without, a whole first
+// tile's round trip no longer overlaps the resident work and was measured slower on the 910b)
+// and on split chips (on the coupled 310P, whose DDR the stagger serves too, it was measured
+// slower: docs/compiler.md "The first tile with the resident inputs").
+bool StreamEmitter::first_tile_ahead() const {
+  if (!m_any_flat || !m_segments.empty() || !m_tile_limit || !m_b.config().split) return false;
+  bool direct = false;
+  for (size_t k = 0; k < m_in.size(); ++k) {
+    if (m_in[k].access == Access::kGather) return false;
+    if (m_in[k].access != Access::kResident) continue;
+    if (!resident_loaded_whole(k)) return false;
+    direct = true;
+  }
+  return direct;
 }
 
 // The elements of resident input k built before doubling: a splat's whole tile (or piece; its
@@ -1403,7 +1435,16 @@ Launch StreamEmitter::build() {
   init_flags();
   init_stagger();
   const bool per_period = m_spec->resident_per_period;
-  build_resident_inputs(!per_period);
+  // The tile loop, unrolled twice (ping: buffers 0, pong: buffers 1); with first_tile_ahead the
+  // first ping tile's loads go out with the resident inputs and the loop is entered at its
+  // compute.
+  Label loop = m_b.label("tile_loop"), drain = m_b.label("drain"),
+        first_compute = m_b.label("first_tile_compute");
+  const bool ahead = first_tile_ahead();
+  if (ahead)
+    build_resident_inputs(!per_period, [&] { emit_tile_loads(0, drain); });
+  else
+    build_resident_inputs(!per_period);
   if (m_spec->prologue) {
     KernelBuilder::Origin o(m_b, "prologue");
     m_spec->prologue(m_b, m_temp);
@@ -1421,10 +1462,13 @@ Launch StreamEmitter::build() {
     Reg zero = m_b.reg_imm("0.0f bits", 0);
     for (size_t t : m_spec->accumulators) vec_dup_bits(m_b, 4, m_temp.at(t), zero, m_piece);
   }
-  // The tile loop, unrolled twice (ping: buffers 0, pong: buffers 1).
-  Label loop = m_b.label("tile_loop"), drain = m_b.label("drain");
+  if (ahead) m_b.jmp(first_compute);
   m_b.bind(loop);
-  for (int q = 0; q < 2; ++q) emit_tile(q, drain);
+  for (int q = 0; q < 2; ++q) {
+    emit_tile_loads(q, drain);
+    if (ahead && q == 0) m_b.bind(first_compute);
+    emit_tile_compute(q);
+  }
   m_b.jmp(loop);
   m_b.bind(drain);
   emit_drain();
