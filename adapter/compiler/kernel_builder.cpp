@@ -70,12 +70,20 @@ void KernelBuilder::fail(const std::string& what) const {
 
 // ---- arguments ----
 
+int KernelBuilder::max_args() {
+  const Opcode ldarg = Opcode::op_ldarg;
+  return static_cast<int>(
+      isa::field_imm_max(isa::describe(ldarg).fields[isa::field_index(ldarg, "index")].kind) + 1);
+}
+
 int KernelBuilder::declare_arg(const std::string& name) {
   if (std::find(m_program.arg_names.begin(), m_program.arg_names.end(), name) !=
       m_program.arg_names.end())
     fail(fmt::format("kernel argument '{}' declared twice", name));
-  if (m_program.arg_names.size() > isa::field_imm_max(FieldKind::U8))
-    fail("too many kernel arguments for ldarg's 8-bit index");
+  if (m_program.arg_names.size() >= static_cast<size_t>(max_args()))
+    fail(fmt::format("kernel argument '{}' would be argument {}: a kernel takes at most {} "
+                     "(ldarg's index field)",
+                     name, m_program.arg_names.size() + 1, max_args()));
   m_program.arg_names.push_back(name);
   isa::ArgInfo info;
   info.name = name;

@@ -128,6 +128,10 @@ class KernelBuilder {
   [[noreturn]] void fail(const std::string& what) const;  // CompileError "<op>: <what>"
 
   // ---- arguments ----
+  // The most arguments a kernel takes: ldarg's index field is 8 bits, so indices 0..255. An op
+  // with more tensors splits its work over several launches (AllFinite, the multi-tensor ops,
+  // ConcatV2 / Pack); declare_arg past this is a CompileError naming the op.
+  static int max_args();
   // Declares the next kernel argument (ldarg index = declaration order); returns its index.
   // Untyped: a scalar or a raw address.
   int declare_arg(const std::string& name);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/kernel_builder.h"
 #include "sim/config/chip_config.h"
 #include "tests/compiler/compiler_test_util.h"
 
@@ -126,6 +127,46 @@ TEST_CASE("AllFinite: the same answer as TensorFlow's op-by-op check") {
   CHECK(run_all_finite(xs, DataType::F32) == run_unfused(xs));
   CHECK_FALSE(run_unfused(xs));
   (void)cfg;
+}
+
+TEST_CASE("AllFinite: more members than a kernel's arguments, in several launches") {
+  // 772 members: launches of at most KernelBuilder::max_args() - 2 = 254, so four of 193: A and
+  // C all empty (one core each: C resumes core 0's row alone, the others' rows stay), B and D
+  // of values over every core (D with one member larger than a tile).
+  const ChipConfig& cfg = test_sim().config();
+  const CoreKindConfig* v = cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
+  const int64_t large = static_cast<int64_t>(v->capacity(isa::Buf::UB) / 4) + 37;
+  const int per_launch = compiler::KernelBuilder::max_args() - 2;
+  REQUIRE(per_launch == 254);
+  const size_t part = 193, count = 4 * part;
+  std::vector<V> shapes;
+  const std::vector<V> sizes = {V{3}, V{17}, V{40}, V{2, 5}};
+  for (size_t i = 0; i < count; ++i) {
+    const size_t p = i / part;
+    shapes.push_back(p % 2 == 0 ? V{0} : sizes[i % sizes.size()]);
+  }
+  shapes[3 * part + 7] = V{large};
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DataType t : {DataType::F32, DataType::F16}) {
+    INFO(compiler::data_type_name(t));
+    const std::vector<HostTensor> xs = members(t, shapes, 1200);
+    size_t launches = 0;
+    REQUIRE(host_all_finite(xs));
+    CHECK(run_all_finite(xs, t, &launches));
+    CHECK(launches == (cfg.split && cfg.cross_core_flag_ids > 0 ? 4u : 5u));
+    // B's first and last members (core 0's and the last core's rows, resumed by C and D), D's
+    // large member's middle (a later tile), D's last member.
+    for (const auto& [member, value] : std::vector<std::pair<size_t, double>>{
+             {part, inf}, {2 * part - 1, nan}, {3 * part + 7, -inf}, {count - 1, nan}}) {
+      std::vector<HostTensor> bad = xs;
+      std::vector<double>& vals = bad[member].values;
+      vals[vals.size() / 2] = value;
+      INFO("member " << member << " = " << value);
+      REQUIRE_FALSE(host_all_finite(bad));
+      CHECK_FALSE(run_all_finite(bad, t));
+    }
+  }
 }
 
 TEST_CASE("AllFinite: only empty members is true") {

@@ -81,6 +81,21 @@ TEST_CASE("running out of registers names the op and what each register holds") 
   CHECK(again.id() == 31);
 }
 
+TEST_CASE("kernel arguments stop at ldarg's index range, with an error naming the op") {
+  const ChipConfig& cfg = sim().config();
+  KernelBuilder b("args", "WideOp", cfg);
+  b.begin_section(isa::CoreKind::AIV);
+  // ldarg's index field is U8 (isa.def): indices 0..255.
+  REQUIRE(KernelBuilder::max_args() == 256);
+  for (int i = 0; i < KernelBuilder::max_args(); ++i)
+    CHECK(b.declare_arg("a" + std::to_string(i)) == i);
+  CHECK_THROWS_WITH(b.declare_arg("a256"), Catch::Contains("WideOp") &&
+                                               Catch::Contains("'a256'") &&
+                                               Catch::Contains("at most 256"));
+  Reg last = b.load_arg("a255");  // the last index still encodes
+  (void)last;
+}
+
 TEST_CASE("buffers: alignment from the config, and an error when a tile does not fit") {
   const ChipConfig& cfg = sim().config();
   KernelBuilder b("bufs", "TileOp", cfg);

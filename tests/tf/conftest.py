@@ -219,14 +219,15 @@ def run_pattern_variants(pattern, args, variants):
 
 
 # Child code (run_child) defining train_conv_bn_relu(device, use_bias=False, blocks=1, axis=-1,
-# batch=4): Keras Input (8, 8, 3) -> `blocks` x (Conv2D -> BatchNormalization(axis) -> ReLU; the
+# batch=4, scale=True): Keras Input (8, 8, 3) -> `blocks` x (Conv2D ->
+# BatchNormalization(axis, scale) -> ReLU; the
 # first convolution 16 filters 3x3 "same", the second 32 filters 1x1) -> GlobalAveragePooling2D
 # -> Dense(4), seeded (keras.utils.set_random_seed(0)), trained three SGD(0.1) steps (FIT_STEPS)
 # on a fixed batch of `batch` samples under `device`. Returns its losses, weights, and the last
 # step's launches (none on the CPU): their count, op types, (op type, kernel) pairs ("ops") and
 # (op type, op name) pairs ("names").
 CONV_BN_RELU_TRAIN = FIT_STEPS + r"""
-def train_conv_bn_relu(device, use_bias=False, blocks=1, axis=-1, batch=4):
+def train_conv_bn_relu(device, use_bias=False, blocks=1, axis=-1, batch=4, scale=True):
     import numpy as np
     import npusim
     import tensorflow as tf
@@ -239,7 +240,7 @@ def train_conv_bn_relu(device, use_bias=False, blocks=1, axis=-1, batch=4):
         for conv in [dict(filters=16, kernel_size=3, padding="same"),
                      dict(filters=32, kernel_size=1)][:blocks]:
             h = keras.layers.Conv2D(**conv, use_bias=use_bias)(h)
-            h = keras.layers.BatchNormalization(axis=axis)(h)
+            h = keras.layers.BatchNormalization(axis=axis, scale=scale)(h)
             h = keras.layers.ReLU()(h)
         h = keras.layers.GlobalAveragePooling2D()(h)
         model = keras.Model(inp, keras.layers.Dense(4)(h))

@@ -11,7 +11,8 @@ over the gradients, four launches per gradient, becomes one launch with the same
   copies in one MultiTensorCast (rewrite 19 follows the updates' handles through the cond's
   Switches), and the gradients' float32 casts that only the check and the cond read in another;
 - the check by hand in a tf.function on tensors of several shapes (a scalar among them), each
-  with and without an infinity or a NaN: TF on the CPU's answer;
+  with and without an infinity or a NaN: TF on the CPU's answer; likewise over 300 tensors, more
+  than one kernel's 256 arguments (AllFinite then takes several launches);
 - must not fuse: the check's bool returned rather than used as a cond's predicate (nothing then
   says it is a scalar), inner reductions over some of the axes only (the graph's own answer
   kept) and an inner All with keep_dims.
@@ -133,6 +134,18 @@ def by_hand():
         if name == "kept":
             npu, cpu = npu == 1.0, cpu == 1.0
         out[name] = {"npu": npu, "cpu": cpu, "types": types}
+    many = [rng.standard_normal(3).astype(np.float32) for _ in range(300)]
+    for name, where in (("many", None), ("many_bad_first", 0), ("many_bad_last", 299)):
+        xs = [x.copy() for x in many]
+        if where is not None:
+            xs[where][1] = np.nan
+        with tf.device("/NPU:0"):
+            npusim.clear_launch_records()
+            npu = float(tf.function(check)(*[tf.constant(x) for x in xs]).numpy()) == 1.0
+            types = op_types()
+        with tf.device("/CPU:0"):
+            cpu = bool(returned(*[tf.constant(x) for x in xs]).numpy())
+        out[name] = {"npu": npu, "cpu": cpu, "types": types}
     return out
 
 
@@ -180,6 +193,12 @@ def test_check_by_hand_matches_the_cpu(runs):
         assert case["npu"] == case["cpu"], (name, case)
         assert case["npu"] == (name == "finite")
         assert case["types"].count("AllFinite") == 1 and "IsFinite" not in case["types"], case
+        assert off["by_hand"][name]["npu"] == case["cpu"]
+    # 300 tensors: AllFinite in several launches (at most 254 tensors each), the same answers
+    for name in ("many", "many_bad_first", "many_bad_last"):
+        case = on["by_hand"][name]
+        assert case["npu"] == case["cpu"] == (name == "many"), (name, case["npu"], case["cpu"])
+        assert case["types"].count("AllFinite") >= 2 and "IsFinite" not in case["types"]
         assert off["by_hand"][name]["npu"] == case["cpu"]
 
 

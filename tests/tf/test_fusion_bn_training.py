@@ -10,7 +10,8 @@ BNTrainingReduceGrad.
   launches; the fused launches carry the
   original node names; likewise with the channel axis given as 3 (Keras then reshapes the
   per-channel tensors to [1, 1, 1, C]) and a batch of one (grappler drops the unit axis from
-  the gradient's Sums);
+  the gradient's Sums), and for batch norms without a scale (Keras' scale=False, as in
+  InceptionV3: no Mul by gamma, the fused ops read a Const of ones);
 - patterns that must not fuse stay unfused and still compute the CPU's results: the same batch
   norm in inference mode inside a training step, a second consumer of an intermediate of the
   pattern (the normalisation factor also read by another node), and the pattern in float16 (the
@@ -41,10 +42,15 @@ KERAS_CODE = CONV_BN_RELU_TRAIN + r'''
 import json
 
 out = {}
-# axis 3 with a batch of one: grappler drops the unit batch axis from the gradient's Sums
+# axis 3 with a batch of one: grappler drops the unit batch axis from the gradient's Sums;
+# "-1 noscale" / "3 noscale": the same without the batch norms' scale (gamma)
 for axis, batch in ((-1, 4), (3, 1)):
-    out[axis] = {"npu": train_conv_bn_relu("/NPU:0", axis=axis, batch=batch),
-                 "cpu": train_conv_bn_relu("/CPU:0", axis=axis, batch=batch)}
+    for scale in (True, False):
+        key = str(axis) + ("" if scale else " noscale")
+        out[key] = {"npu": train_conv_bn_relu("/NPU:0", axis=axis, batch=batch, scale=scale,
+                                              blocks=1 if scale else 2),
+                    "cpu": train_conv_bn_relu("/CPU:0", axis=axis, batch=batch, scale=scale,
+                                              blocks=1 if scale else 2)}
 print("RESULT " + json.dumps(out))
 '''
 
@@ -128,7 +134,7 @@ def keras_runs():
                          extra_env=dict(CONV_BN_REDUCE_OFF, NPUSIM_FUSION_BN_TRAINING="0")))
 
 
-@pytest.mark.parametrize("axis", ["-1", "3"])
+@pytest.mark.parametrize("axis", ["-1", "3", "-1 noscale", "3 noscale"])
 def test_keras_training_fused_matches_unfused_and_cpu(keras_runs, axis):
     fused, unfused = keras_runs[0][axis], keras_runs[1][axis]
     fused_types = {t for t, _ in fused["npu"]["ops"]}
@@ -138,7 +144,10 @@ def test_keras_training_fused_matches_unfused_and_cpu(keras_runs, axis):
     # f32 rounding of three steps (the statistics summed in another order, the variance
     # from the sum of squares); the moving variance and mean are among the weights.
     assert_close_lists(fused["npu"]["losses"], unfused["npu"]["losses"], 1e-5, 1e-6)
-    assert_close_lists(fused["npu"]["weights"], unfused["npu"]["weights"], 1e-4, 1e-6)
+    # Two blocks (noscale): the first filter's gradient passes through both batch norms, whose
+    # f32 differences add up (weights of magnitude 0.1: a few 1e-6 absolute).
+    assert_close_lists(fused["npu"]["weights"], unfused["npu"]["weights"], 1e-4,
+                       1e-5 if "noscale" in axis else 1e-6)
     # TensorFlow on the CPU: the convolution's operands go to the cube in fp16 (the default
     # precision mode) on the NPU, fused or not, so the weights agree to about 1e-3.
     assert_close_lists(fused["npu"]["losses"], fused["cpu"]["losses"], 1e-3, 1e-5)
@@ -147,8 +156,17 @@ def test_keras_training_fused_matches_unfused_and_cpu(keras_runs, axis):
     names = {t: n for t, n in fused["npu"]["names"] if t in BN_TYPES}
     assert names["BNTrainingReduce"].endswith("moments/variance")
     assert "re_lu" in names["BNTrainingUpdate"] and names["BNTrainingUpdate"].endswith("/Relu")
-    assert names["BNTrainingUpdateGrad"].endswith("batchnorm/mul/Mul_1")
+    # Without a scale there is no scale gradient: BNTrainingUpdateGrad takes the RsqrtGrad's
+    # place.
+    assert names["BNTrainingUpdateGrad"].endswith(
+        "batchnorm/RsqrtGrad" if "noscale" in axis else "batchnorm/mul/Mul_1")
     assert names["BNTrainingReduceGrad"].startswith("AddN")
+    # Both blocks' batch norms fused (the second block's is taken by rewrite 15 when it is on).
+    if "noscale" in axis:
+        counts = {}
+        for t, _ in fused["npu"]["names"]:
+            counts[t] = counts.get(t, 0) + 1
+        assert all(counts[t] == 2 for t in BN_TYPES)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,14 @@
 //    (vcadd) and stores (sum == 0) as the bool (vcmp, vsel of f16 1 / 0, vconv to u8: as
 //    IsFinite's kernel makes its bools). Coupled chips (no cross-core flags): that last step is
 //    a second launch of one block.
+//  - More inputs than one kernel's arguments reach (KernelBuilder::max_args(), less the partials
+//    and the bool): the inputs go in G launches of at most that many each, in order, each cut
+//    over the cores as above. Launch g > 0 starts each core's accumulator from the core's row of
+//    the launches before (rows are +0 or NaN, so the sum keeps its meaning), and only the last
+//    launch takes the barrier and computes the bool (or the result launch does, as above).
+//    Launches run in stream order, so the rows are complete when the next launch reads them.
+//    Chosen over a wider argument index: the ISA and every kernel stay as they are, and ops
+//    with many tensors already split so (the multi-tensor launches, ConcatV2).
 #include <optional>
 
 #include <fmt/format.h>
@@ -53,17 +61,19 @@ struct Piece {
   int64_t first = 0, count = 0;
 };
 
-// The cores' pieces: the inputs' 32-byte blocks (each input padded to whole blocks) as one range
-// cut into equal parts of whole blocks, part b for core b; empty inputs take no part.
-std::vector<std::vector<Piece>> cut_pieces(const std::vector<TensorDesc>& inputs, int cores) {
+// The cores' pieces of inputs [first, end): their 32-byte blocks (each input padded to whole
+// blocks) as one range cut into equal parts of whole blocks, part b for core b; empty inputs
+// take no part.
+std::vector<std::vector<Piece>> cut_pieces(const std::vector<TensorDesc>& inputs, size_t first,
+                                           size_t end, int cores) {
   int64_t total = 0;
-  for (const TensorDesc& x : inputs)
-    total += ceil_div(static_cast<int64_t>(x.bytes()), kBlockBytes);
+  for (size_t i = first; i < end; ++i)
+    total += ceil_div(static_cast<int64_t>(inputs[i].bytes()), kBlockBytes);
   const int64_t per = std::max<int64_t>(1, ceil_div(total, cores));
   const int64_t parts = std::max<int64_t>(1, ceil_div(total, per));
   std::vector<std::vector<Piece>> pieces(static_cast<size_t>(parts));
   int64_t start = 0;  // the input's first block in the range
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  for (size_t i = first; i < end; ++i) {
     const int64_t n = inputs[i].num_elements();
     const int64_t per_block = kBlockBytes / data_type_bytes(inputs[i].dtype);
     const int64_t blocks = ceil_div(n, per_block);
@@ -226,95 +236,136 @@ CompiledKernel compile_all_finite(const CompileContext& ctx) {
   const ChipConfig& cfg = ctx.cfg;
   const CoreKindConfig* vector =
       cfg.core_kind(cfg.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE);
-  const std::vector<std::vector<Piece>> pieces = cut_pieces(op.inputs, vector ? vector->count : 1);
-  const int cores = static_cast<int>(pieces.size());
   const bool one_launch = cfg.split && cfg.cross_core_flag_ids > kBarrierFlag;
 
+  // The launches' inputs: [first, end) each, at most max_args() - 2 of them (the partials and
+  // the bool take the other two), as many in each as the count allows.
+  struct Part {
+    size_t first = 0, end = 0;
+    std::vector<std::vector<Piece>> pieces;  // per core
+  };
+  const size_t inputs = op.inputs.size();
+  const size_t per_launch = static_cast<size_t>(KernelBuilder::max_args()) - 2;
+  const size_t n_parts = (inputs + per_launch - 1) / per_launch;
+  const size_t per_part = (inputs + n_parts - 1) / n_parts;
+  std::vector<Part> parts;
+  int rows = 0;  // the partial rows: the most cores any launch uses
+  for (size_t first = 0; first < inputs; first += per_part) {
+    Part part;
+    part.first = first;
+    part.end = std::min(inputs, first + per_part);
+    part.pieces = cut_pieces(op.inputs, part.first, part.end, vector ? vector->count : 1);
+    rows = std::max(rows, static_cast<int>(part.pieces.size()));
+    parts.push_back(std::move(part));
+  }
+
   LaunchPlan plan({TensorDesc{DataType::BOOL, {}}});
-  const ArgRef partials = plan.workspace(static_cast<uint64_t>(cores) * kRowBytes);
+  const ArgRef partials = plan.workspace(static_cast<uint64_t>(rows) * kRowBytes);
   const std::string name = fmt::format("AllFinite_{}", data_type_name(*t));
 
-  KernelBuilder b(name, op.str(), cfg);
-  b.begin_section(b.vector_core_kind());
-  std::vector<ArgRef> args;
-  for (size_t i = 0; i < op.inputs.size(); ++i) {
-    b.declare_arg(fmt::format("x{}", i), type, op.inputs[i].shape);
-    args.push_back(LaunchPlan::input(static_cast<int>(i)));
-  }
-  b.declare_arg("partials", Dtype::F32, {cores, kLanes32});
-  args.push_back(partials);
-  if (one_launch) {
-    b.declare_arg("y", Dtype::U8, {});
-    args.push_back(LaunchPlan::output(0));
-  }
-  const Buffers u = allocate(b, type, cores);
-  fill_constants(b, u);
-  const FlagPair loaded = b.flag_pair(Pipe::MTE2, Pipe::V, "tile loaded");
-  const FlagPair freed = b.flag_pair(Pipe::V, Pipe::MTE2, "tile free");
-  const int folded = b.flag(Pipe::V, Pipe::MTE3, "accumulator folded");
-  {
-    KernelBuilder::Origin o(b, "accumulator cleared");
-    Reg zero = b.reg_imm("0.0f bits", 0), lanes = b.reg_imm("accumulator lanes", u.tile_elems);
-    vec_dup_bits(b, 4, u.acc, zero, lanes);
-  }
-  Reg core = b.reg("vector core");
-  b.emit(Opcode::op_get_block_id, {core});
-  b.set_flag(freed, 0);
-  b.set_flag(freed, 1);
-  for (int c = 0; c < cores; ++c)
-    if (!pieces[static_cast<size_t>(c)].empty())
-      b.if_(eq(core, c), [&] {
-        for (const Piece& p : pieces[static_cast<size_t>(c)])
-          check_piece(b, u, type, p, loaded, freed);
+  int rows_written = 0;  // rows the launches before this one stored
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const Part& part = parts[p];
+    const bool last = p + 1 == parts.size();
+    const int cores = static_cast<int>(part.pieces.size());
+    KernelBuilder b(parts.size() == 1 ? name : fmt::format("{}_part{}", name, p), op.str(), cfg);
+    b.begin_section(b.vector_core_kind());
+    std::vector<ArgRef> args;
+    for (size_t i = part.first; i < part.end; ++i) {
+      b.declare_arg(fmt::format("x{}", i), type, op.inputs[i].shape);
+      args.push_back(LaunchPlan::input(static_cast<int>(i)));
+    }
+    b.declare_arg("partials", Dtype::F32, {rows, kLanes32});
+    args.push_back(partials);
+    if (last && one_launch) {
+      b.declare_arg("y", Dtype::U8, {});
+      args.push_back(LaunchPlan::output(0));
+    }
+    const Buffers u = allocate(b, type, rows);
+    fill_constants(b, u);
+    const FlagPair loaded = b.flag_pair(Pipe::MTE2, Pipe::V, "tile loaded");
+    const FlagPair freed = b.flag_pair(Pipe::V, Pipe::MTE2, "tile free");
+    const int folded = b.flag(Pipe::V, Pipe::MTE3, "accumulator folded");
+    {
+      KernelBuilder::Origin o(b, "accumulator cleared");
+      Reg zero = b.reg_imm("0.0f bits", 0), lanes = b.reg_imm("accumulator lanes", u.tile_elems);
+      vec_dup_bits(b, 4, u.acc, zero, lanes);
+    }
+    Reg core = b.reg("vector core");
+    b.emit(Opcode::op_get_block_id, {core});
+    if (rows_written > 0) {
+      KernelBuilder::Origin o(b, "the launches before: this core's partial row resumed");
+      const int cleared = b.flag(Pipe::V, Pipe::MTE2, "accumulator cleared");
+      const int resumed = b.flag(Pipe::MTE2, Pipe::V, "partial row loaded");
+      b.set_flag(Pipe::V, Pipe::MTE2, cleared);
+      b.wait_flag(Pipe::V, Pipe::MTE2, cleared);
+      b.if_(lt(core, rows_written), [&] {
+        Reg row = b.load_arg("partials");
+        b.mul_add(row, core, kRowBytes, row);
+        b.emit(Opcode::op_copy_gm2ub, {u.acc, row, 1, kRowBytes / kBlockBytes, 0, 0},
+               "the row into the accumulator's first 64 lanes");
       });
-  b.wait_flag(freed, 0, "drain");
-  b.wait_flag(freed, 1, "drain");
-  {
-    KernelBuilder::Origin o(b, "the accumulator folded to this core's partial row");
-    fold_rows_pairwise(b, u.acc, u.acc, u.tile_elems / kLanes32, kLanes32, kLanes32);
-    b.set_flag(Pipe::V, Pipe::MTE3, folded);
-    b.wait_flag(Pipe::V, Pipe::MTE3, folded);
-    Reg row = b.load_arg("partials");
-    b.mul_add(row, core, kRowBytes, row);
-    b.emit(Opcode::op_copy_ub2gm, {row, u.acc, 1, kRowBytes / kBlockBytes, 0, 0});
+      b.set_flag(Pipe::MTE2, Pipe::V, resumed);
+      b.wait_flag(Pipe::MTE2, Pipe::V, resumed);
+    }
+    b.set_flag(freed, 0);
+    b.set_flag(freed, 1);
+    for (int c = 0; c < cores; ++c)
+      if (!part.pieces[static_cast<size_t>(c)].empty())
+        b.if_(eq(core, c), [&] {
+          for (const Piece& piece : part.pieces[static_cast<size_t>(c)])
+            check_piece(b, u, type, piece, loaded, freed);
+        });
+    b.wait_flag(freed, 0, "drain");
+    b.wait_flag(freed, 1, "drain");
+    {
+      KernelBuilder::Origin o(b, "the accumulator folded to this core's partial row");
+      fold_rows_pairwise(b, u.acc, u.acc, u.tile_elems / kLanes32, kLanes32, kLanes32);
+      b.set_flag(Pipe::V, Pipe::MTE3, folded);
+      b.wait_flag(Pipe::V, Pipe::MTE3, folded);
+      Reg row = b.load_arg("partials");
+      b.mul_add(row, core, kRowBytes, row);
+      b.emit(Opcode::op_copy_ub2gm, {row, u.acc, 1, kRowBytes / kBlockBytes, 0, 0});
+    }
+    int64_t elements = 0;
+    for (size_t i = part.first; i < part.end; ++i) elements += op.inputs[i].num_elements();
+    std::string what = fmt::format("{} tensors, {} elements over {} vector cores, tiles of {}",
+                                   part.end - part.first, elements, cores, u.tile_elems);
+    if (parts.size() > 1)
+      what = fmt::format("launch {} of {}: x{} .. x{}, {}{}", p + 1, parts.size(), part.first,
+                         part.end - 1, what,
+                         rows_written > 0 ? ", added to the launches' before" : "");
+    if (last && one_launch) {
+      b.emit(Opcode::op_cc_set, {Pipe::MTE3, 0, kBarrierFlag}, "this core's partial row stored");
+      b.emit(Opcode::op_cc_wait, {Pipe::MTE2, kBarrierFlag}, "wait: every core's partial row");
+      b.if_(eq(core, 0), [&] {
+        Reg row_base = b.load_arg("partials"), out = b.load_arg("y");
+        emit_result(b, u, rows, row_base, out);
+      });
+    }
+    b.end();
+    Launch l;
+    l.kernel = b.finish();
+    l.block_dim = cores;
+    l.summary = what + (last && one_launch ? "; the bool after a barrier of the cores" : "");
+    l.args = args;
+    plan.add(std::move(l), args);
+    rows_written = std::max(rows_written, cores);
   }
-  const std::string what = fmt::format(
-      "{} tensors, {} elements over {} vector cores, tiles of {}", op.inputs.size(),
-      [&] {
-        int64_t e = 0;
-        for (const TensorDesc& x : op.inputs) e += x.num_elements();
-        return e;
-      }(),
-      cores, u.tile_elems);
-  if (one_launch) {
-    b.emit(Opcode::op_cc_set, {Pipe::MTE3, 0, kBarrierFlag}, "this core's partial row stored");
-    b.emit(Opcode::op_cc_wait, {Pipe::MTE2, kBarrierFlag}, "wait: every core's partial row");
-    b.if_(eq(core, 0), [&] {
-      Reg rows = b.load_arg("partials"), out = b.load_arg("y");
-      emit_result(b, u, cores, rows, out);
-    });
-  }
-  b.end();
-  Launch l;
-  l.kernel = b.finish();
-  l.block_dim = cores;
-  l.summary = what + (one_launch ? "; the bool after a barrier of the cores" : "");
-  l.args = args;
-  plan.add(std::move(l), args);
   if (!one_launch) {
     KernelBuilder r(name + "_result", op.str(), cfg);
     r.begin_section(r.vector_core_kind());
-    r.declare_arg("partials", Dtype::F32, {cores, kLanes32});
+    r.declare_arg("partials", Dtype::F32, {rows, kLanes32});
     r.declare_arg("y", Dtype::U8, {});
-    const Buffers ur = allocate(r, type, cores);
+    const Buffers ur = allocate(r, type, rows);
     fill_constants(r, ur);
-    Reg rows = r.load_arg("partials"), out = r.load_arg("y");
-    emit_result(r, ur, cores, rows, out);
+    Reg row_base = r.load_arg("partials"), out = r.load_arg("y");
+    emit_result(r, ur, rows, row_base, out);
     r.end();
     Launch lr;
     lr.kernel = r.finish();
     lr.block_dim = 1;
-    lr.summary = fmt::format("the {} partial rows -> the bool", cores);
+    lr.summary = fmt::format("the {} partial rows -> the bool", rows);
     const std::vector<ArgRef> result_args = {partials, LaunchPlan::output(0)};
     lr.args = result_args;
     plan.add(std::move(lr), result_args);

@@ -1544,7 +1544,8 @@ std::vector<Launch> multi_tensor_launches(
                                              int64_t{1}, std::multiplies<>());
     by_kind[elements > limit ? 1 : 0].push_back(&s);
   }
-  const size_t per_launch = std::max<size_t>(1, 256 / (n_inputs + n_outputs));
+  const size_t per_launch =
+      std::max<size_t>(1, static_cast<size_t>(KernelBuilder::max_args()) / (n_inputs + n_outputs));
   std::vector<Launch> launches;
   for (const std::vector<const MultiTensorSegment*>& kind : by_kind) {
     for (size_t first = 0, n = 0; first < kind.size(); first += n) {

@@ -1239,10 +1239,6 @@ CompiledKernel compile_logical_reduce(const CompileContext& ctx, ReduceRequest r
 
 // ---- SquareSumV1 over N > 1 tensors (Lamb's per-variable norms, graph_fusion.h rewrite 17b) ----
 
-// Arguments an ldarg index reaches (8 bits): a multi-tensor copy launch of one input and one
-// output per segment takes at most half as many segments.
-constexpr size_t kMaxLaunchArgs = 256;
-
 // A segment of a multi-tensor copy: `n` f32 elements from input to output, bit for bit.
 StreamSpec copy_segment(const std::string& name, int64_t n) {
   StreamSpec s;
@@ -1257,13 +1253,13 @@ StreamSpec copy_segment(const std::string& name, int64_t n) {
 }
 
 // Appends the launches copying `count` segments of `n` f32 elements each, segment g from
-// in(g) to out(g): multi-tensor streams (build_multi_stream_kernel) of at most kMaxLaunchArgs / 2
-// segments each.
+// in(g) to out(g): multi-tensor streams (build_multi_stream_kernel) of at most
+// KernelBuilder::max_args() / 2 segments each (one input and one output per segment).
 void append_copies(LaunchPlan& plan, const ChipConfig& cfg, const std::string& op,
                    const std::string& name, int64_t count, int64_t n,
                    const std::function<ArgRef(int64_t)>& in,
                    const std::function<ArgRef(int64_t)>& out) {
-  const int64_t per_launch = static_cast<int64_t>(kMaxLaunchArgs / 2);
+  const int64_t per_launch = KernelBuilder::max_args() / 2;
   for (int64_t first = 0; first < count; first += per_launch) {
     const int64_t c = std::min(per_launch, count - first);
     std::vector<StreamSpec> segments(static_cast<size_t>(c), copy_segment(name, n));

@@ -129,13 +129,20 @@ bool float_node(const tfc::NodeDef& n) { return type_attr(n) == tfc::DT_FLOAT; }
 // A matched batch-norm chain, ending at add_1 (and relu, if fused).
 struct BatchNormChain {
   tfc::NodeDef *add_1 = nullptr, *eps_const = nullptr;
-  std::vector<tfc::NodeDef*> inner;  // add, rsqrt, mul, mul_1, mul_2, sub
-  std::string x, scale, offset, mean, variance, bias;
+  tfc::NodeDef *rsqrt = nullptr;   // Rsqrt(variance + epsilon)
+  tfc::NodeDef *factor = nullptr;  // what x and mean are multiplied by: Mul(rsqrt, scale), or
+                                   // the Rsqrt itself where the chain has no scale
+  std::vector<tfc::NodeDef*> inner;  // add, rsqrt[, mul], mul_1, mul_2, sub
+  std::string x, scale, offset, mean, variance, bias;  // scale empty: none (gamma = 1)
   float epsilon = 0;
 };
 
 // Matches the chain ending at AddV2 node add_1 (graph_fusion.h), without checking consumers.
-std::optional<BatchNormChain> match_batch_norm(GraphView& g, tfc::NodeDef& add_1) {
+// With `scale_optional`, also the chain without the Mul by scale that tf.nn.batch_normalization
+// builds for scale=None (Keras' BatchNormalization(scale=False)): x and mean multiplied by the
+// Rsqrt itself; the chain's scale is then empty.
+std::optional<BatchNormChain> match_batch_norm(GraphView& g, tfc::NodeDef& add_1,
+                                               bool scale_optional = false) {
   if (add_1.op() != "AddV2" || !float_node(add_1) || !on_npu(add_1)) return std::nullopt;
   for (int o = 0; o < 2; ++o) {
     tfc::NodeDef* mul_1 = g.producer(add_1, o, "Mul");
@@ -144,14 +151,16 @@ std::optional<BatchNormChain> match_batch_norm(GraphView& g, tfc::NodeDef& add_1
     tfc::NodeDef* mul_2 = g.producer(*sub, 1, "Mul");
     if (!mul_2) continue;
     for (int j = 0; j < 2; ++j) {
-      tfc::NodeDef* mul = g.producer(*mul_1, j, "Mul");
-      if (!mul) continue;
-      int k = GraphView::reads(*mul_2, 0, mul->name())   ? 0
-              : GraphView::reads(*mul_2, 1, mul->name()) ? 1
-                                                         : -1;
+      tfc::NodeDef* factor = g.producer(*mul_1, j, "Mul");
+      if (!factor && scale_optional) factor = g.producer(*mul_1, j, "Rsqrt");
+      if (!factor) continue;
+      int k = GraphView::reads(*mul_2, 0, factor->name())   ? 0
+              : GraphView::reads(*mul_2, 1, factor->name()) ? 1
+                                                            : -1;
       if (k < 0) continue;
-      for (int q = 0; q < 2; ++q) {
-        tfc::NodeDef* rs = g.producer(*mul, q, "Rsqrt");
+      const bool scaled = factor->op() == "Mul";
+      for (int q = 0; q < (scaled ? 2 : 1); ++q) {
+        tfc::NodeDef* rs = scaled ? g.producer(*factor, q, "Rsqrt") : factor;
         if (!rs) continue;
         tfc::NodeDef* add = g.producer(*rs, 0, "AddV2");
         if (!add) continue;
@@ -163,9 +172,13 @@ std::optional<BatchNormChain> match_batch_norm(GraphView& g, tfc::NodeDef& add_1
           BatchNormChain c;
           c.add_1 = &add_1;
           c.eps_const = eps;
-          c.inner = {add, rs, mul, mul_1, mul_2, sub};
+          c.rsqrt = rs;
+          c.factor = factor;
+          c.inner = {add, rs};
+          if (scaled) c.inner.push_back(factor);
+          c.inner.insert(c.inner.end(), {mul_1, mul_2, sub});
           c.x = mul_1->input(1 - j);
-          c.scale = mul->input(1 - q);
+          if (scaled) c.scale = factor->input(1 - q);
           c.offset = sub->input(0);
           c.mean = mul_2->input(1 - k);
           c.variance = add->input(1 - r);
@@ -294,6 +307,7 @@ struct TrainingBatchNorm {
   std::string dscale_factor;  // k's input text
   bool relu = false;
   bool keeps_dims = false;             // the graph's per-channel gradients are [1, 1, 1, C]
+  int64_t channels = 0;                // C, where the chain has no scale (a Const of ones is)
   std::string g;                       // the gradient arriving at the batch norm's output
   std::vector<tfc::NodeDef*> removed;  // every matched node but variance, last, dscale, dx
 };
@@ -338,31 +352,42 @@ bool match_training_forward(GraphView& g, TrainingBatchNorm* t) {
 // the forward match: see graph_fusion.h for the nodes.
 bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
   const BatchNormChain& c = t->chain;
-  tfc::NodeDef *rs = c.inner[1], *bmul = c.inner[2];
+  tfc::NodeDef *rs = c.rsqrt, *bmul = c.factor;
   const std::string& x = c.x;
-  // d/d rsqrt: RsqrtGrad(rs, Mul(AddN(...), scale)); d scale: Mul(AddN, rs).
+  const bool scaled = !c.scale.empty();
   tfc::NodeDef* rsqrt_grad = consumer_of(g, rs->name(), "RsqrtGrad", 0);
   tfc::NodeDef* drs = rsqrt_grad ? input_node(g, *rsqrt_grad, 1) : nullptr;
-  tfc::NodeDef* dscale = consumer_of(g, rs->name(), "Mul", -1, bmul);
-  if (!drs || drs->op() != "Mul" || !dscale || dscale == bmul) return false;
-  std::optional<std::string> dbmul_s = other_operand(*dscale, rs->name());
-  // A loss scale (the optimizer multiplying every gradient by a constant k = 1 / loss scale)
-  // that grappler's constant folding pushed into dscale: Mul(Mul(AddN, rs), k) became
-  // Mul(AddN, Mul(k, rs)), whose inner product is read by nothing else.
-  const tfc::NodeDef* factor = dbmul_s ? g.node(parse_input(*dbmul_s).node) : nullptr;
-  if (factor && factor->op() == "Const" && scalar_float_const(*factor)) {
-    t->dscale_scaled = g.only_consumer(dscale->name());
-    if (!t->dscale_scaled || t->dscale_scaled->op() != "Mul" || !float_node(*t->dscale_scaled))
-      return false;
-    t->dscale_factor = *dbmul_s;
-    dbmul_s = other_operand(*t->dscale_scaled, dscale->name());
+  if (!drs) return false;
+  std::vector<tfc::NodeDef*> grad;
+  tfc::NodeDef *dscale = nullptr, *dbmul = nullptr;
+  if (scaled) {
+    // d/d rsqrt: RsqrtGrad(rs, Mul(AddN(...), scale)); d scale: Mul(AddN, rs).
+    dscale = consumer_of(g, rs->name(), "Mul", -1, bmul);
+    if (drs->op() != "Mul" || !dscale || dscale == bmul) return false;
+    std::optional<std::string> dbmul_s = other_operand(*dscale, rs->name());
+    // A loss scale (the optimizer multiplying every gradient by a constant k = 1 / loss scale)
+    // that grappler's constant folding pushed into dscale: Mul(Mul(AddN, rs), k) became
+    // Mul(AddN, Mul(k, rs)), whose inner product is read by nothing else.
+    const tfc::NodeDef* factor = dbmul_s ? g.node(parse_input(*dbmul_s).node) : nullptr;
+    if (factor && factor->op() == "Const" && scalar_float_const(*factor)) {
+      t->dscale_scaled = g.only_consumer(dscale->name());
+      if (!t->dscale_scaled || t->dscale_scaled->op() != "Mul" || !float_node(*t->dscale_scaled))
+        return false;
+      t->dscale_factor = *dbmul_s;
+      dbmul_s = other_operand(*t->dscale_scaled, dscale->name());
+    }
+    dbmul = dbmul_s ? g.node(*dbmul_s) : nullptr;
+    if (!dbmul || other_operand(*drs, dbmul->name()) != c.scale) return false;
+    grad = {rsqrt_grad, drs};
+  } else {
+    // No scale (gamma = 1): RsqrtGrad(rs, AddN(...)) directly, and no scale gradient; the
+    // RsqrtGrad becomes BNTrainingUpdateGrad (its diff_scale read by BNTrainingReduceGrad only).
+    dbmul = drs;
+    dscale = rsqrt_grad;
   }
-  tfc::NodeDef* dbmul = dbmul_s ? g.node(*dbmul_s) : nullptr;
-  if (!dbmul || dbmul->op() != "AddN" || dbmul->input_size() != 2 ||
-      other_operand(*drs, dbmul->name()) != c.scale)
-    return false;
+  if (dbmul->op() != "AddN" || dbmul->input_size() != 2) return false;
   // AddN([Reshape](Sum(Mul(x, g))), Mul(Neg(dbeta), mean))
-  std::vector<tfc::NodeDef*> grad = {rsqrt_grad, drs, dbmul};
+  grad.push_back(dbmul);
   tfc::NodeDef *sum_xg = nullptr, *neg_mean = nullptr;
   bool keeps_dims = false;  // the per-channel gradients are [1, 1, 1, C] (no Reshape to [C])
   for (int i = 0; i < 2 && !sum_xg; ++i) {
@@ -426,11 +451,12 @@ bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
   if (!float_node(*dscale) || !float_node(*dx)) return false;
   // The fused diff_scale and diff_offset are [C]: where the graph's were [1, 1, 1, C], they may
   // only feed Reshapes (Keras' back to the variables' [C]); so may the scaled diff_scale.
+  // Without a scale, the graph has no scale gradient (dscale's readers are matched nodes).
   t->keeps_dims = keeps_dims;
   if (keeps_dims)
     for (const tfc::NodeDef* n : {t->dscale_scaled ? t->dscale_scaled : dscale, dbeta})
       for (int i : g.consumer_indices(n->name()))
-        if (g.at(i) != neg && g.at(i)->op() != "Reshape") return false;
+        if ((scaled || n == dbeta) && g.at(i) != neg && g.at(i)->op() != "Reshape") return false;
   t->dscale = dscale;
   t->dx = dx;
   t->doffset = dbeta;
@@ -501,6 +527,37 @@ void rewire_readers(tfc::GraphDef& graph, const std::set<std::string>& removed,
   }
 }
 
+std::vector<int64_t> variable_shape(GraphView& g, const std::string& in);  // below
+
+// The channel count C of a per-channel parameter read as `in`: a variable's value of static
+// shape [C] (variable_shape), directly or through a Reshape to a constant [1, ..., 1, C] (Keras'
+// reshape for a positive channel axis); 0 when unknown.
+int64_t channel_count(GraphView& g, const std::string& in) {
+  const InputRef r = parse_input(in);
+  const tfc::NodeDef* n = r.control || r.port ? nullptr : g.node(r.node);
+  std::string value = in;
+  if (n && const_reshape(g, n)) value = n->input(0);
+  const std::vector<int64_t> shape = variable_shape(g, value);
+  return shape.size() == 1 ? shape[0] : 0;
+}
+
+// A float Const [c] of ones on `device`, named `name`: the scale of a batch norm without one.
+std::string add_ones(tfc::GraphDef& graph, const std::string& name, const std::string& device,
+                     int64_t c) {
+  tfc::AttrValue value;
+  tfc::TensorProto* t = value.mutable_tensor();
+  t->set_dtype(tfc::DT_FLOAT);
+  t->mutable_tensor_shape()->add_dim()->set_size(c);
+  for (int64_t i = 0; i < c; ++i) t->add_float_val(1.0f);
+  tfc::NodeDef* n = graph.add_node();
+  n->set_name(name);
+  n->set_op("Const");
+  n->set_device(device);
+  (*n->mutable_attr())["dtype"] = type_value(tfc::DT_FLOAT);
+  (*n->mutable_attr())["value"] = value;
+  return name;
+}
+
 int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std::string>& preserve,
                               std::set<std::string>* removed) {
   GraphView g(graph);
@@ -509,12 +566,14 @@ int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std
   for (int i = 0; i < graph.node_size(); ++i) {
     tfc::NodeDef& add_1 = *graph.mutable_node(i);
     if (rm.claimed(add_1.name())) continue;
-    std::optional<BatchNormChain> c = match_batch_norm(g, add_1);
+    std::optional<BatchNormChain> c = match_batch_norm(g, add_1, /*scale_optional=*/true);
     if (!c) continue;
     TrainingBatchNorm t;
     t.chain = *c;
+    if (c->scale.empty()) t.channels = channel_count(g, c->offset);
     if (!match_training_forward(g, &t) || !match_training_grad(g, &t) ||
-        !training_removable(g, t, rm, preserve) || !channel_vector(g, c->scale) ||
+        !training_removable(g, t, rm, preserve) ||
+        (c->scale.empty() ? t.channels == 0 : !channel_vector(g, c->scale)) ||
         !channel_vector(g, c->offset))
       continue;
     for (tfc::NodeDef* n : t.removed) rm.remove(n->name());
@@ -538,9 +597,14 @@ int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std
     const tfc::AttrValue f32 = type_value(tfc::DT_FLOAT);
     const std::string reduce = t.variance->name(), update = t.last->name(),
                       dscale = t.dscale->name();
+    // Without a scale (gamma = 1), the fused ops read a Const of ones as theirs: x * rsqrt is
+    // x * (rsqrt * 1), bit for bit.
+    const std::string scale =
+        c.scale.empty() ? add_ones(graph, update + "/npusim_ones", t.last->device(), t.channels)
+                        : c.scale;
     rewrite_as(*t.variance, "BNTrainingReduce", {c.x}, {{"T", f32}});
     rewrite_as(*t.last, "BNTrainingUpdate",
-               {c.x, output_name(reduce, 0), output_name(reduce, 1), c.scale, c.offset},
+               {c.x, output_name(reduce, 0), output_name(reduce, 1), scale, c.offset},
                {{"T", f32}, {"epsilon", eps}, {"relu", relu}});
     rewrite_as(*t.dscale, "BNTrainingUpdateGrad",
                {t.g, c.x, output_name(update, 1), output_name(update, 2)},
@@ -550,7 +614,7 @@ int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std
     if (t.dscale_scaled)
       rewrite_as(*t.dscale_scaled, "Mul", {output_name(dscale, 0), t.dscale_factor}, {{"T", f32}});
     rewrite_as(*t.dx, "BNTrainingReduceGrad",
-               {t.g, c.x, output_name(dscale, 0), output_name(dscale, 1), c.scale,
+               {t.g, c.x, output_name(dscale, 0), output_name(dscale, 1), scale,
                 output_name(update, 1), output_name(update, 2)},
                {{"T", f32}, {"epsilon", eps}});
   }

@@ -35,7 +35,14 @@
 //      the outer Mul stays, as Mul(diff_scale, k) (dbeta's own Mul by k, the other gradients'
 //      and a variable scale's, such as LossScaleOptimizer's, are outside the match). A batch
 //      norm whose gradient is not in the same graph, or that differs in any node, is left to
-//      the other rewrites. NPUSIM_FUSION_BN_TRAINING=0 turns this rewrite alone off.
+//      the other rewrites. Without a scale (tf.nn.batch_normalization's scale=None, Keras'
+//      BatchNormalization(scale=False), e.g. every batch norm of InceptionV3) the chain
+//      multiplies x and mean by the Rsqrt itself and the gradient has no scale gradient:
+//      RsqrtGrad(rsqrt, AddN) directly; the RsqrtGrad becomes BNTrainingUpdateGrad (its name
+//      kept, diff_scale read only by BNTrainingReduceGrad), and the fused ops read as scale a new
+//      float Const [C] of ones, `<BNTrainingUpdate's name>/npusim_ones` (C from the offset
+//      variable's shape: no fusion where it is unknown). x * (rsqrt * 1) is x * rsqrt bit for
+//      bit. NPUSIM_FUSION_BN_TRAINING=0 turns this rewrite alone off.
 //   0b. The ReLU's gradient folded into rewrite 0's gradients (CANN's fusion of ReluGrad into
 //      the batch norm's backward), right after 0: ReluGrad(g, y) where y is output 0 of a
 //      BNTrainingUpdate with relu = true and the ReluGrad's only consumers are that batch
