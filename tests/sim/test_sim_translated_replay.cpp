@@ -318,6 +318,10 @@ json workload(Mode mode, bool functional = false, uint64_t memo_bytes = 0,
   run("reread_sets_moved", reread, {0x3d000200, 0x3d400000, nx, ny}, 1);
   blocks = {{0x3e000000, 0x240000}, {0x3e400000, ny}};
   run("reread_skewed", reread, {0x3e000000, 0x3e400000, nx, ny}, 1);
+  // x's block a way (a page of the L2's page rotation) larger: y is filed a way further, in
+  // the same sets (relocated), and with the rotation on the same rotated pages of its block.
+  blocks = {{0x3f000000, 0x280000}, {0x3f400000, ny}};
+  run("reread_way", reread, {0x3f000000, 0x3f400000, nx, ny}, 1);
   // Tensors of 5 x 1024 + 1 lines each (the tiny L2: 1024 sets of 16 ways): at some placement
   // each puts 6 lines in one set, 18 > 16 ways, but filed back to back (the L2's filing by
   // block) the three take 15,363 of the L2's 16,384 lines and evict none. Relocated at offset 512
@@ -444,6 +448,14 @@ TEST_CASE("with the L2's page rotation a timing-only replay by translation is ex
     CHECK(check[k]["replayed"] == true);
   }
   CHECK(sim["vadd_big_way"]["counters"] == sim["vadd_big"]["counters"]);
+  // y's block filed a page further: its lines keep their sets (pages counted from its start),
+  // so the second pass over x meets the same evictions as reread's, which it relocates from.
+  // (Pages counted from line 0 would rotate y's partial last page elsewhere.)
+  CHECK(relocated["reread_way"]["replayed"] == true);
+  CHECK(sim["reread_way"]["counters"] == sim["reread"]["counters"]);
+  CHECK(test::counter(sim["reread"]["counters"], "chip.l2.hits") > 0);
+  CHECK(test::counter(sim["reread"]["counters"], "chip.l2.misses") >
+        (0x1c0000 + 0x640000) / 512);
   // Not where a tensor of several pages moves to other lines of its block (its lines would
   // meet other pages' offsets): x one line further in its block, y behind x in a shared block.
   const json& log = relocated["replay_log"];
