@@ -8,6 +8,19 @@
 
 namespace npusim {
 
+namespace {
+
+// A range's page origin (L2Tags::set_in) must not lie above its first line: the placement gives
+// the first line of the range's block.
+void require_origin_below(uint64_t addr, uint64_t page_origin, uint64_t origin_line,
+                          uint64_t first_line) {
+  if (origin_line > first_line)
+    throw Error(
+        fmt::format("L2: range at {:#x} lies before its page origin {:#x}", addr, page_origin));
+}
+
+}  // namespace
+
 L2Tags::L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool write_back,
                bool page_rotation)
     : m_line_bytes(line_bytes),
@@ -63,9 +76,7 @@ void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes, uint64_t page_origi
     return;
   }
   const uint64_t origin = page_origin / m_line_bytes;
-  if (origin > first)
-    throw Error(fmt::format("L2: range at {:#x} lies before its page origin {:#x}", addr,
-                            page_origin));
+  require_origin_below(addr, page_origin, origin, first);
   for (uint64_t line = first; line <= last; ++line) {
     const long i = find(line, origin);
     if (i >= 0) erase(set_of(line, origin), static_cast<size_t>(i));
@@ -97,7 +108,7 @@ bool L2Tags::access(uint64_t line, size_t set, bool allocate, bool write, uint64
 }
 
 L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bool write,
-                                uint64_t page_origin) {
+                               uint64_t page_origin) {
   L2Outcome o;
   if (bytes == 0) return o;
   const uint64_t end = addr + bytes;
@@ -118,9 +129,7 @@ L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bo
   const bool absorb = allocate && write && m_write_back;
   const size_t last_set = static_cast<size_t>(m_sets - 1);
   const uint64_t origin = page_origin / m_line_bytes;
-  if (origin > first)
-    throw Error(fmt::format("L2: range at {:#x} lies before its page origin {:#x}", addr,
-                            page_origin));
+  require_origin_below(addr, page_origin, origin, first);
   size_t set = set_of(first, origin);
   uint64_t line = first;
   uint64_t page_left = m_sets - (first - origin) % m_sets;  // lines to the end of its page

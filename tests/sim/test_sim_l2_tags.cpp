@@ -221,7 +221,8 @@ TEST_CASE("L2 page rotation by block: a block's sets move with its start, as mod
     for (uint64_t d : {1ull, 7ull, 24ull, 31ull})
       for (uint64_t j = 0; j < 10 * sets; ++j) {
         INFO("origin " << origin << " moved by " << d << " line " << j);
-        REQUIRE(rot.set_of(origin + d + j, origin + d) == (rot.set_of(origin + j, origin) + d) % sets);
+        REQUIRE(rot.set_of(origin + d + j, origin + d) ==
+                (rot.set_of(origin + j, origin) + d) % sets);
       }
   // Its first page is modulo's; later pages are rotated unlike absolute pages.
   for (uint64_t j = 0; j < sets; ++j) REQUIRE(rot.set_of(1000 + j, 1000) == (1000 + j) % sets);

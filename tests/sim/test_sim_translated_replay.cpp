@@ -454,13 +454,12 @@ TEST_CASE("with the L2's page rotation a timing-only replay by translation is ex
   CHECK(relocated["reread_way"]["replayed"] == true);
   CHECK(sim["reread_way"]["counters"] == sim["reread"]["counters"]);
   CHECK(test::counter(sim["reread"]["counters"], "chip.l2.hits") > 0);
-  CHECK(test::counter(sim["reread"]["counters"], "chip.l2.misses") >
-        (0x1c0000 + 0x640000) / 512);
+  CHECK(test::counter(sim["reread"]["counters"], "chip.l2.misses") > (0x1c0000 + 0x640000) / 512);
   // Not where a tensor of several pages moves to other lines of its block (its lines would
   // meet other pages' offsets): x one line further in its block, y behind x in a shared block.
   const json& log = relocated["replay_log"];
-  for (const char* k : {"vadd_big_offset", "vadd_big_shared", "vadd_big_shared_offset",
-                        "reread_sets_moved"}) {
+  for (const char* k :
+       {"vadd_big_offset", "vadd_big_shared", "vadd_big_shared_offset", "reread_sets_moved"}) {
     INFO(k);
     CHECK(relocated[k]["replayed"] == false);
     CHECK(log.value(k, "").find("to other lines of its block's rotated L2 pages") !=
