@@ -44,10 +44,10 @@ L2Outcome access_placed(L2Tags& l2, L2Placement& placement, const GmAccess& r) {
   L2Outcome sum;
   uint64_t addr = r.addr, left = r.bytes;
   while (left > 0) {
-    uint64_t run = 0;
-    const uint64_t l2_addr = placement.l2_address(addr, &run);
+    uint64_t run = 0, page_origin = 0;
+    const uint64_t l2_addr = placement.l2_address(addr, &run, &page_origin);
     const uint64_t n = std::min(left, run);
-    const L2Outcome o = l2.access_range(l2_addr, n, r.l2, r.write);
+    const L2Outcome o = l2.access_range(l2_addr, n, r.l2, r.write, page_origin);
     sum.hit_bytes += o.hit_bytes;
     sum.miss_bytes += o.miss_bytes;
     sum.hit_lines += o.hit_lines;
@@ -62,11 +62,13 @@ L2Outcome access_placed(L2Tags& l2, L2Placement& placement, const GmAccess& r) {
   return sum;
 }
 
-uint64_t L2Placement::l2_address(uint64_t addr, uint64_t* run) {
+uint64_t L2Placement::l2_address(uint64_t addr, uint64_t* run, uint64_t* page_origin) {
   *run = std::numeric_limits<uint64_t>::max();
+  *page_origin = 0;
   if (!m_lookup) return addr;
   if (addr >= m_last.start && addr < m_last.placed.end) {
     *run = m_last.placed.end - addr;
+    *page_origin = m_last.placed.l2_base;
     return m_last.placed.l2_base + (addr - m_last.start);
   }
   auto it = m_blocks.upper_bound(addr);
@@ -82,6 +84,7 @@ uint64_t L2Placement::l2_address(uint64_t addr, uint64_t* run) {
   }
   m_last = {it->first, it->second};
   *run = it->second.end - addr;
+  *page_origin = it->second.l2_base;
   return it->second.l2_base + (addr - it->first);
 }
 

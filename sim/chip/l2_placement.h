@@ -90,8 +90,9 @@ class L2Placement {
     m_last = {};
   }
 
-  // Calls f(l2_address, bytes) for each piece of device range [addr, addr + bytes) that lies in
-  // a block placed so far (a host copy into a run's block drops those lines); places nothing.
+  // Calls f(l2_address, bytes, page_origin) for each piece of device range [addr, addr + bytes)
+  // that lies in a block placed so far (a host copy into a run's block drops those lines), with
+  // the block's L2 address as page origin (l2_address); places nothing.
   template <class F>
   void for_each_placed(uint64_t addr, uint64_t bytes, F f) const {
     const uint64_t end = addr + bytes;
@@ -99,13 +100,16 @@ class L2Placement {
     if (it != m_blocks.begin()) --it;
     for (; it != m_blocks.end() && it->first < end; ++it) {
       const uint64_t lo = std::max(addr, it->first), hi = std::min(end, it->second.end);
-      if (lo < hi) f(it->second.l2_base + (lo - it->first), hi - lo);
+      if (lo < hi) f(it->second.l2_base + (lo - it->first), hi - lo, it->second.l2_base);
     }
   }
 
   // The L2 address of device address `addr`; *run = how many bytes from addr on keep a
-  // contiguous L2 address (to the end of addr's block, or everything for an unplaced address).
-  uint64_t l2_address(uint64_t addr, uint64_t* run);
+  // contiguous L2 address (to the end of addr's block, or everything for an unplaced address);
+  // *page_origin = the L2 address of the first byte of addr's block (line-aligned), from which
+  // the L2's page rotation counts the block's pages (L2Tags::set_in), or 0 for an address filed
+  // at itself (absolute pages).
+  uint64_t l2_address(uint64_t addr, uint64_t* run, uint64_t* page_origin);
 
   // Whether `o` gives the same blocks the same L2 ranges and packs the next block where this
   // does (the lookup and the search cache aside): the replay check compares the placement a

@@ -8,6 +8,19 @@
 
 namespace npusim {
 
+namespace {
+
+// A range's page origin (L2Tags::set_in) must not lie above its first line: the placement gives
+// the first line of the range's block.
+void require_origin_below(uint64_t addr, uint64_t page_origin, uint64_t origin_line,
+                          uint64_t first_line) {
+  if (origin_line > first_line)
+    throw Error(
+        fmt::format("L2: range at {:#x} lies before its page origin {:#x}", addr, page_origin));
+}
+
+}  // namespace
+
 L2Tags::L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool write_back,
                bool page_rotation)
     : m_line_bytes(line_bytes),
@@ -27,9 +40,9 @@ L2Tags::L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool writ
   m_entry.assign(static_cast<size_t>(m_sets * static_cast<uint64_t>(ways)), 0);
 }
 
-long L2Tags::find(uint64_t line) const {
+long L2Tags::find(uint64_t line, uint64_t origin) const {
   if (m_sets == 0) return -1;
-  const size_t set = set_of(line);
+  const size_t set = set_of(line, origin);
   if (!set_current(set)) return -1;
   const uint64_t* e = m_entry.data() + set * static_cast<size_t>(m_ways);
   for (uint32_t i = 0; i < m_set[set].count; ++i)
@@ -37,7 +50,9 @@ long L2Tags::find(uint64_t line) const {
   return -1;
 }
 
-bool L2Tags::contains(uint64_t addr) const { return find(addr / m_line_bytes) >= 0; }
+bool L2Tags::contains(uint64_t addr, uint64_t page_origin) const {
+  return find(addr / m_line_bytes, page_origin / m_line_bytes) >= 0;
+}
 
 void L2Tags::erase(size_t set, size_t i) {
   uint64_t* e = m_entry.data() + set * static_cast<size_t>(m_ways);
@@ -46,7 +61,7 @@ void L2Tags::erase(size_t set, size_t i) {
   --count;
 }
 
-void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes) {
+void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes, uint64_t page_origin) {
   if (m_sets == 0 || bytes == 0) return;
   const uint64_t first = addr / m_line_bytes, last = (addr + bytes - 1) / m_line_bytes;
   if (last - first >= m_entry.size()) {  // more lines than the L2 holds: scan the sets once
@@ -60,9 +75,11 @@ void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes) {
     }
     return;
   }
+  const uint64_t origin = page_origin / m_line_bytes;
+  require_origin_below(addr, page_origin, origin, first);
   for (uint64_t line = first; line <= last; ++line) {
-    const long i = find(line);
-    if (i >= 0) erase(set_of(line), static_cast<size_t>(i));
+    const long i = find(line, origin);
+    if (i >= 0) erase(set_of(line, origin), static_cast<size_t>(i));
   }
 }
 
@@ -90,7 +107,8 @@ bool L2Tags::access(uint64_t line, size_t set, bool allocate, bool write, uint64
   return false;
 }
 
-L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bool write) {
+L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bool write,
+                               uint64_t page_origin) {
   L2Outcome o;
   if (bytes == 0) return o;
   const uint64_t end = addr + bytes;
@@ -98,7 +116,7 @@ L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bo
   if (l2 == isa::L2Hint::BYPASS) {
     o.miss_bytes = bytes;
     o.bypass_lines = lines;
-    if (write) invalidate_range(addr, bytes);
+    if (write) invalidate_range(addr, bytes, page_origin);
     return o;
   }
   if (m_sets == 0) {  // no L2: every line is a lookup that misses
@@ -110,9 +128,11 @@ L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bo
   // A write miss that allocates a line of a write-back L2 is taken by the line.
   const bool absorb = allocate && write && m_write_back;
   const size_t last_set = static_cast<size_t>(m_sets - 1);
-  size_t set = set_of(first);
+  const uint64_t origin = page_origin / m_line_bytes;
+  require_origin_below(addr, page_origin, origin, first);
+  size_t set = set_of(first, origin);
   uint64_t line = first;
-  uint64_t page_left = m_sets - first % m_sets;  // lines to the end of the line's page
+  uint64_t page_left = m_sets - (first - origin) % m_sets;  // lines to the end of its page
   while (addr < end) {
     const uint64_t n = std::min(end, (line + 1) * m_line_bytes) - addr;
     if (access(line, set, allocate, write, &o.writeback_bytes)) {
@@ -126,7 +146,7 @@ L2Outcome L2Tags::access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2, bo
     addr += n;
     ++line;
     if (--page_left == 0) {  // a new page: its own rotation
-      set = set_of(line);
+      set = set_of(line, origin);
       page_left = m_sets;
     } else {
       set = set == last_set ? 0 : set + 1;  // the next line's set

@@ -37,37 +37,53 @@ class L2Tags {
   // write_back: writes into the L2 mark lines dirty, a write miss that allocates is taken by
   // the new line (write-allocate without a fill), and evicting a dirty line writes it to HBM.
   // Otherwise the L2 is written through: a write miss goes to HBM (and allocates, under NORMAL).
-  // page_rotation: a line's set is set_of(line), each page of `sets` consecutive lines rotated
-  // by its own offset; false: line % sets.
+  // page_rotation: a line's set is set_of(line, origin), each page of `sets` lines counted from
+  // the line's page origin rotated by its own offset; false: line % sets.
   L2Tags(uint64_t capacity_bytes, uint32_t line_bytes, int ways, bool write_back = false,
          bool page_rotation = false);
   uint32_t line_bytes() const { return m_line_bytes; }
   uint64_t sets() const { return m_sets; }  // 0: no L2
   bool page_rotation() const { return m_page_rotation; }
-  // The set of line `line` (a line address: byte address / line bytes). Without page rotation
-  // line % sets. With it, (line % sets + r(page)) % sets for page = line / sets, r a fixed
-  // pseudo-random offset per page (page 0: 0): within a page consecutive lines take consecutive
-  // sets as under modulo, so any run of n consecutive lines puts at most ceil(n / sets) + 1 of
-  // them in one set (one per page it touches), while lines a multiple of `sets` apart (strides
-  // that divide the sets: rows of a matrix whose pitch divides the L2's sets) land in different
-  // sets. Requires sets > 0.
-  size_t set_of(uint64_t line) const {
-    const uint64_t in_page = line % m_sets;
-    if (!m_page_rotation) return static_cast<size_t>(in_page);
-    return static_cast<size_t>((in_page + page_offset(line / m_sets)) % m_sets);
+  // The set of line `line` (a line address: byte address / line bytes) whose pages count from
+  // line `origin` (<= line): set_in(line, origin, sets(), page_rotation()). Requires sets > 0.
+  size_t set_of(uint64_t line, uint64_t origin = 0) const {
+    return static_cast<size_t>(set_in(line, origin, m_sets, m_page_rotation));
+  }
+  // The set of line `line` in an L2 of `sets` sets (> 0, < 2^32). Without page rotation
+  // line % sets, whatever the origin. With it, the lines from `origin` on are cut into pages
+  // of `sets` lines, page p = (line - origin) / sets, and page p is rotated by r(p), a fixed
+  // pseudo-random offset per page (r(0) = 0):
+  //   set = (origin + (line - origin) % sets + r(p)) % sets.
+  // Within a page consecutive lines take consecutive sets as under modulo (page 0 exactly
+  // modulo's), so any run of n consecutive lines puts at most ceil(n / sets) + 1 of them in one
+  // set (one per page it touches), and a run of k whole pages from the origin exactly k in
+  // each set; lines a multiple of `sets` apart (rows of a matrix whose pitch divides the sets)
+  // land in different sets. The L2 placement (l2_placement.h) gives each block it files its
+  // first line as origin, so a block's lines take (origin + f(line - origin)) % sets for one
+  // fixed f: moving the block by d lines moves every one of its lines by d sets, as modulo
+  // indexing does, which is what the launch replay's translation relies on
+  // (sim/replay/launch_replay.h, relocated_writes). Lines filed at their own device addresses
+  // (outside every block) take origin 0: pages of absolute line addresses.
+  static uint64_t set_in(uint64_t line, uint64_t origin, uint64_t sets, bool page_rotation) {
+    if (!page_rotation) return line % sets;
+    const uint64_t from_origin = line - origin;
+    return (origin % sets + from_origin % sets + page_offset(from_origin / sets, sets)) % sets;
   }
   int ways() const { return m_ways; }
   // Every line of [addr, addr + bytes) in address order (a GM range of a transfer) under policy
   // `l2`: NORMAL looks up and fills missing lines; NOALLOC looks up and leaves missing lines
   // absent; BYPASS looks nothing up (all bytes missing) and, for a write, drops the lines
-  // present (their copy would be stale).
+  // present (their copy would be stale). page_origin: the L2 address (bytes) of the first line
+  // of the block the range lies in (set_of's origin), 0 for lines filed at their own address;
+  // at most addr.
   L2Outcome access_range(uint64_t addr, uint64_t bytes, isa::L2Hint l2 = isa::L2Hint::NORMAL,
-                         bool write = false);
-  // Whether the line holding `addr` is present (no LRU update).
-  bool contains(uint64_t addr) const;
+                         bool write = false, uint64_t page_origin = 0);
+  // Whether the line holding `addr` (pages from page_origin, as access_range) is present (no
+  // LRU update).
+  bool contains(uint64_t addr, uint64_t page_origin = 0) const;
   // Drops every line overlapping [addr, addr + bytes) (dirty ones too: their bytes are
-  // overwritten).
-  void invalidate_range(uint64_t addr, uint64_t bytes);
+  // overwritten); page_origin as access_range's.
+  void invalidate_range(uint64_t addr, uint64_t bytes, uint64_t page_origin = 0);
   // Whether `o` holds the same lines as this, set by set in the same recency order, with the
   // same dirty bits (the geometry must match; generations do not matter). The replay check
   // compares the L2 a replay left with the one simulating left.
@@ -78,12 +94,12 @@ class L2Tags {
 
  private:
   static constexpr uint32_t kDefaultLineBytes = 512;  // line granularity when there is no L2
-  // The rotation of page `page` (set_of), in [0, sets): Fibonacci hashing, the top 32 bits of
+  // The rotation of page `page` (set_in), in [0, sets): Fibonacci hashing, the top 32 bits of
   // the page number times 2^64 / golden ratio, scaled to the sets by a multiply and shift (no
   // modulo: the low bits of the product are poorly mixed); 0 for page 0. Requires sets < 2^32.
-  uint64_t page_offset(uint64_t page) const {
+  static uint64_t page_offset(uint64_t page, uint64_t sets) {
     const uint64_t mixed = (page * 0x9E3779B97F4A7C15ull) >> 32;
-    return (mixed * m_sets) >> 32;
+    return (mixed * sets) >> 32;
   }
   // Looks up line `line` (a line address: byte address / line bytes) in its set `set`
   // (= set_of(line)); on a miss, fills it (evicting the least recently used line of a full set)
@@ -91,8 +107,9 @@ class L2Tags {
   // (write-back L2). Returns true on a hit. Requires sets > 0. access_range walks a range's
   // lines with `set` stepping from set to set, so no line costs a division.
   bool access(uint64_t line, size_t set, bool allocate, bool write, uint64_t* writeback);
-  // Position of `line` in its set's recency order (0 = most recent), or -1.
-  long find(uint64_t line) const;
+  // Position of `line` (pages from line `origin`) in its set's recency order (0 = most
+  // recent), or -1.
+  long find(uint64_t line, uint64_t origin) const;
   // Removes the entry at position `i` of set `set`, keeping the others' order.
   void erase(size_t set, size_t i);
   // Makes set `set` current: a set last touched before the latest invalidate_all() holds no

@@ -120,8 +120,9 @@ GmBlockLookup MemorySystem::select_l2(uint64_t run, GmBlockLookup blocks,
 void MemorySystem::drop_host_write(uint64_t addr, uint64_t bytes) {
   const auto drop = [&](L2Tags& tags, const L2Placement& placement) {
     tags.invalidate_range(addr, bytes);  // lines filed at their device addresses
-    placement.for_each_placed(addr, bytes,
-                              [&](uint64_t l2_addr, uint64_t n) { tags.invalidate_range(l2_addr, n); });
+    placement.for_each_placed(addr, bytes, [&](uint64_t l2_addr, uint64_t n, uint64_t origin) {
+      tags.invalidate_range(l2_addr, n, origin);
+    });
   };
   if (m_cfg.l2_keep_across_launches || m_l2_run != 0) drop(m_l2, m_placement);
   for (const auto& r : m_runs_aside)

@@ -185,11 +185,11 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   // A functional run replays a translated launch by walking its blocks at its own arguments
   // (the translation stands in for the check, not for the effects), so only with `walk`.
   const bool walk = opts.replay != SimOptions::Replay::off;  // replays that walk the program
-  // The L2's page rotation (memory.l2.page_rotation) files a line by its absolute page, so a
-  // launch's L2 outcome is not invariant under the moves translation assumes (modulo indexing
-  // shifts every line's set alike): with it, launches replay by their own key only.
+  // The L2's page rotation (memory.l2.page_rotation) counts a block's pages from the block's
+  // first filed line (L2Tags::set_in), so moving a block moves all its lines' sets alike, as
+  // modulo indexing does: translation holds with it (relocated_writes' conditions).
   const bool translate = (!opts.functional || walk) && opts.replay_translated &&
-                         (!keep_l2 || in_run) && bool(P->blocks) && !m_cfg.l2_page_rotation;
+                         (!keep_l2 || in_run) && bool(P->blocks);
   bool loads = false, cross_core = false;
   bool replayable = alone && (walk || translate) && launch.block_dim >= 1 &&
                     replay_key(*launch.program, launch.args, launch.block_dim, &P->key, &P->similar,

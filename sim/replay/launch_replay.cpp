@@ -77,13 +77,22 @@ bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, 
 
 namespace {
 
-// The L2 lines that blocks (start -> bytes) take when filed back to back, each from a fresh line
-// (sim/chip/l2_placement.h): they then lie on consecutive lines (set = line % sets), so no set
-// receives more than ceil(lines / sets) of them, wherever the first one falls.
-uint64_t packed_lines(const std::map<uint64_t, uint64_t>& blocks, uint64_t line) {
-  uint64_t lines = 0;
-  for (const auto& [start, bytes] : blocks) lines += (bytes + line - 1) / line;
-  return lines;
+// The most lines any one set of the L2 (`sets` sets, > 0) receives from blocks (start -> bytes)
+// filed back to back, each from a fresh line (sim/chip/l2_placement.h), wherever the first one
+// falls. The blocks lie on L consecutive lines, which modulo indexing spreads ceil(L / sets) to
+// a set at most. The page rotation (L2Tags::set_in, pages counted from each block's first
+// line) leaves a block's first page as modulo files it and puts a whole page, as any `sets`
+// consecutive lines, once in every set; only the last page of a block longer than a page, when
+// partial, is a run of sets other than modulo's: one more line in a set at most, each.
+uint64_t packed_per_set(const std::map<uint64_t, uint64_t>& blocks, uint64_t line,
+                        uint64_t sets, bool page_rotation) {
+  uint64_t lines = 0, rotated_tails = 0;
+  for (const auto& [start, bytes] : blocks) {
+    const uint64_t n = (bytes + line - 1) / line;
+    lines += n;
+    if (page_rotation && n > sets && n % sets != 0) ++rotated_tails;
+  }
+  return (lines + sets - 1) / sets + rotated_tails;
 }
 
 // Whether the cyclic runs of sets [a, a + na) and [b, b + nb) (modulo `sets`) have a set in
@@ -127,29 +136,62 @@ bool sets_move_alike(const RecordedLaunch::Translation& t,
     now_base[start] = next;
     next += (now_blocks.at(start) + line - 1) / line * line;
   }
-  // Per argument: the sets its span's lines fall in, then and now (a cyclic run, from its
-  // first line's set), and the number of sets it moved by. Addresses are relative to
-  // L2Placement::kPackedBase, the same constant then and now, so runs compare and moves hold.
+  // Per argument: the sets its span's lines fall in, then and now (cyclic runs, one per page
+  // of its block the span touches, L2Tags::set_in, or every set for a span of `sets` lines or
+  // more), and the number of sets it moved by. Addresses are relative to
+  // L2Placement::kPackedBase, the same constant then and now: that shifts every set alike, so
+  // runs compare and moves hold. With the page rotation a span's lines keep their pages' offsets
+  // only if they keep their lines in their block (the same offset) or the span lies in one
+  // page of its block then and now; then they all move by one number of sets.
+  using Runs = std::vector<std::pair<uint64_t, uint64_t>>;  // (first set, sets)
+  const auto runs_of = [&](uint64_t origin, uint64_t lo, uint64_t hi) {
+    const uint64_t first = lo / line, end = (hi + line - 1) / line;  // lines in the block
+    if (end - first >= sets) return Runs{{0, sets}};
+    Runs runs;
+    for (uint64_t l = first; l < end;) {
+      const uint64_t page_end = std::min(end, (l / sets + 1) * sets);
+      runs.push_back({L2Tags::set_in(origin + l, origin, sets, t.page_rotation), page_end - l});
+      l = page_end;
+    }
+    return runs;
+  };
+  const auto meet = [sets](const Runs& a, const Runs& b) {
+    for (const auto& [a_first, a_count] : a)
+      for (const auto& [b_first, b_count] : b)
+        if (sets_meet(a_first, a_count, b_first, b_count, sets)) return true;
+    return false;
+  };
+  const auto one_page = [&](uint64_t lo, uint64_t hi) {
+    return lo / line / sets == ((hi + line - 1) / line - 1) / sets;
+  };
   struct Sets {
-    uint64_t then_first = 0, now_first = 0, count = 0, moved = 0;
+    Runs then, now;
+    uint64_t moved = 0;
   };
   std::vector<Sets> runs(n);
   for (size_t k = 0; k < n; ++k) {
     if (!now[k].touched) continue;
-    const uint64_t first = (then[k].l2_base + then[k].lo) / line;
-    const uint64_t moved_first = (now_base.at(now[k].block_start) + now[k].lo) / line;
+    if (t.page_rotation && now[k].lo != then[k].lo &&
+        !(one_page(then[k].lo, then[k].hi) && one_page(now[k].lo, now[k].hi))) {
+      *why = fmt::format("argument {} moves to other lines of its block's rotated L2 pages", k);
+      return false;
+    }
+    const uint64_t then_origin = then[k].l2_base / line;
+    const uint64_t now_origin = now_base.at(now[k].block_start) / line;
     Sets& r = runs[k];
-    r.then_first = first % sets;
-    r.now_first = moved_first % sets;
-    r.count = std::min(sets, (then[k].l2_base + then[k].hi + line - 1) / line - first);
-    r.moved = (r.now_first + sets - r.then_first) % sets;
+    r.then = runs_of(then_origin, then[k].lo, then[k].hi);
+    r.now = runs_of(now_origin, now[k].lo, now[k].hi);
+    const uint64_t then_first =
+        L2Tags::set_in(then_origin + then[k].lo / line, then_origin, sets, t.page_rotation);
+    const uint64_t now_first =
+        L2Tags::set_in(now_origin + now[k].lo / line, now_origin, sets, t.page_rotation);
+    r.moved = (now_first + sets - then_first) % sets;
   }
   for (size_t j = 0; j < n; ++j)
     for (size_t k = j + 1; k < n; ++k) {
       if (!now[j].touched || !now[k].touched || runs[j].moved == runs[k].moved) continue;
       const Sets &a = runs[j], &b = runs[k];
-      if (sets_meet(a.then_first, a.count, b.then_first, b.count, sets) ||
-          sets_meet(a.now_first, a.count, b.now_first, b.count, sets)) {
+      if (meet(a.then, b.then) || meet(a.now, b.now)) {
         *why = fmt::format("arguments {} and {} move by other numbers of L2 sets ({} and {})", j,
                            k, a.moved, b.moved);
         return false;
@@ -461,7 +503,7 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   // Where the touched arguments lay, and whether the launch fits the L2 at any placement: a
   // span of n lines (at a line-aligned L2 address plus its offset in its block) puts at most
   // ceil(n / sets) of them in any one set, one more with the L2's page rotation (one line per
-  // page it touches: L2Tags::set_of).
+  // page of its block it touches: L2Tags::set_in).
   const L2Tags& l2 = chip.memory().l2();
   const uint64_t line = l2.line_bytes(), sets = l2.sets();
   uint64_t per_set = 0;
@@ -483,13 +525,11 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
     if (sets > 0) per_set += (lines + sets - 1) / sets + (l2.page_rotation() ? 1 : 0);
   }
   translation->line_bytes = static_cast<uint32_t>(line);
-  // A packed run of n consecutive lines touches at most ceil(n / sets) + 1 pages of the L2's
-  // page rotation, one line per set each: with it, a run of sets x (ways - 1) lines is what
-  // surely fits.
-  translation->l2_lines = sets * static_cast<uint64_t>(l2.ways() - (l2.page_rotation() ? 1 : 0));
+  translation->page_rotation = l2.page_rotation();
   translation->fits_any_placement = sets > 0 && per_set <= static_cast<uint64_t>(l2.ways());
   translation->fits_packed =
-      sets > 0 && packed_lines(touched_blocks, line) <= translation->l2_lines;
+      sets > 0 && packed_per_set(touched_blocks, line, sets, l2.page_rotation()) <=
+                      static_cast<uint64_t>(l2.ways());
   translation->fits_l2 = translation->fits_any_placement || translation->fits_packed;
   translation->l2_placed = placed && sets > 0;
   translation->sets = sets;
@@ -610,9 +650,10 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
   // evicts: why (1) does not hold ("": it does).
   std::string evicts = t->fits_l2 ? "" : spans_evict;
   if (t->fits_l2 && !t->fits_any_placement) {
-    const uint64_t lines = packed_lines(now_blocks, line);
-    if (lines > t->l2_lines)
-      evicts = fmt::format("may evict: its blocks take {} L2 lines of {}", lines, t->l2_lines);
+    const uint64_t per_set = packed_per_set(now_blocks, line, t->sets, t->page_rotation);
+    if (per_set > t->ways)
+      evicts = fmt::format("may evict: its blocks may put {} lines in an L2 set of {} ways",
+                           per_set, t->ways);
   }
   // (3) Arguments sharing a line, then or now, keep their distance in one block.
   const auto share_line = [line](const Extent& a, const Extent& b) {

@@ -161,8 +161,10 @@ struct RecordedLaunch {
     // for the replay log.
     uint32_t ways_needed = 0, ways = 0;
     uint32_t line_bytes = 0;  // the L2 line the spans were counted in
-    uint64_t l2_lines = 0;    // fits_packed's limit: the L2's sets x ways (x (ways - 1) with its page rotation)
-    uint64_t sets = 0;        // the L2's sets (set = L2 line % sets)
+    uint64_t sets = 0;        // the L2's sets (set: L2Tags::set_in)
+    // Whether the L2 rotates its pages (memory.l2.page_rotation: pages counted from each
+    // block's first filed line, L2Tags::set_in).
+    bool page_rotation = false;
     // A graph run's launch (memory.l2.keep_within_graph_run), whose L2 outcome depends on the
     // run's earlier launches: every GM range the memory system looked up in the L2
     // (MemorySystem::l2_trace), in the recorded run's lookup order, relative to the argument
@@ -283,8 +285,9 @@ bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& a
 // how each range splits into lines. So it holds if
 //   (1) the recorded launch evicts no line at any placement (Translation::fits_any_placement),
 //       and so does this one (its spans are the same sizes, at the same offsets modulo a line);
-//       or, under the L2's filing by block, both launches' touched blocks take at most the L2's
-//       lines (Translation::fits_packed, checked for this launch's blocks here);
+//       or, under the L2's filing by block, both launches' touched blocks put at most `ways`
+//       lines in any set (Translation::fits_packed, checked for this launch's blocks here;
+//       with the L2's page rotation one more line a set for each block's partial last page);
 //   (2) each touched argument lies at the same offset modulo the L2 line in its block as then,
 //       and its moved span lies inside its block (under the L2's filing by block,
 //       sim/chip/l2_placement.h, every range then moves by whole lines, as one piece);
@@ -301,7 +304,11 @@ bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& a
 //       are filed in the order of the earliest filed recorded block each holds, the order the
 //       lookups first reach them, Translation::l2_placed giving where the recorded ones were
 //       filed), and any two touched arguments whose spans' lines fall in a common set, then
-//       or now, move by the same number of sets (modulo the sets).
+//       or now, move by the same number of sets (modulo the sets). With the L2's page rotation
+//       (pages counted from each block's first filed line, L2Tags::set_in) a block's lines
+//       move by the block's own displacement in sets only where they keep their place in it:
+//       every touched argument keeps its offset in its block, or its span lies in one page of
+//       its block then and now (the sets it covers: a cyclic run per page); else refused.
 //       Each set's LRU state depends only on the sequence of lines looked up in it, and every
 //       line then lands in the set its recorded counterpart's set moved to, one set for all
 //       lines of a set, as a distinct line (by (3)), so every set sees the recorded sequence

@@ -43,25 +43,33 @@ TEST_CASE("l2 placement: blocks packed in first-touch order, offsets kept") {
   constexpr uint64_t kBase = L2Placement::kPackedBase;
   L2Placement p(512);
   p.begin_launch(lookup_of({{0x10000, 1536}, {0x40000, 512}, {0x80000, 1024}}));
-  uint64_t run = 0;
-  // The block at 0x80000 is touched first: it starts the packed range.
-  CHECK(p.l2_address(0x80000 + 700, &run) == kBase + 700);
+  uint64_t run = 0, origin = 0;
+  // The block at 0x80000 is touched first: it starts the packed range. Each address's page
+  // origin (where the L2's page rotation counts pages from) is its block's first L2 byte.
+  CHECK(p.l2_address(0x80000 + 700, &run, &origin) == kBase + 700);
   CHECK(run == 1024 - 700);
-  CHECK(p.l2_address(0x10000 + 5, &run) == kBase + 1024 + 5);
+  CHECK(origin == kBase);
+  CHECK(p.l2_address(0x10000 + 5, &run, &origin) == kBase + 1024 + 5);
   CHECK(run == 1536 - 5);
-  CHECK(p.l2_address(0x80000, &run) == kBase);  // placed once per launch
-  CHECK(p.l2_address(0x40000 + 511, &run) == kBase + 1024 + 1536 + 511);
+  CHECK(origin == kBase + 1024);
+  CHECK(p.l2_address(0x80000, &run, &origin) == kBase);  // placed once per launch
+  CHECK(origin == kBase);
+  CHECK(p.l2_address(0x40000 + 511, &run, &origin) == kBase + 1024 + 1536 + 511);
   CHECK(run == 1);
-  // Outside every block: the device address itself, to the end of the range.
-  CHECK(p.l2_address(0x20000, &run) == 0x20000);
+  CHECK(origin == kBase + 1024 + 1536);
+  // Outside every block: the device address itself, to the end of the range, absolute pages.
+  CHECK(p.l2_address(0x20000, &run, &origin) == 0x20000);
   CHECK(run == UINT64_MAX);
+  CHECK(origin == 0);
   // The next launch places afresh, in its own order.
   p.begin_launch(lookup_of({{0x10000, 1536}, {0x40000, 512}}));
-  CHECK(p.l2_address(0x40000, &run) == kBase);
-  CHECK(p.l2_address(0x10000, &run) == kBase + 512);
+  CHECK(p.l2_address(0x40000, &run, &origin) == kBase);
+  CHECK(p.l2_address(0x10000, &run, &origin) == kBase + 512);
+  CHECK(origin == kBase + 512);
   // No lookup: every address is filed at itself.
   p.begin_launch({});
-  CHECK(p.l2_address(0x40000, &run) == 0x40000);
+  CHECK(p.l2_address(0x40000, &run, &origin) == 0x40000);
+  CHECK(origin == 0);
 }
 
 TEST_CASE("l2 placement: a launch's L2 outcome does not depend on where its blocks lie") {

@@ -116,22 +116,37 @@ void require_same(const L2Outcome& a, const L2Outcome& b, int step) {
   REQUIRE(a.fill_bytes == b.fill_bytes);
 }
 
-// `sets` sets of `ways` lines of 64 bytes; addresses within `span` bytes.
+// `sets` sets of `ways` lines of 64 bytes; addresses within `span` bytes. block_starts (byte
+// offsets, line-aligned, ascending, the first 0): the span cut into blocks as the L2 placement
+// files them, each range looked up with its block's start as page origin (ranges and short
+// drops kept inside their block; a drop longer than the L2 crosses blocks, which L2Tags serves
+// by scanning its sets).
 void run_random(uint64_t sets, int ways, bool write_back, uint64_t span, uint32_t seed,
-                bool page_rotation = false) {
+                bool page_rotation = false, std::vector<uint64_t> block_starts = {0}) {
   constexpr uint32_t kLine = 64;
   L2Tags l2(sets * kLine * static_cast<uint64_t>(ways), kLine, ways, write_back, page_rotation);
-  // With the rotation the reference asks set_of for every line; the tags step from line to
-  // line and recompute the set only where a page starts.
+  // The start of the block holding byte address `addr`, and where that block ends.
+  const auto origin_of = [&block_starts](uint64_t addr) {
+    return *(std::upper_bound(block_starts.begin(), block_starts.end(), addr) - 1);
+  };
+  const auto block_end = [&block_starts, span](uint64_t addr) {
+    auto it = std::upper_bound(block_starts.begin(), block_starts.end(), addr);
+    return it == block_starts.end() ? span : *it;
+  };
+  // With the rotation the reference asks set_of for every line (with its block's origin); the
+  // tags step from line to line and recompute the set only where a page starts.
   RefL2 ref(sets, kLine, ways, write_back,
-            page_rotation
-                ? std::function<size_t(uint64_t)>([&l2](uint64_t line) { return l2.set_of(line); })
-                : nullptr);
+            page_rotation ? std::function<size_t(uint64_t)>([&](uint64_t line) {
+              return l2.set_of(line, origin_of(line * kLine) / kLine);
+            })
+                          : nullptr);
   std::mt19937_64 rng(seed);
   auto pick = [&](uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
   for (int step = 0; step < 20000; ++step) {
     const uint64_t kind = pick(100);
-    const uint64_t addr = pick(span), bytes = pick(6 * kLine);  // 0 bytes included
+    const uint64_t addr = pick(span);
+    const uint64_t bytes = std::min(pick(6 * kLine), block_end(addr) - addr);  // 0 included
+    const uint64_t origin = origin_of(addr);
     if (kind < 2) {
       l2.invalidate_all();
       ref.invalidate_all();
@@ -139,7 +154,7 @@ void run_random(uint64_t sets, int ways, bool write_back, uint64_t span, uint32_
       // One drop in four spans more lines than the L2 holds (L2Tags scans its sets instead).
       const uint64_t drop =
           kind == 5 ? sets * kLine * static_cast<uint64_t>(ways) + pick(span) : bytes;
-      l2.invalidate_range(addr, drop);
+      l2.invalidate_range(addr, drop, origin);
       ref.invalidate_range(addr, drop);
     } else {
       const uint64_t p = pick(10);
@@ -147,12 +162,12 @@ void run_random(uint64_t sets, int ways, bool write_back, uint64_t span, uint32_
                                : p < 9 ? isa::L2Hint::NOALLOC
                                        : isa::L2Hint::BYPASS;
       const bool write = pick(3) == 0;
-      require_same(l2.access_range(addr, bytes, hint, write),
+      require_same(l2.access_range(addr, bytes, hint, write, origin),
                    ref.access_range(addr, bytes, hint, write), step);
     }
     const uint64_t probe = pick(span);
     INFO("operation " << step << ", line of " << probe);
-    REQUIRE(l2.contains(probe) == ref.contains(probe));
+    REQUIRE(l2.contains(probe, origin_of(probe)) == ref.contains(probe));
   }
 }
 
@@ -187,6 +202,66 @@ TEST_CASE("L2 tags with page rotation match the LRU reference across page bounda
   // Spans of many pages (a page is `sets` lines), ranges of up to 6 lines crossing them.
   run_random(8, 4, false, 8 * 64 * 40, 5, true);
   run_random(3, 2, true, 3 * 64 * 60, 6, true);
+}
+
+TEST_CASE("L2 tags with page rotation counted from each block's start match the LRU reference") {
+  // Blocks of several pages starting off page boundaries (a page is `sets` lines of 64 bytes),
+  // as the L2 placement packs them: ranges of up to 6 lines crossing their blocks' pages.
+  run_random(8, 4, false, 8 * 64 * 40, 7, true, {0, 64 * 13, 64 * 30, 64 * 101, 64 * 200});
+  run_random(3, 2, true, 3 * 64 * 60, 8, true, {0, 64 * 4, 64 * 11, 64 * 50});
+}
+
+TEST_CASE("L2 page rotation by block: a block's sets move with its start, as modulo's do") {
+  // Pages counted from the block's first line: the block's sets are its start's set plus a
+  // fixed function of the line's place in the block, so a block filed d lines further has
+  // every line d sets further (the launch replay's translation moves blocks so).
+  const uint64_t sets = 24, ways = 4, line = 64;
+  L2Tags rot(sets * ways * line, line, static_cast<int>(ways), false, true);
+  for (uint64_t origin : {0ull, 5ull, 24ull, 1000ull})
+    for (uint64_t d : {1ull, 7ull, 24ull, 31ull})
+      for (uint64_t j = 0; j < 10 * sets; ++j) {
+        INFO("origin " << origin << " moved by " << d << " line " << j);
+        REQUIRE(rot.set_of(origin + d + j, origin + d) ==
+                (rot.set_of(origin + j, origin) + d) % sets);
+      }
+  // Its first page is modulo's; later pages are rotated unlike absolute pages.
+  for (uint64_t j = 0; j < sets; ++j) REQUIRE(rot.set_of(1000 + j, 1000) == (1000 + j) % sets);
+  // Origin 0: the absolute pages of lines filed at their own addresses.
+  for (uint64_t l = 0; l < 10 * sets; ++l)
+    REQUIRE(rot.set_of(l, 0) == L2Tags::set_in(l, 0, sets, true));
+  // Without rotation the origin changes nothing.
+  L2Tags mod(sets * ways * line, line, static_cast<int>(ways), false, false);
+  for (uint64_t l = 100; l < 10 * sets; ++l) REQUIRE(mod.set_of(l, 37) == l % sets);
+}
+
+TEST_CASE("L2 page rotation by block: a block of `ways` pages fills every set `ways` times") {
+  // The 910b's geometry (192 MiB, 512-byte lines, 16 ways: 24,576 sets): a 192 MiB block is 16
+  // pages. Filed from any line, pages counted from its start put exactly 16 of its lines in
+  // every set: a second pass hits every line. Counted from absolute pages, a block that does
+  // not start on a page boundary straddles 17 of them and some sets receive 17 lines: the
+  // second pass misses there.
+  const uint64_t line = 512, l2_bytes = 192ull << 20, sets = 24576;
+  for (uint64_t start_line : {uint64_t{0}, uint64_t{1}, uint64_t{12345}, 3 * sets + 24575})
+    for (bool by_block : {true, false}) {
+      L2Tags l2(l2_bytes, static_cast<uint32_t>(line), 16, false, true);
+      REQUIRE(l2.sets() == sets);
+      const uint64_t start = (start_line + (uint64_t(1) << 40) / line) * line;
+      const uint64_t origin = by_block ? start : 0;
+      std::vector<uint32_t> per_set(sets, 0);
+      for (uint64_t l = start / line; l < start / line + 16 * sets; ++l)
+        ++per_set[l2.set_of(l, origin / line)];
+      const L2Outcome first = l2.access_range(start, l2_bytes, isa::L2Hint::NORMAL, false, origin);
+      const L2Outcome second = l2.access_range(start, l2_bytes, isa::L2Hint::NORMAL, false, origin);
+      INFO("first line " << start_line << (by_block ? ", pages from it" : ", absolute pages"));
+      REQUIRE(first.miss_lines == 16 * sets);
+      if (by_block) {
+        REQUIRE(std::all_of(per_set.begin(), per_set.end(), [](uint32_t n) { return n == 16; }));
+        REQUIRE(second.hit_lines == 16 * sets);
+      } else if (start % (sets * line) != 0) {
+        REQUIRE(*std::max_element(per_set.begin(), per_set.end()) == 17);
+        REQUIRE(second.miss_lines > 0);
+      }
+    }
 }
 
 TEST_CASE("L2 page rotation: page 0 as modulo, consecutive lines spread, pages apart differ") {

@@ -318,6 +318,10 @@ json workload(Mode mode, bool functional = false, uint64_t memo_bytes = 0,
   run("reread_sets_moved", reread, {0x3d000200, 0x3d400000, nx, ny}, 1);
   blocks = {{0x3e000000, 0x240000}, {0x3e400000, ny}};
   run("reread_skewed", reread, {0x3e000000, 0x3e400000, nx, ny}, 1);
+  // x's block a way (a page of the L2's page rotation) larger: y is filed a way further, in
+  // the same sets (relocated), and with the rotation on the same rotated pages of its block.
+  blocks = {{0x3f000000, 0x280000}, {0x3f400000, ny}};
+  run("reread_way", reread, {0x3f000000, 0x3f400000, nx, ny}, 1);
   // Tensors of 5 x 1024 + 1 lines each (the tiny L2: 1024 sets of 16 ways): at some placement
   // each puts 6 lines in one set, 18 > 16 ways, but filed back to back (the L2's filing by
   // block) the three take 15,363 of the L2's 16,384 lines and evict none. Relocated at offset 512
@@ -414,20 +418,53 @@ void check_same_as_simulated(const json& sim, const json& run) {
 
 }  // namespace
 
-TEST_CASE("with the L2's page rotation launches replay only at their own addresses, exactly") {
-  // A rotated set index files a line by its absolute page: a launch moved to other blocks may
-  // meet other conflicts, so nothing replays by translation; the check mode (replay where
-  // allowed: by the launch's own key, its blocks laid out alike; then simulate and throw on
-  // any difference) stays exact.
+TEST_CASE("with the L2's page rotation a timing-only replay by translation is exact too") {
+  // The rotation counts a block's pages from the block's first filed line (L2Tags::set_in), so
+  // a block filed elsewhere has its lines' sets renamed as under modulo indexing: launches
+  // replay by translation and relocation, and every mode gives what simulating gives (the
+  // check mode also simulates each replayed launch and throws on any difference).
   const json sim = run_in_child(Mode::simulate, false, 0, true);
   const json translated = run_in_child(Mode::translate, false, 0, true);
+  const json relocated = run_in_child(Mode::relocate, false, 0, true);
   const json check = run_in_child(Mode::check, false, 0, true);
-  for (const json* run : {&translated, &check}) check_same_as_simulated(sim, *run);
-  for (const auto& [name, value] : translated.items())
-    if (value.is_object() && value.contains("replayed")) {
-      INFO(name);
-      CHECK(value["replayed"] == false);
-    }
+  for (const json* run : {&translated, &relocated, &check}) check_same_as_simulated(sim, *run);
+  // Replayed as without the rotation: the same launch, at blocks laid out alike (filed at the
+  // same L2 addresses), and relocated where the lines keep their places in their blocks.
+  for (const char* k : {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved",
+                        "gemm_moved", "scale_moved", "handoff_moved", "exchange_moved",
+                        "pick_moved", "pick_other_again", "pick_back"}) {
+    INFO(k);
+    CHECK(translated[k]["replayed"] == true);
+    CHECK(relocated[k]["replayed"] == true);
+    CHECK(check[k]["replayed"] == true);
+  }
+  // Relocated: fits the L2 at any placement (vadd_offset ...), or may evict with z's block
+  // filed a whole way (a page) further (vadd_big_way), which absolute pages would rotate
+  // otherwise: it times as vadd_big.
+  for (const char* k : {"vadd_z_block", "vadd_offset", "vadd_in_place_near", "vadd_big_way",
+                        "handoff_offset", "exchange_offset"}) {
+    INFO(k);
+    CHECK(relocated[k]["replayed"] == true);
+    CHECK(check[k]["replayed"] == true);
+  }
+  CHECK(sim["vadd_big_way"]["counters"] == sim["vadd_big"]["counters"]);
+  // y's block filed a page further: its lines keep their sets (pages counted from its start),
+  // so the second pass over x meets the same evictions as reread's, which it relocates from.
+  // (Pages counted from line 0 would rotate y's partial last page elsewhere.)
+  CHECK(relocated["reread_way"]["replayed"] == true);
+  CHECK(sim["reread_way"]["counters"] == sim["reread"]["counters"]);
+  CHECK(test::counter(sim["reread"]["counters"], "chip.l2.hits") > 0);
+  CHECK(test::counter(sim["reread"]["counters"], "chip.l2.misses") > (0x1c0000 + 0x640000) / 512);
+  // Not where a tensor of several pages moves to other lines of its block (its lines would
+  // meet other pages' offsets): x one line further in its block, y behind x in a shared block.
+  const json& log = relocated["replay_log"];
+  for (const char* k :
+       {"vadd_big_offset", "vadd_big_shared", "vadd_big_shared_offset", "reread_sets_moved"}) {
+    INFO(k);
+    CHECK(relocated[k]["replayed"] == false);
+    CHECK(log.value(k, "").find("to other lines of its block's rotated L2 pages") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("a timing-only replay by translation gives exactly what simulating gives") {
@@ -556,7 +593,8 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
         "relocatable");
   CHECK(verdict("vadd_packed_offset") == "replayed\trelocated");
   CHECK(verdict("vadd_packed_large_block") ==
-        "simulated\tother block layout: may evict: its blocks take 17411 L2 lines of 16384, "
+        "simulated\tother block layout: may evict: its blocks may put 18 lines in an L2 set of "
+        "16 ways, "
         "and arguments 0 and 1 move by other numbers of L2 sets (1 and 0); recorded, may evict "
         "(18 L2 ways of 16), relocatable where its sets move alike");
   CHECK(verdict("gemm_moved") == "replayed\ttranslated, other addresses in blocks laid out alike");
