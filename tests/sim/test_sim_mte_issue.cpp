@@ -77,9 +77,9 @@ TEST_CASE("MTE copies: the pipe takes max(issue + bursts x burst time, the flow'
     const double first = pipe(64, 32768, gm_ub), row = 128 / gm_ub;
     REQUIRE(first == 32768 / gm_ub);
     REQUIRE(issue + 64 * burst + 8 * (issue + burst) < first);
-    std::string body = "    copy_gm2ub x2, x1, 1, 1024, 0, 0\n    movi x6, 24576\n    add x5, x1, x6\n";
-    for (int i = 0; i < 8; ++i)
-      body += "    add x5, x5, x6\n    copy_gm2ub x2, x5, 1, 4, 0, 0\n";
+    std::string body =
+        "    copy_gm2ub x2, x1, 1, 1024, 0, 0\n    movi x6, 24576\n    add x5, x1, x6\n";
+    for (int i = 0; i < 8; ++i) body += "    add x5, x5, x6\n    copy_gm2ub x2, x5, 1, 4, 0, 0\n";
     CHECK(pipe_busy(s, "aiv", body, "aiv0", "mte2") == Approx(first + 8 * row).margin(2));
   }
   SECTION("UB -> GM (MTE3)") {
