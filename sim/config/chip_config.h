@@ -133,6 +133,14 @@ struct ChipConfig {
   // row every nd2nz_row_cycles cycles, so a row takes max(its bytes at the path's rate,
   // nd2nz_row_cycles); 0: no per-row cost (docs/chip_model.md "Memory system").
   double nd2nz_row_cycles = 0;
+  // The DMA's issue of a GM <-> UB / L1 copy (copy_gm2ub, copy_gm2l1, nd2nz on MTE2;
+  // copy_ub2gm on MTE3): the pipe spends at least copy_issue_cycles + burst_cycles x (the
+  // copy's GM bursts: each contiguous GM run cut at 512-byte boundaries, mte::gm_bursts) on
+  // the copy, cycles of this clock; its data still moves as the memory system's flow, so the
+  // copy holds the pipe max(that, the flow's time). 0 and 0: no such minimum
+  // (docs/chip_model.md "Memory system").
+  double copy_issue_cycles = 0;
+  double burst_cycles = 0;
 
   // Task overheads (docs/chip_model.md, "Task overheads"): a launch's Task Duration is
   // task_dispatch + for the blocks of the worker that ends last (task_block_start + its busy

@@ -89,6 +89,8 @@ const char* const kSchemaKeys[] = {
     "memory.l2.write_back_waits",
     "memory.l2.page_rotation",
     "mte.nd2nz_row_cycles",
+    "mte.copy_issue_cycles",
+    "mte.burst_cycles",
     "task.dispatch_us",
     "task.block_start_cycles",
     "task.done_us",
@@ -445,6 +447,10 @@ void parse_overheads(const Reader& r, ChipConfig& c) {
   c.task_done_us = r.get_number("task.done_us", 0, false, max_us);
   if (r.has("mte.nd2nz_row_cycles"))  // optional: 0 (no per-row cost) without it
     c.nd2nz_row_cycles = r.get_number("mte.nd2nz_row_cycles", 0, false, kMaxLatencyCycles);
+  if (r.has("mte.copy_issue_cycles"))  // optional: 0 (no issue minimum) without it
+    c.copy_issue_cycles = r.get_number("mte.copy_issue_cycles", 0, false, kMaxLatencyCycles);
+  if (r.has("mte.burst_cycles"))  // optional, as above
+    c.burst_cycles = r.get_number("mte.burst_cycles", 0, false, kMaxLatencyCycles);
   c.host_op_dispatch_us = r.get_number("host.op_dispatch_us", 0, false, max_us);
   c.host_graph_dispatch_us = r.get_number("host.graph_dispatch_us", 0, false, max_us);
 }
@@ -600,8 +606,13 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
   if (c.l2_write_back) o << "    write_back: true\n";
   if (c.l2_write_back_waits) o << "    write_back_waits: true\n";
   if (c.l2_page_rotation) o << "    page_rotation: true\n";
-  if (c.nd2nz_row_cycles != 0)  // optional, as above
-    o << fmt::format("mte:\n  nd2nz_row_cycles: {}\n", c.nd2nz_row_cycles);
+  if (c.nd2nz_row_cycles != 0 || c.copy_issue_cycles != 0 || c.burst_cycles != 0) {
+    o << "mte:\n";  // optional keys, as above
+    if (c.nd2nz_row_cycles != 0) o << fmt::format("  nd2nz_row_cycles: {}\n", c.nd2nz_row_cycles);
+    if (c.copy_issue_cycles != 0)
+      o << fmt::format("  copy_issue_cycles: {}\n", c.copy_issue_cycles);
+    if (c.burst_cycles != 0) o << fmt::format("  burst_cycles: {}\n", c.burst_cycles);
+  }
   o << fmt::format("task:\n  dispatch_us: {}\n  block_start_cycles: {}\n  done_us: {}\n",
                    c.task_dispatch_us, c.task_block_start_cycles, c.task_done_us);
   o << fmt::format("host:\n  op_dispatch_us: {}\n  graph_dispatch_us: {}\n",

@@ -75,7 +75,7 @@ struct AiCore::PipeUnit {
   // scalar_abort: the scalar unit's abort wake-up (it alone waits for popped and drained).
   PipeUnit(Pipe p, const CounterGroup& g, AbortSignal& abort, const sc_core::sc_event& flag_event,
            const sc_core::sc_event& scalar_abort, size_t depth)
-      : pipe(p), lane(lane_of(p)), queue(depth), waiter(abort, flag_event), counters(g),
+      : pipe(p), lane(lane_of(p)), queue(depth), queued_at(depth), waiter(abort, flag_event), counters(g),
         busy(g.add("busy_cycles", "cycles",
                    "cycles the pipe executed instructions (GM instructions: their bandwidth phase)",
                    kPsPerCycle)),
@@ -105,6 +105,16 @@ struct AiCore::PipeUnit {
   const Pipe pipe;
   const Lane lane;
   BoundedQueue<IssuedOp> queue;  // issued, not yet started (at most queue_depth())
+  // When each instruction in `queue` was queued (in step with it), and that of the instruction
+  // now running.
+  BoundedQueue<sc_core::sc_time> queued_at;
+  sc_core::sc_time running_queued_at = sc_core::SC_ZERO_TIME;
+  // When the pipe's DMA has issued the GM requests of its copies so far (ExecCost::
+  // gm_issue_cycles). The issue runs ahead of the flows through the queue: a copy's requests
+  // go out from max(this, when the copy was queued), so a copy queued behind a long flow has
+  // issued its requests meanwhile; an instruction of any other kind (a wait_flag, a copy
+  // without the minimum) sets it to its end, so the issue never runs past it.
+  sc_core::sc_time issue_free = sc_core::SC_ZERO_TIME;
   bool executing = false;      // an instruction has left the queue and is running
   // When the GM transfers this pipe has issued are complete. A GM instruction occupies the pipe
   // for its bandwidth-limited transfer only; its fixed latency (path start + memory access)
@@ -220,6 +230,8 @@ void AiCore::reset() {
   m_local->reset_high_water();
   for (PipeUnit* u : m_pipe_list) {
     u->queue.clear();
+    u->queued_at.clear();
+    u->issue_free = SC_ZERO_TIME;
     u->executing = false;
     u->blocked = {};
     u->complete_at = SC_ZERO_TIME;
@@ -475,6 +487,7 @@ void AiCore::issue(const isa::Instruction& in, uint32_t pc, Pipe pipe) {
     m_stall_queue_full.add(time_ps(sc_time_stamp() - t0));
   }
   u.queue.push_back(op);
+  u.queued_at.push_back(sc_time_stamp());
   u.pushed.notify(SC_ZERO_TIME);
 }
 
@@ -559,6 +572,8 @@ void AiCore::pipe_thread(PipeUnit& u) {
     while (u.queue.empty() || m_abort.active()) wait(u.pushed);
     const IssuedOp op = u.queue.front();
     u.queue.pop_front();
+    u.running_queued_at = u.queued_at.front();
+    u.queued_at.pop_front();
     u.executing = true;
     u.popped.notify(SC_ZERO_TIME);
     bool faulted = false;
@@ -586,6 +601,7 @@ void AiCore::pipe_thread(PipeUnit& u) {
 void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
   const isa::Instruction& in = *op.insn;
   const sc_time start = sc_time_stamp();
+  bool is_issue_timed = false;  // a GM copy with the DMA issue's minimum (run_gm_transfer)
   switch (in.op) {
     case Opcode::op_set_flag:
       // The set takes effect once this pipe's earlier GM transfers have landed. With
@@ -613,6 +629,7 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
       if (cost.gm.empty())
         wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)), u.waiter);
       else run_gm_transfer(u, cost);
+      is_issue_timed = cost.gm_issue_cycles > 0;
       if (m_launch.functional) execute(op, ctx);
       else invalidate_gm_writes(cost, m_gm);
       if (m_recorder) m_recorder->on_pipe_op(u.pipe, op.pc, cost);
@@ -641,6 +658,8 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
     }
   }
   count_insn(u.counters, u.insn, in.op);
+  if (u.issue_free < sc_time_stamp() && !is_issue_timed)
+    u.issue_free = sc_time_stamp();  // the DMA's issue does not run past this instruction
   if (!m_observers.empty()) notify_instruction(u.lane, start, sc_time_stamp(), op.pc, in);
 }
 
@@ -665,7 +684,15 @@ void AiCore::run_gm_transfer(PipeUnit& u, const ExecCost& cost) {
   p.set_response_status(tlm::TLM_INCOMPLETE_RESPONSE);
   sc_time delay = cycles_to_time(static_cast<double>(cost.cycles));
   if (m_recorder) m_recorder->on_gm_transfer(u.pipe);
+  // The DMA issues the copy's requests (ExecCost::gm_issue_cycles) from when it has issued
+  // the previous copy's and this one was queued (PipeUnit::issue_free), beside the flow.
+  const sc_time issue_end = std::max(u.issue_free, u.running_queued_at) +
+                            cycles_to_time(cost.gm_issue_cycles);
+  if (cost.gm_issue_cycles > 0) u.issue_free = issue_end;
   gm_port->b_transport(p, delay);
+  // The pipe is held until the flow has moved (its bandwidth shares stay the memory system's,
+  // not stretched) and the last request has gone out: it waits out the rest of the issue.
+  if (sc_time_stamp() < issue_end) wait_abortable(issue_end - sc_time_stamp(), u.waiter);
   // The target returns after the bandwidth phase; `delay` is then the latency still to elapse
   // before the data has landed, which overlaps this pipe's next instructions.
   u.complete_at = std::max(u.complete_at, sc_time_stamp() + delay);

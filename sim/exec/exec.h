@@ -118,6 +118,10 @@ struct ExecCost {
   // Bytes per cycle the instruction's GM request issue allows, from L2 or HBM alike (nd2nz: one
   // row per ChipConfig::nd2nz_row_cycles); 0: no such limit.
   double gm_request_rate = 0;
+  // Cycles the pipe spends on the instruction at least, from the DMA's issue of its GM requests
+  // (ChipConfig::copy_issue_cycles + burst_cycles per GM burst, mte::issue_cycles); the pipe is
+  // held max(this, the memory system's flow time). 0: no such minimum.
+  double gm_issue_cycles = 0;
   // Cube work: multiply-accumulates performed (for utilisation), in units of the chip's peak
   // fp16 MAC/cycle-equivalents (an int8 MAC counts 1/2, an fp32 MAC counts divisor).
   uint64_t macs = 0;

@@ -76,6 +76,7 @@ struct BurstCopy {
         mte::add_gm_range(c.gm, xsrc + i * src_pitch, burst_bytes, false, l2);
       if (dst == Buf::GM) mte::add_gm_range(c.gm, xdst + i * dst_pitch, burst_bytes, true, l2);
     }
+    if (!c.gm.empty()) c.gm_issue_cycles = mte::issue_cycles(cfg, c.gm);  // GM <-> UB / L1
     return c;
   }
 
@@ -120,6 +121,7 @@ struct Nd2Nz {
       c.gm_request_rate = static_cast<double>(cols * size) / cfg.nd2nz_row_cycles;
     for (uint64_t r = 0; r < rows; ++r)
       mte::add_gm_range(c.gm, xsrc + r * src_stride * size, cols * size, false, l2);
+    c.gm_issue_cycles = mte::issue_cycles(cfg, c.gm);  // contiguous rows: one run of bursts
     return c;
   }
 

@@ -134,6 +134,18 @@ void add_gm_range(std::vector<GmAccess>& gm, uint64_t addr, uint64_t bytes, bool
   gm.push_back({addr, bytes, write, l2});
 }
 
+uint64_t gm_bursts(const std::vector<GmAccess>& gm) {
+  uint64_t n = 0;
+  for (const GmAccess& a : gm)
+    if (a.bytes > 0) n += (a.addr + a.bytes - 1) / kGmBurstBytes - a.addr / kGmBurstBytes + 1;
+  return n;
+}
+
+double issue_cycles(const ChipConfig& cfg, const std::vector<GmAccess>& gm) {
+  if (cfg.copy_issue_cycles == 0 && cfg.burst_cycles == 0) return 0;
+  return cfg.copy_issue_cycles + cfg.burst_cycles * static_cast<double>(gm_bursts(gm));
+}
+
 ExecCost path_cost(const ChipConfig& cfg, isa::Buf src, isa::Buf dst, uint64_t bytes) {
   ExecCost c;
   c.path_src = src;

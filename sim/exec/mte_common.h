@@ -66,6 +66,20 @@ void check_range(const Operands& o, const ExecContext& ctx, const char* operand,
 void add_gm_range(std::vector<GmAccess>& gm, uint64_t addr, uint64_t bytes, bool write,
                   isa::L2Hint l2 = isa::L2Hint::NORMAL);
 
+// GM bursts: the DMA cuts each contiguous GM run into bursts of at most kGmBurstBytes that never
+// cross a kGmBurstBytes boundary (the reference's GM transfers are split into 128/256/512-byte
+// bursts; a burst is taken not to straddle a 512-byte-aligned block, as the 910b's 512-byte L2
+// line is filled whole: one burst one line). gm_bursts counts them over an instruction's ranges
+// (add_gm_range has merged the contiguous ones): a run [a, a + n) makes
+// floor((a + n - 1) / 512) - floor(a / 512) + 1.
+constexpr uint64_t kGmBurstBytes = 512;
+uint64_t gm_bursts(const std::vector<GmAccess>& gm);
+
+// The pipe's minimum cycles for a GM <-> UB / L1 copy whose GM ranges are `gm`:
+// cfg.copy_issue_cycles + cfg.burst_cycles x gm_bursts(gm) (ExecCost::gm_issue_cycles); 0 when
+// the chip sets neither key.
+double issue_cycles(const ChipConfig& cfg, const std::vector<GmAccess>& gm);
+
 // Cost of moving `bytes` over the path src->dst (contract in exec.h):
 //   a path touching GM: cycles = path_latency (fixed start latency); the GM ranges are timed by
 //     the memory system at up to gm_core_rate = path_rate bytes per cycle (the caller fills gm);

@@ -25,9 +25,12 @@ struct CoreFingerprint {
   }
   void add_pc(uint32_t pc) { flow = mix(flow, pc); }
   void add_cost(uint32_t pc, const ExecCost& c) {
-    uint64_t rate, request_rate;
+    uint64_t rate, request_rate, issue;
     std::memcpy(&rate, &c.gm_core_rate, sizeof rate);
     std::memcpy(&request_rate, &c.gm_request_rate, sizeof request_rate);
+    // (the bursts behind gm_issue_cycles depend on GM addresses modulo 512: a translated
+    // replay whose addresses cut other bursts differs here and is simulated)
+    std::memcpy(&issue, &c.gm_issue_cycles, sizeof issue);
     cost = mix(cost, pc);
     cost = mix(cost, c.cycles);
     cost = mix(cost, c.bank_conflict_cycles);
@@ -37,6 +40,7 @@ struct CoreFingerprint {
     cost = mix(cost, c.vector_repeats);
     cost = mix(cost, rate);
     cost = mix(cost, request_rate);
+    cost = mix(cost, issue);
     cost = mix(cost, c.gm.size());
     for (const GmAccess& a : c.gm)
       cost = mix(cost, a.bytes * 8 + static_cast<uint64_t>(a.l2) * 2 + (a.write ? 1 : 0));

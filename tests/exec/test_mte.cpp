@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/error.h"
+#include "sim/exec/mte_common.h"
 #include "tests/exec/test_mte_util.h"
 
 using namespace npusim;
@@ -188,6 +189,32 @@ TEST_CASE("GM paths cost the start latency and list the GM ranges; local paths a
     t.cfg.nd2nz_row_cycles = 4;
     CHECK(nd2nz(32).gm_request_rate == Approx(48.0 / 4));
     CHECK(nd2nz(24).gm_request_rate == Approx(48.0 / 4));
+  }
+  SECTION("the DMA's issue minimum counts GM bursts cut at 512-byte boundaries") {
+    // 3 rows of 64 B 96 B apart from 0x1000 (one burst each), 64 B contiguous x 4 (one run of
+    // 256 B from 0x1000: one burst), 1 KiB from 0x1100 (0x1100..0x14ff: 3 bursts).
+    auto copy = [&](Opcode op, int64_t gm_addr, int nburst, int len, int gap) {
+      const bool write = op == Opcode::op_copy_ub2gm;
+      return plan(t.op(op, {{"xdst", write ? gm_addr : 0}, {"xsrc", write ? 0 : gm_addr},
+                            {"nburst", nburst}, {"burst_len", len},
+                            {write ? "dst_gap" : "src_gap", gap}}),
+                  t.ctx);
+    };
+    CHECK(mte::gm_bursts(copy(Opcode::op_copy_gm2ub, 0x1000, 3, 2, 1).gm) == 3);
+    CHECK(mte::gm_bursts(copy(Opcode::op_copy_gm2ub, 0x1000, 4, 2, 0).gm) == 1);
+    CHECK(mte::gm_bursts(copy(Opcode::op_copy_ub2gm, 0x1100, 1, 32, 0).gm) == 3);
+    // No keys on the test chip: no minimum.
+    CHECK(copy(Opcode::op_copy_gm2ub, 0x1000, 3, 2, 1).gm_issue_cycles == 0);
+    t.cfg.copy_issue_cycles = 10;
+    t.cfg.burst_cycles = 2.5;
+    CHECK(copy(Opcode::op_copy_gm2ub, 0x1000, 3, 2, 1).gm_issue_cycles == Approx(10 + 3 * 2.5));
+    CHECK(copy(Opcode::op_copy_gm2l1, 0x1000, 4, 2, 0).gm_issue_cycles == Approx(10 + 2.5));
+    CHECK(copy(Opcode::op_copy_ub2gm, 0x1100, 1, 32, 0).gm_issue_cycles == Approx(10 + 3 * 2.5));
+    // Local copies issue no GM requests.
+    CHECK(plan(t.op(Opcode::op_copy_l12ub, {{"xdst", 0}, {"xsrc", 0}, {"nburst", 2},
+                                            {"burst_len", 5}}),
+               t.ctx)
+              .gm_issue_cycles == 0);
   }
   SECTION("local paths") {
     // copy_l12ub: 2 x 5 blocks = 320 B; path_latency(l1, ub) = 4, rate 128 B/cycle:
