@@ -19,6 +19,7 @@
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
+#include "common/int_math.h"
 
 namespace npusim::compiler::ops {
 
@@ -402,6 +403,19 @@ CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<s
   return std::move(plan).finish();
 }
 
+// AddN of `inputs` (at least 2, one shape and type) as one stream kernel of AddV2 steps, left
+// to right: acc = x0 + x1, acc = acc + x2, ... (TensorFlow's order, each partial sum rounded to
+// T).
+CompiledKernel add_n_kernel(const CompileContext& ctx, const std::vector<TensorDesc>& inputs) {
+  std::vector<std::string> steps = {"AddV2 i0 i1"};
+  for (size_t n = 2; n < inputs.size(); ++n)
+    steps.push_back(fmt::format("AddV2 s{} i{}", n - 2, n));
+  OpDesc sum = ctx.op;
+  sum.inputs = inputs;
+  return fused_steps_kernel(CompileContext{sum, ctx.cfg, ctx.precision}, steps,
+                            {steps.size() - 1}, kChainSchedule);
+}
+
 }  // namespace
 
 CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
@@ -427,11 +441,93 @@ CompiledKernel compile_add_n(const CompileContext& ctx) {
     copy.attrs["shape"] = op.inputs[0].shape;
     return compile_layout(CompileContext{copy, ctx.cfg, ctx.precision});
   }
-  // acc = x0 + x1, acc = acc + x2, ...: TensorFlow's order, each partial sum rounded to T.
-  std::vector<std::string> steps = {"AddV2 i0 i1"};
-  for (size_t n = 2; n < op.inputs.size(); ++n)
-    steps.push_back(fmt::format("AddV2 s{} i{}", n - 2, n));
-  return fused_steps_kernel(ctx, steps, {steps.size() - 1}, kChainSchedule);
+  const size_t n_inputs = op.inputs.size();
+  const TensorDesc out = op.inputs[0];
+  // One launch where its kernel fits (every AddN up to a few dozen inputs: the kernel as it
+  // has always been); else the wide form below.
+  const size_t one_launch_max = static_cast<size_t>(KernelBuilder::max_args()) - 1;
+  bool one_launch_fails = false;
+  if (n_inputs <= one_launch_max || out.num_elements() == 0) {
+    try {
+      return add_n_kernel(ctx, op.inputs);
+    } catch (const InvalidOpError&) {
+      throw;
+    } catch (const CompileMemoryError&) {
+      throw;
+    } catch (const CompileError&) {
+      one_launch_fails = true;
+    }
+  }
+  // Wide AddN: the inputs in groups, one launch per group, each launch continuing the running
+  // sum. Launch 0 sums x0 .. x(G-1); launch g > 0 sums the running sum of the launches before
+  // and the next G-1 inputs, in that order, so the sum stays left to right (((x0 + x1) + x2)
+  // + ...), each partial sum rounded to T: the running sum is stored in T between launches,
+  // the same rounding it takes in the UB, so the result is the one-launch kernel's bit for
+  // bit. G is the most inputs one launch's kernel takes: its arguments (G plus the output:
+  // KernelBuilder::max_args()), the stream kernel's scalar registers (an address per input)
+  // and its UB (a double-buffered tile per input, a tile per partial sum); the builder is the
+  // judge of the last two, so G is the largest group whose kernel it builds (fewer inputs
+  // never need more registers or UB). The running sum alternates between the output and one
+  // workspace slice of the output's size (no launch reads the buffer it writes), placed so the
+  // last launch writes the output. Launches run in stream order: each reads a complete sum.
+  auto group_kernel = [&](size_t g) {
+    return add_n_kernel(ctx, std::vector<TensorDesc>(g, out));
+  };
+  auto fits = [&](size_t g) {
+    try {
+      group_kernel(g);
+      return true;
+    } catch (const InvalidOpError&) {
+      throw;
+    } catch (const CompileMemoryError&) {
+      throw;
+    } catch (const CompileError&) {
+      return false;
+    }
+  };
+  size_t lo = 2, hi = std::min(n_inputs, one_launch_max);
+  if (one_launch_fails) hi = n_inputs - 1;  // N itself did not build
+  try {
+    group_kernel(lo);
+  } catch (const InvalidOpError&) {
+    throw;
+  } catch (const CompileMemoryError&) {
+    throw;
+  } catch (const CompileError& e) {
+    // Not even two inputs fit one kernel: the chip cannot sum this shape at all.
+    op.fail(fmt::format("no launch sums even 2 of its {} inputs: {}", n_inputs, e.what()));
+  }
+  while (lo < hi) {  // the largest group that builds, in [lo, hi]
+    const size_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const size_t group = lo;
+  const size_t launches = 1 + ceil_div(n_inputs - group, group - 1);
+  LaunchPlan plan({out});
+  const ArgRef running = plan.workspace(out.bytes());
+  // Where launch l writes its sum: the output for the last launch, the buffer before it
+  // alternating.
+  auto sum_of = [&](size_t l) {
+    return (launches - 1 - l) % 2 == 0 ? LaunchPlan::output(0) : running;
+  };
+  const CompiledKernel full = group_kernel(group);
+  size_t next = 0;  // the first input not yet summed
+  for (size_t l = 0; l < launches; ++l) {
+    std::vector<ArgRef> ins;
+    if (l > 0) ins.push_back(sum_of(l - 1));
+    while (ins.size() < group && next < n_inputs)
+      ins.push_back(LaunchPlan::input(static_cast<int>(next++)));
+    const std::string what = fmt::format("AddN inputs {}..{} of {}", next - ins.size() + (l > 0),
+                                         next - 1, n_inputs);
+    if (ins.size() == group)
+      plan.add(full, ins, {sum_of(l)}, what);
+    else
+      plan.add(group_kernel(ins.size()), ins, {sum_of(l)}, what);
+  }
+  return std::move(plan).finish();
 }
 
 namespace {
