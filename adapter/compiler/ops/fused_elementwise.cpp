@@ -412,8 +412,8 @@ CompiledKernel add_n_kernel(const CompileContext& ctx, const std::vector<TensorD
     steps.push_back(fmt::format("AddV2 s{} i{}", n - 2, n));
   OpDesc sum = ctx.op;
   sum.inputs = inputs;
-  return fused_steps_kernel(CompileContext{sum, ctx.cfg, ctx.precision}, steps,
-                            {steps.size() - 1}, kChainSchedule);
+  return fused_steps_kernel(CompileContext{sum, ctx.cfg, ctx.precision}, steps, {steps.size() - 1},
+                            kChainSchedule);
 }
 
 }  // namespace
@@ -470,9 +470,7 @@ CompiledKernel compile_add_n(const CompileContext& ctx) {
   // never need more registers or UB). The running sum alternates between the output and one
   // workspace slice of the output's size (no launch reads the buffer it writes), placed so the
   // last launch writes the output. Launches run in stream order: each reads a complete sum.
-  auto group_kernel = [&](size_t g) {
-    return add_n_kernel(ctx, std::vector<TensorDesc>(g, out));
-  };
+  auto group_kernel = [&](size_t g) { return add_n_kernel(ctx, std::vector<TensorDesc>(g, out)); };
   auto fits = [&](size_t g) {
     try {
       group_kernel(g);
@@ -520,8 +518,8 @@ CompiledKernel compile_add_n(const CompileContext& ctx) {
     if (l > 0) ins.push_back(sum_of(l - 1));
     while (ins.size() < group && next < n_inputs)
       ins.push_back(LaunchPlan::input(static_cast<int>(next++)));
-    const std::string what = fmt::format("AddN inputs {}..{} of {}", next - ins.size() + (l > 0),
-                                         next - 1, n_inputs);
+    const std::string what =
+        fmt::format("AddN inputs {}..{} of {}", next - ins.size() + (l > 0), next - 1, n_inputs);
     if (ins.size() == group)
       plan.add(full, ins, {sum_of(l)}, what);
     else
