@@ -13,6 +13,8 @@
 #include <optional>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/kernel_builder.h"
 #include "adapter/compiler/ops/elementwise.h"
@@ -517,6 +519,39 @@ TEST_CASE("AddN of many inputs: left to right, bit-identical, several launches p
       RunResult run = run_compiled(test_sim(), k, in);
       check_bit_identical(run.outputs.at(0), want);
     }
+  }
+}
+
+// The graph pass's rewrite 16 on a wide sum: ReluGrad(AddN of 40 terms, y) as FusedElementwise.
+// One kernel does not take 41 inputs (an address register each), so the AddN steps go first as
+// the AddN op (itself several launches) into a workspace tensor and ReluGrad reads it: the bits
+// of the AddN op followed by the ReluGrad op.
+TEST_CASE("a chain headed by a wide AddN: the sum on its own first, the same bits") {
+  const ChipConfig& cfg = test_sim().config();
+  for (DataType t : {DataType::F32, DataType::F16}) {
+    INFO(compiler::data_type_name(t));
+    const std::vector<int64_t> shape = {6, 29};
+    const size_t n = 40;
+    std::vector<HostTensor> in;
+    Steps steps = {"AddV2 i0 i1"};
+    for (size_t i = 0; i < n; ++i)
+      in.push_back(random_tensor(t, shape, -4, 4, static_cast<uint32_t>(1300 + i)));
+    for (size_t i = 2; i < n; ++i) steps.push_back(fmt::format("AddV2 s{} i{}", i - 2, i));
+    steps.push_back(fmt::format("ReluGrad s{} i{}", n - 2, n));
+    in.push_back(random_tensor(t, shape, -1, 1, 1399));
+    const CompiledKernel k = compiler::compile(fused_op(in, steps), cfg);
+    CHECK(k.launches.size() >= 3);  // the sum's launches, then ReluGrad's
+    const HostTensor fused = run_compiled(test_sim(), k, in).outputs.at(0);
+    const std::vector<HostTensor> terms(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(n));
+    std::vector<TensorDesc> descs;
+    for (const HostTensor& x : terms) descs.push_back(x.desc);
+    RunResult sum =
+        run_compiled(test_sim(), compiler::compile(make_op("AddN", descs, {}), cfg), terms);
+    RunResult masked = run_compiled(
+        test_sim(),
+        compiler::compile(make_op("ReluGrad", {sum.outputs[0].desc, in[n].desc}, {}), cfg),
+        {sum.outputs[0], in[n]});
+    check_bit_identical(fused, masked.outputs[0]);
   }
 }
 

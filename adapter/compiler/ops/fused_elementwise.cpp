@@ -418,9 +418,83 @@ CompiledKernel add_n_kernel(const CompileContext& ctx, const std::vector<TensorD
 
 }  // namespace
 
+namespace {
+
+// A chain that begins with an AddN's steps ("AddV2 i0 i1", "AddV2 s0 i2", ..., "AddV2 s(p-2)
+// ip": the graph pass's rewrite 16, a residual gradient sum before its ReluGrad) over more
+// inputs than one kernel takes: that sum as the AddN op (which splits a wide sum into launches,
+// compile_add_n) into a workspace tensor of type T, then the rest of the chain reading it as
+// input 0. The sum is rounded to T in the UB as in the workspace, so the bits are the one
+// kernel's. Empty where the chain is not of that form (inputs 0..p of type T and one shape, read
+// by the AddN's steps only, and the later steps reading the sum, not its partial sums).
+std::optional<CompiledKernel> split_add_n_prefix(const CompileContext& ctx,
+                                                 const std::vector<std::string>& texts) {
+  const OpDesc& op = ctx.op;
+  const DataType dt = steps_type(op);
+  size_t p = 0;  // the AddN's steps: 0 .. p-1, over inputs 0 .. p
+  while (p < texts.size() && p + 1 < op.inputs.size() &&
+         texts[p] ==
+             (p == 0 ? std::string("AddV2 i0 i1") : fmt::format("AddV2 s{} i{}", p - 1, p + 1)))
+    ++p;
+  if (p < 2 || p == texts.size()) return std::nullopt;
+  for (size_t n = 0; n <= p; ++n)
+    if (op.inputs[n].dtype != dt || op.inputs[n].shape != op.inputs[0].shape) return std::nullopt;
+  // The rest of the chain over [sum, inputs p+1 ..]: i<k> (k > p) is i<k-p>, s<p-1> is i0,
+  // s<j> (j >= p) is s<j-p>.
+  std::vector<std::string> rest;
+  for (size_t k = p; k < texts.size(); ++k) {
+    std::istringstream words(texts[k]);
+    std::string word, text;
+    words >> text;
+    while (words >> word) {
+      const size_t i = std::stoul(word.substr(1));
+      if (word[0] == 'i' && i <= p) return std::nullopt;     // an AddN input read again
+      if (word[0] == 's' && i + 1 < p) return std::nullopt;  // a partial sum
+      text += word[0] == 'i' ? fmt::format(" i{}", i - p)
+                             : (i + 1 == p ? std::string(" i0") : fmt::format(" s{}", i - p));
+    }
+    rest.push_back(std::move(text));
+  }
+  OpDesc sum;
+  sum.type = "AddN";
+  sum.inputs.assign(op.inputs.begin(), op.inputs.begin() + static_cast<std::ptrdiff_t>(p + 1));
+  const CompiledKernel sum_kernel = compile_add_n(CompileContext{sum, ctx.cfg, ctx.precision});
+  OpDesc tail = op;
+  tail.inputs.erase(tail.inputs.begin() + 1,
+                    tail.inputs.begin() + static_cast<std::ptrdiff_t>(p + 1));
+  tail.inputs[0] = TensorDesc{dt, op.inputs[0].shape};
+  tail.attrs["steps"] = rest;
+  const CompiledKernel tail_kernel = fused_steps_kernel(
+      CompileContext{tail, ctx.cfg, ctx.precision}, rest, {rest.size() - 1}, kChainSchedule);
+  LaunchPlan plan(tail_kernel.outputs);
+  const ArgRef sum_buffer = plan.workspace(tail.inputs[0].bytes());
+  std::vector<ArgRef> ins;
+  for (size_t n = 0; n <= p; ++n) ins.push_back(LaunchPlan::input(static_cast<int>(n)));
+  plan.add(sum_kernel, ins, {sum_buffer}, "the AddN steps");
+  ins = {sum_buffer};
+  for (size_t n = p + 1; n < op.inputs.size(); ++n)
+    ins.push_back(LaunchPlan::input(static_cast<int>(n)));
+  plan.add(tail_kernel, ins, {LaunchPlan::output(0)}, "the steps after the AddN");
+  return std::move(plan).finish();
+}
+
+}  // namespace
+
 CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
   const std::vector<std::string> texts = ctx.op.attr_strings("steps");
-  return fused_steps_kernel(ctx, texts, {texts.empty() ? 0 : texts.size() - 1}, kChainSchedule);
+  try {
+    return fused_steps_kernel(ctx, texts, {texts.empty() ? 0 : texts.size() - 1}, kChainSchedule);
+  } catch (const InvalidOpError&) {
+    throw;
+  } catch (const CompileMemoryError&) {
+    throw;
+  } catch (const CompileError&) {
+    // One kernel does not take the chain (its inputs' addresses, its UB): a wide AddN at its
+    // head goes first, on its own.
+    std::optional<CompiledKernel> split = split_add_n_prefix(ctx, texts);
+    if (!split) throw;
+    return std::move(*split);
+  }
 }
 
 CompiledKernel compile_add_n(const CompileContext& ctx) {
