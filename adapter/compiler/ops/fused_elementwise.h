@@ -24,6 +24,9 @@
 // Every step is evaluated at every output position (a step on broadcast operands repeats its
 // value), with the same vector instructions, temporaries and roundings as the op's own kernel,
 // so the fused result is bit-identical to running the ops one by one.
+// One launch; a chain whose kernel does not build (too many inputs for its registers or UB)
+// and that begins with an AddN's steps over inputs 0..p runs them first as the AddN op
+// (compile_add_n below) into a workspace tensor, then the rest of the chain: the same bits.
 //
 // FusedVariableUpdate (TF op and compiler op): such a chain computing the new values of M
 // variables in one kernel, as CANN's graph engine turns an optimizer's update chain into one
