@@ -416,6 +416,23 @@ CompiledKernel add_n_kernel(const CompileContext& ctx, const std::vector<TensorD
                             kChainSchedule);
 }
 
+// `build()`'s kernel, or empty where the builder refused it for the chip's resources (a plain
+// CompileError: scalar registers, UB, kernel arguments), its message in `refusal` if given. An
+// invalid op (InvalidOpError) or the host's memory (CompileMemoryError) propagates.
+template <class Build>
+std::optional<CompiledKernel> build_if_fits(Build&& build, std::string* refusal = nullptr) {
+  try {
+    return build();
+  } catch (const InvalidOpError&) {
+    throw;
+  } catch (const CompileMemoryError&) {
+    throw;
+  } catch (const CompileError& e) {
+    if (refusal) *refusal = e.what();
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -482,19 +499,19 @@ std::optional<CompiledKernel> split_add_n_prefix(const CompileContext& ctx,
 
 CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
   const std::vector<std::string> texts = ctx.op.attr_strings("steps");
-  try {
-    return fused_steps_kernel(ctx, texts, {texts.empty() ? 0 : texts.size() - 1}, kChainSchedule);
-  } catch (const InvalidOpError&) {
-    throw;
-  } catch (const CompileMemoryError&) {
-    throw;
-  } catch (const CompileError&) {
-    // One kernel does not take the chain (its inputs' addresses, its UB): a wide AddN at its
-    // head goes first, on its own.
-    std::optional<CompiledKernel> split = split_add_n_prefix(ctx, texts);
-    if (!split) throw;
+  std::string refusal;
+  if (std::optional<CompiledKernel> k = build_if_fits(
+          [&] {
+            return fused_steps_kernel(ctx, texts, {texts.empty() ? 0 : texts.size() - 1},
+                                      kChainSchedule);
+          },
+          &refusal))
+    return std::move(*k);
+  // One kernel does not take the chain (its inputs' addresses, its UB): a wide AddN at its head
+  // goes first, on its own; any other chain fails as its one kernel did.
+  if (std::optional<CompiledKernel> split = split_add_n_prefix(ctx, texts))
     return std::move(*split);
-  }
+  throw CompileError(refusal);
 }
 
 CompiledKernel compile_add_n(const CompileContext& ctx) {
@@ -522,15 +539,10 @@ CompiledKernel compile_add_n(const CompileContext& ctx) {
   const size_t one_launch_max = static_cast<size_t>(KernelBuilder::max_args()) - 1;
   bool one_launch_fails = false;
   if (n_inputs <= one_launch_max || out.num_elements() == 0) {
-    try {
-      return add_n_kernel(ctx, op.inputs);
-    } catch (const InvalidOpError&) {
-      throw;
-    } catch (const CompileMemoryError&) {
-      throw;
-    } catch (const CompileError&) {
-      one_launch_fails = true;
-    }
+    if (std::optional<CompiledKernel> one =
+            build_if_fits([&] { return add_n_kernel(ctx, op.inputs); }))
+      return std::move(*one);
+    one_launch_fails = true;
   }
   // Wide AddN: the inputs in groups, one launch per group, each launch continuing the running
   // sum. Launch 0 sums x0 .. x(G-1); launch g > 0 sums the running sum of the launches before
@@ -545,30 +557,14 @@ CompiledKernel compile_add_n(const CompileContext& ctx) {
   // workspace slice of the output's size (no launch reads the buffer it writes), placed so the
   // last launch writes the output. Launches run in stream order: each reads a complete sum.
   auto group_kernel = [&](size_t g) { return add_n_kernel(ctx, std::vector<TensorDesc>(g, out)); };
-  auto fits = [&](size_t g) {
-    try {
-      group_kernel(g);
-      return true;
-    } catch (const InvalidOpError&) {
-      throw;
-    } catch (const CompileMemoryError&) {
-      throw;
-    } catch (const CompileError&) {
-      return false;
-    }
+  auto fits = [&](size_t g, std::string* refusal = nullptr) {
+    return build_if_fits([&] { return group_kernel(g); }, refusal).has_value();
   };
   size_t lo = 2, hi = std::min(n_inputs, one_launch_max);
   if (one_launch_fails) hi = n_inputs - 1;  // N itself did not build
-  try {
-    group_kernel(lo);
-  } catch (const InvalidOpError&) {
-    throw;
-  } catch (const CompileMemoryError&) {
-    throw;
-  } catch (const CompileError& e) {
-    // Not even two inputs fit one kernel: the chip cannot sum this shape at all.
-    op.fail(fmt::format("no launch sums even 2 of its {} inputs: {}", n_inputs, e.what()));
-  }
+  // Not even two inputs fit one kernel: the chip cannot sum this shape at all.
+  if (std::string refusal; !fits(lo, &refusal))
+    op.fail(fmt::format("no launch sums even 2 of its {} inputs: {}", n_inputs, refusal));
   while (lo < hi) {  // the largest group that builds, in [lo, hi]
     const size_t mid = lo + (hi - lo + 1) / 2;
     if (fits(mid))
