@@ -13,7 +13,10 @@
 #include <optional>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/kernel_builder.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/fused_elementwise.h"
 #include "tests/compiler/compiler_test_util.h"
@@ -479,6 +482,77 @@ TEST_CASE("the residual gradient sum: staggered blocks, ReluGrad's one scratch t
   REQUIRE(add_n.launches.size() == 1);
   INFO(add_n.launches[0].summary);
   CHECK(block_id_reads(add_n.launches[0]) == (stagger ? 2u : 1u));
+}
+
+// AddN over many inputs (ops/fused_elementwise.h): any N sums left to right, ((x0 + x1) + x2)
+// + ..., each partial sum rounded to T, so the result is bit-identical to that sum evaluated on
+// the host in T. Past what one kernel takes (its arguments: KernelBuilder::max_args(), its
+// scalar registers and UB) the inputs go in several launches continuing the running sum. The
+// inputs' magnitudes span 1e-3 .. 1e3 with both signs, so another order would round otherwise.
+TEST_CASE("AddN of many inputs: left to right, bit-identical, several launches past a kernel") {
+  const ChipConfig& cfg = test_sim().config();
+  const size_t max_args = static_cast<size_t>(compiler::KernelBuilder::max_args());
+  for (DataType t : {DataType::F32, DataType::F16}) {
+    for (size_t n : {size_t{2}, size_t{31}, size_t{64}, size_t{300}}) {
+      INFO(compiler::data_type_name(t) << ", N = " << n);
+      const std::vector<int64_t> shape = {5, 37};
+      std::vector<HostTensor> in;
+      std::vector<TensorDesc> descs;
+      for (size_t i = 0; i < n; ++i) {
+        const double scale = std::pow(10.0, static_cast<double>(i % 7) - 3);
+        in.push_back(random_tensor(t, shape, -scale, scale, static_cast<uint32_t>(900 + i)));
+        descs.push_back(in.back().desc);
+      }
+      HostTensor want = in[0];
+      for (size_t i = 1; i < n; ++i)
+        for (size_t e = 0; e < want.values.size(); ++e) {
+          const double a = want.values[e], b = in[i].values[e];
+          want.values[e] = t == DataType::F32
+                               ? static_cast<double>(static_cast<float>(a) + static_cast<float>(b))
+                               : round_to(t, a + b);  // a half sum is exact in double
+        }
+      const CompiledKernel k = compiler::compile(make_op("AddN", descs, {}), cfg);
+      REQUIRE(k.outputs.size() == 1);
+      if (n == 2) CHECK(k.launches.size() == 1);
+      if (n >= max_args) CHECK(k.launches.size() >= 2);
+      for (const compiler::Launch& l : k.launches) CHECK(l.args.size() <= max_args);
+      RunResult run = run_compiled(test_sim(), k, in);
+      check_bit_identical(run.outputs.at(0), want);
+    }
+  }
+}
+
+// The graph pass's rewrite 16 on a wide sum: ReluGrad(AddN of 40 terms, y) as FusedElementwise.
+// One kernel does not take 41 inputs (an address register each), so the AddN steps go first as
+// the AddN op (itself several launches) into a workspace tensor and ReluGrad reads it: the bits
+// of the AddN op followed by the ReluGrad op.
+TEST_CASE("a chain headed by a wide AddN: the sum on its own first, the same bits") {
+  const ChipConfig& cfg = test_sim().config();
+  for (DataType t : {DataType::F32, DataType::F16}) {
+    INFO(compiler::data_type_name(t));
+    const std::vector<int64_t> shape = {6, 29};
+    const size_t n = 40;
+    std::vector<HostTensor> in;
+    Steps steps = {"AddV2 i0 i1"};
+    for (size_t i = 0; i < n; ++i)
+      in.push_back(random_tensor(t, shape, -4, 4, static_cast<uint32_t>(1300 + i)));
+    for (size_t i = 2; i < n; ++i) steps.push_back(fmt::format("AddV2 s{} i{}", i - 2, i));
+    steps.push_back(fmt::format("ReluGrad s{} i{}", n - 2, n));
+    in.push_back(random_tensor(t, shape, -1, 1, 1399));
+    const CompiledKernel k = compiler::compile(fused_op(in, steps), cfg);
+    CHECK(k.launches.size() >= 3);  // the sum's launches, then ReluGrad's
+    const HostTensor fused = run_compiled(test_sim(), k, in).outputs.at(0);
+    const std::vector<HostTensor> terms(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(n));
+    std::vector<TensorDesc> descs;
+    for (const HostTensor& x : terms) descs.push_back(x.desc);
+    RunResult sum =
+        run_compiled(test_sim(), compiler::compile(make_op("AddN", descs, {}), cfg), terms);
+    RunResult masked = run_compiled(
+        test_sim(),
+        compiler::compile(make_op("ReluGrad", {sum.outputs[0].desc, in[n].desc}, {}), cfg),
+        {sum.outputs[0], in[n]});
+    check_bit_identical(fused, masked.outputs[0]);
+  }
 }
 
 TEST_CASE("fusible_elementwise: the float ops of binary.cpp and unary.cpp with a float result") {

@@ -98,3 +98,26 @@ def test_fetched_sum_stays_unfused(runs):
     tol = 2e-2 if runs[0] == "mixed" else 5e-3
     for got, want in zip(run["npu"]["outs"], run["cpu"]["outs"]):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
+
+
+def test_wide_sum_folds_and_matches_a_left_to_right_sum(npusim, tf):
+    # ReluGrad(AddN of 40 terms, y): more inputs than one kernel holds addresses for, so the
+    # FusedElementwise runs the AddN steps first as the AddN op (several launches) and ReluGrad's
+    # step after them (ops/fused_elementwise.cpp); the values are numpy's left-to-right sum,
+    # each partial sum rounded to float32, masked where y <= 0, bit for bit.
+    rng = np.random.default_rng(17)
+    xs = [rng.uniform(-10.0 ** (i % 4 - 1), 10.0 ** (i % 4 - 1), (6, 29)).astype(np.float32)
+          for i in range(40)]
+    y = rng.uniform(-1, 1, (6, 29)).astype(np.float32)
+    fn = tf.function(lambda *a: tf.raw_ops.ReluGrad(gradients=tf.raw_ops.AddN(inputs=list(a[:-1])),
+                                                    features=a[-1]))
+    npusim.clear_launch_records()
+    with tf.device("/NPU:0"):
+        got = fn(*[tf.constant(v) for v in xs + [y]])
+    types = {r["op_type"] for r in npusim.launch_records()}
+    assert got.device.endswith("device:NPU:0"), got.device
+    assert "FusedElementwise" in types and "AddN" not in types, types
+    want = xs[0]
+    for x in xs[1:]:
+        want = want + x
+    np.testing.assert_array_equal(got.numpy(), np.where(y > 0, want, np.float32(0)))

@@ -370,6 +370,25 @@ def test_add_n(npusim, tf, strict_placement, n, dtype):
            "BroadcastTo" if n == 1 else "AddN")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
+def test_add_n_wide(npusim, tf, strict_placement, dtype):
+    # 100 inputs: more than one kernel's scalar registers hold addresses for, so several launches
+    # continue a running sum (ops/fused_elementwise.cpp). Exact values (multiples of 1/4, every
+    # partial sum below 512) match the CPU in any order; random ones match numpy's left-to-right
+    # sum, each partial sum rounded to the type, bit for bit.
+    fn = lambda *t: tf.raw_ops.AddN(inputs=list(t))  # noqa: E731
+    exact = [(_ints((3, 37), 500 + i, -16, 17) / 4).astype(dtype) for i in range(100)]
+    _check(npusim, tf, fn, exact, "AddN")
+    xs = [_floats((3, 37), 700 + i, -10.0 ** (i % 5 - 2), 10.0 ** (i % 5 - 2), dtype)
+          for i in range(100)]
+    got, _, records = _both(npusim, tf, fn, xs)
+    assert sum(r["kernel"].startswith("AddN") for r in records) >= 2, records
+    want = xs[0]
+    for x in xs[1:]:
+        want = (want + x).astype(dtype)
+    np.testing.assert_array_equal(got[0].numpy(), want)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=lambda t: np.dtype(t).name)
 def test_rsqrt_grad(npusim, tf, strict_placement, dtype):
     # -0.5 * (dy * y) * (y * y) as compiled Mul launches, in the order of TF's CPU kernel, each

@@ -19,6 +19,7 @@
 #include "adapter/compiler/ops/compose.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/registry.h"
+#include "common/int_math.h"
 
 namespace npusim::compiler::ops {
 
@@ -402,11 +403,115 @@ CompiledKernel fused_steps_kernel(const CompileContext& ctx, const std::vector<s
   return std::move(plan).finish();
 }
 
+// AddN of `inputs` (at least 2, one shape and type) as one stream kernel of AddV2 steps, left
+// to right: acc = x0 + x1, acc = acc + x2, ... (TensorFlow's order, each partial sum rounded to
+// T).
+CompiledKernel add_n_kernel(const CompileContext& ctx, const std::vector<TensorDesc>& inputs) {
+  std::vector<std::string> steps = {"AddV2 i0 i1"};
+  for (size_t n = 2; n < inputs.size(); ++n)
+    steps.push_back(fmt::format("AddV2 s{} i{}", n - 2, n));
+  OpDesc sum = ctx.op;
+  sum.inputs = inputs;
+  return fused_steps_kernel(CompileContext{sum, ctx.cfg, ctx.precision}, steps, {steps.size() - 1},
+                            kChainSchedule);
+}
+
+// `build()`'s kernel, or empty where the builder refused it for the chip's resources (a plain
+// CompileError: scalar registers, UB, kernel arguments), its message in `refusal` if given. An
+// invalid op (InvalidOpError) or the host's memory (CompileMemoryError) propagates.
+template <class Build>
+std::optional<CompiledKernel> build_if_fits(Build&& build, std::string* refusal = nullptr) {
+  try {
+    return build();
+  } catch (const InvalidOpError&) {
+    throw;
+  } catch (const CompileMemoryError&) {
+    throw;
+  } catch (const CompileError& e) {
+    if (refusal) *refusal = e.what();
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// A chain that begins with an AddN's steps ("AddV2 i0 i1", "AddV2 s0 i2", ..., "AddV2 s(p-2)
+// ip": the graph pass's rewrite 16, a residual gradient sum before its ReluGrad) over more
+// inputs than one kernel takes: that sum as the AddN op (which splits a wide sum into launches,
+// compile_add_n) into a workspace tensor of type T, then the rest of the chain reading it as
+// input 0. The sum is rounded to T in the UB as in the workspace, so the bits are the one
+// kernel's. Empty where the chain is not of that form (inputs 0..p of type T and one shape, read
+// by the AddN's steps only, and the later steps reading the sum, not its partial sums).
+std::optional<CompiledKernel> split_add_n_prefix(const CompileContext& ctx,
+                                                 const std::vector<std::string>& texts) {
+  const OpDesc& op = ctx.op;
+  const DataType dt = steps_type(op);
+  size_t p = 0;  // the AddN's steps: 0 .. p-1, over inputs 0 .. p
+  while (p < texts.size() && p + 1 < op.inputs.size() &&
+         texts[p] ==
+             (p == 0 ? std::string("AddV2 i0 i1") : fmt::format("AddV2 s{} i{}", p - 1, p + 1)))
+    ++p;
+  if (p < 2 || p == texts.size()) return std::nullopt;
+  for (size_t n = 0; n <= p; ++n)
+    if (op.inputs[n].dtype != dt || op.inputs[n].shape != op.inputs[0].shape) return std::nullopt;
+  // The rest of the chain over [sum, inputs p+1 ..]: i<k> (k > p) is i<k-p>, s<p-1> is i0,
+  // s<j> (j >= p) is s<j-p>.
+  std::vector<std::string> rest;
+  for (size_t k = p; k < texts.size(); ++k) {
+    std::istringstream words(texts[k]);
+    std::string word, text;
+    words >> text;
+    while (words >> word) {
+      const size_t i = std::stoul(word.substr(1));
+      if (word[0] == 'i' && i <= p) return std::nullopt;     // an AddN input read again
+      if (word[0] == 's' && i + 1 < p) return std::nullopt;  // a partial sum
+      text += word[0] == 'i' ? fmt::format(" i{}", i - p)
+                             : (i + 1 == p ? std::string(" i0") : fmt::format(" s{}", i - p));
+    }
+    rest.push_back(std::move(text));
+  }
+  OpDesc sum;
+  sum.type = "AddN";
+  sum.inputs.assign(op.inputs.begin(), op.inputs.begin() + static_cast<std::ptrdiff_t>(p + 1));
+  const CompiledKernel sum_kernel = compile_add_n(CompileContext{sum, ctx.cfg, ctx.precision});
+  OpDesc tail = op;
+  tail.inputs.erase(tail.inputs.begin() + 1,
+                    tail.inputs.begin() + static_cast<std::ptrdiff_t>(p + 1));
+  tail.inputs[0] = TensorDesc{dt, op.inputs[0].shape};
+  tail.attrs["steps"] = rest;
+  const CompiledKernel tail_kernel = fused_steps_kernel(
+      CompileContext{tail, ctx.cfg, ctx.precision}, rest, {rest.size() - 1}, kChainSchedule);
+  LaunchPlan plan(tail_kernel.outputs);
+  const ArgRef sum_buffer = plan.workspace(tail.inputs[0].bytes());
+  std::vector<ArgRef> ins;
+  for (size_t n = 0; n <= p; ++n) ins.push_back(LaunchPlan::input(static_cast<int>(n)));
+  plan.add(sum_kernel, ins, {sum_buffer}, "the AddN steps");
+  ins = {sum_buffer};
+  for (size_t n = p + 1; n < op.inputs.size(); ++n)
+    ins.push_back(LaunchPlan::input(static_cast<int>(n)));
+  plan.add(tail_kernel, ins, {LaunchPlan::output(0)}, "the steps after the AddN");
+  return std::move(plan).finish();
+}
+
 }  // namespace
 
 CompiledKernel compile_fused_elementwise(const CompileContext& ctx) {
   const std::vector<std::string> texts = ctx.op.attr_strings("steps");
-  return fused_steps_kernel(ctx, texts, {texts.empty() ? 0 : texts.size() - 1}, kChainSchedule);
+  std::string refusal;
+  if (std::optional<CompiledKernel> k = build_if_fits(
+          [&] {
+            return fused_steps_kernel(ctx, texts, {texts.empty() ? 0 : texts.size() - 1},
+                                      kChainSchedule);
+          },
+          &refusal))
+    return std::move(*k);
+  // One kernel does not take the chain (its inputs' addresses, its UB): a wide AddN at its head
+  // goes first, on its own; any other chain fails as its one kernel did.
+  if (std::optional<CompiledKernel> split = split_add_n_prefix(ctx, texts))
+    return std::move(*split);
+  throw CompileError(refusal);
 }
 
 CompiledKernel compile_add_n(const CompileContext& ctx) {
@@ -427,11 +532,70 @@ CompiledKernel compile_add_n(const CompileContext& ctx) {
     copy.attrs["shape"] = op.inputs[0].shape;
     return compile_layout(CompileContext{copy, ctx.cfg, ctx.precision});
   }
-  // acc = x0 + x1, acc = acc + x2, ...: TensorFlow's order, each partial sum rounded to T.
-  std::vector<std::string> steps = {"AddV2 i0 i1"};
-  for (size_t n = 2; n < op.inputs.size(); ++n)
-    steps.push_back(fmt::format("AddV2 s{} i{}", n - 2, n));
-  return fused_steps_kernel(ctx, steps, {steps.size() - 1}, kChainSchedule);
+  const size_t n_inputs = op.inputs.size();
+  const TensorDesc out = op.inputs[0];
+  // One launch where its kernel fits (every AddN up to a few dozen inputs: the kernel as it
+  // has always been); else the wide form below.
+  const size_t one_launch_max = static_cast<size_t>(KernelBuilder::max_args()) - 1;
+  bool one_launch_fails = false;
+  if (n_inputs <= one_launch_max || out.num_elements() == 0) {
+    if (std::optional<CompiledKernel> one =
+            build_if_fits([&] { return add_n_kernel(ctx, op.inputs); }))
+      return std::move(*one);
+    one_launch_fails = true;
+  }
+  // Wide AddN: the inputs in groups, one launch per group, each launch continuing the running
+  // sum. Launch 0 sums x0 .. x(G-1); launch g > 0 sums the running sum of the launches before
+  // and the next G-1 inputs, in that order, so the sum stays left to right (((x0 + x1) + x2)
+  // + ...), each partial sum rounded to T: the running sum is stored in T between launches,
+  // the same rounding it takes in the UB, so the result is the one-launch kernel's bit for
+  // bit. G is the most inputs one launch's kernel takes: its arguments (G plus the output:
+  // KernelBuilder::max_args()), the stream kernel's scalar registers (an address per input)
+  // and its UB (a double-buffered tile per input, a tile per partial sum); the builder is the
+  // judge of the last two, so G is the largest group whose kernel it builds (fewer inputs
+  // never need more registers or UB). The running sum alternates between the output and one
+  // workspace slice of the output's size (no launch reads the buffer it writes), placed so the
+  // last launch writes the output. Launches run in stream order: each reads a complete sum.
+  auto group_kernel = [&](size_t g) { return add_n_kernel(ctx, std::vector<TensorDesc>(g, out)); };
+  auto fits = [&](size_t g, std::string* refusal = nullptr) {
+    return build_if_fits([&] { return group_kernel(g); }, refusal).has_value();
+  };
+  size_t lo = 2, hi = std::min(n_inputs, one_launch_max);
+  if (one_launch_fails) hi = n_inputs - 1;  // N itself did not build
+  // Not even two inputs fit one kernel: the chip cannot sum this shape at all.
+  if (std::string refusal; !fits(lo, &refusal))
+    op.fail(fmt::format("no launch sums even 2 of its {} inputs: {}", n_inputs, refusal));
+  while (lo < hi) {  // the largest group that builds, in [lo, hi]
+    const size_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const size_t group = lo;
+  const size_t launches = 1 + ceil_div(n_inputs - group, group - 1);
+  LaunchPlan plan({out});
+  const ArgRef running = plan.workspace(out.bytes());
+  // Where launch l writes its sum: the output for the last launch, the buffer before it
+  // alternating.
+  auto sum_of = [&](size_t l) {
+    return (launches - 1 - l) % 2 == 0 ? LaunchPlan::output(0) : running;
+  };
+  const CompiledKernel full = group_kernel(group);
+  size_t next = 0;  // the first input not yet summed
+  for (size_t l = 0; l < launches; ++l) {
+    std::vector<ArgRef> ins;
+    if (l > 0) ins.push_back(sum_of(l - 1));
+    while (ins.size() < group && next < n_inputs)
+      ins.push_back(LaunchPlan::input(static_cast<int>(next++)));
+    const std::string what =
+        fmt::format("AddN inputs {}..{} of {}", next - ins.size() + (l > 0), next - 1, n_inputs);
+    if (ins.size() == group)
+      plan.add(full, ins, {sum_of(l)}, what);
+    else
+      plan.add(group_kernel(ins.size()), ins, {sum_of(l)}, what);
+  }
+  return std::move(plan).finish();
 }
 
 namespace {

@@ -24,6 +24,9 @@
 // Every step is evaluated at every output position (a step on broadcast operands repeats its
 // value), with the same vector instructions, temporaries and roundings as the op's own kernel,
 // so the fused result is bit-identical to running the ops one by one.
+// One launch; a chain whose kernel does not build (too many inputs for its registers or UB)
+// and that begins with an AddN's steps over inputs 0..p runs them first as the AddN op
+// (compile_add_n below) into a workspace tensor, then the rest of the chain: the same bits.
 //
 // FusedVariableUpdate (TF op and compiler op): such a chain computing the new values of M
 // variables in one kernel, as CANN's graph engine turns an optimizer's update chain into one
@@ -57,7 +60,9 @@ struct CompileContext;  // ops/registry.h
 // AddN (TF op and compiler op; the op table's row names it): N inputs of one shape and float
 // type T, their sum as one such streaming kernel of N-1 AddV2 steps, left to right (x0 + x1,
 // then + x2, ...), each partial sum rounded to T as TensorFlow's kernel rounds it; N = 1 is a
-// copy (the layout family's BroadcastTo to the input's own shape). One launch.
+// copy (the layout family's BroadcastTo to the input's own shape). One launch where its kernel
+// fits the chip (its arguments, scalar registers and UB); past that, groups of inputs in
+// launches continuing a running sum, in the same order and with the same bits (the .cpp).
 CompiledKernel compile_add_n(const CompileContext& ctx);
 
 // Whether `tf_op` may be a step of FusedElementwise for inputs and output of one float type T

@@ -104,7 +104,8 @@ const std::vector<OpEntry>& op_table() {
       // element-wise binary with broadcasting (ops/binary.cpp)
       {"AddV2", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
       {"Add", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
-      // AddN: one streaming kernel of N-1 AddV2 steps (ops/fused_elementwise.cpp)
+      // AddN: a streaming kernel of N-1 AddV2 steps, or past one kernel's reach several launches
+      // continuing the sum (ops/fused_elementwise.cpp)
       {"AddN", "fused_elementwise", compile_add_n, npu_t(K::kElementwise, kFloatTypes)},
       {"Sub", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
       {"Mul", "binary", compile_binary, npu_t(K::kElementwise, kFloatS64Types)},
