@@ -1181,8 +1181,9 @@ TEST_CASE("BNTraining channel sums: squares and products by vmla, the bits of vm
   // each tile's squares (BNTrainingReduce, Conv2DBNTrainingReduce's vector side) or products
   // (BNTrainingUpdateGrad: dy (x - m)) by vmla into sums kept in place;
   // NPUSIM_VECTOR_MULTIPLY_ACCUMULATE=0 keeps vmul then vadd. vmla rounds the product first
-  // (docs/assembly.md), so the outputs are the same bits either way; and the kernels with vmla
-  // are not slower.
+  // (docs/assembly.md), so the outputs are the same bits either way. (The cycles are measured
+  // at ResNet-50's shapes on the 910b, docs/compiler.md; at these small shapes on tiny the two
+  // differ by a few cycles either way.)
   const ChipConfig& cfg = test_sim().config();
   REQUIRE(cfg.vector_multiply_accumulate);
   const auto uses_vmla = [&](const OpDesc& op) {
@@ -1208,8 +1209,6 @@ TEST_CASE("BNTraining channel sums: squares and products by vmla, the bits of vm
       without = run(type, in, attrs, outputs);
     }
     for (size_t i = 0; i < outputs; ++i) CHECK(with.outputs[i].values == without.outputs[i].values);
-    INFO("cycles: vmla " << with.cycles << ", vmul then vadd " << without.cycles);
-    CHECK(with.cycles <= without.cycles);
   };
   // BNTrainingReduce: a partial last tile, f16 and f32 (several tiles per block)
   for (DataType dt : {DataType::F32, DataType::F16}) {
