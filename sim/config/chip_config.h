@@ -57,6 +57,9 @@ struct ChipConfig {
   // The vector unit has Ascend's AddReluCast (vaddreluconv: add, max 0, f32 -> f16 in one
   // instruction); chips whose arch the API reference lists (docs/assembly.md).
   bool vector_add_relu_conv = false;
+  // The vector unit has Ascend's MulAddDst (vmla: dst = src0 * src1 + dst, f16 and f32);
+  // chips whose products the API reference lists (docs/assembly.md).
+  bool vector_multiply_accumulate = false;
   // Whether the vector unit computes on bf16 operands (arithmetic, compares, reductions);
   // false: bf16 only moves (vcopy, vsel, vtranspose) and converts (vconv, vdup), the verifier
   // refuses the rest, and the compiler computes bf16 in f32 (docs/compiler.md).

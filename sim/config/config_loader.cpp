@@ -64,6 +64,7 @@ const char* const kSchemaKeys[] = {
     "vector.reduce_factor",
     "vector.transcendental_factor",
     "vector.add_relu_conv",
+    "vector.multiply_accumulate",
     "vector.bf16_arithmetic",
     "vector.bf16_conversion",
     "scalar.cycles_per_insn",
@@ -497,6 +498,9 @@ ChipConfig parse_tree(const Tree& tree, const std::string& file, const std::stri
   c.vector_transcendental_factor = r.get_int("vector.transcendental_factor", 1, kMaxCostFactor);
   // optional: false (no vaddreluconv) without it
   c.vector_add_relu_conv = r.has("vector.add_relu_conv") && r.get_bool("vector.add_relu_conv");
+  // optional: false (no vmla) without it
+  c.vector_multiply_accumulate =
+      r.has("vector.multiply_accumulate") && r.get_bool("vector.multiply_accumulate");
   if (r.has("vector.bf16_arithmetic"))  // optional: true without it
     c.vector_bf16_arithmetic = r.get_bool("vector.bf16_arithmetic");
   if (r.has("vector.bf16_conversion"))  // optional: true without it
@@ -571,9 +575,10 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
       c.cube_bf16 ? "true" : "false", c.cube_latency_cycles);
   o << fmt::format(
       "vector:\n  bytes_per_cycle: {}\n  latency_cycles: {}\n  reduce_factor: {}\n"
-      "  transcendental_factor: {}\n  add_relu_conv: {}\n",
+      "  transcendental_factor: {}\n  add_relu_conv: {}\n  multiply_accumulate: {}\n",
       c.vector_bytes_per_cycle, c.vector_latency_cycles, c.vector_reduce_factor,
-      c.vector_transcendental_factor, c.vector_add_relu_conv ? "true" : "false");
+      c.vector_transcendental_factor, c.vector_add_relu_conv ? "true" : "false",
+      c.vector_multiply_accumulate ? "true" : "false");
   // Optional (as the keys below): only when set, so a default config dumps as it did before.
   if (!c.vector_bf16_arithmetic) o << "  bf16_arithmetic: false\n";
   if (!c.vector_bf16_conversion) o << "  bf16_conversion: false\n";

@@ -588,6 +588,23 @@ void visit_supported(Dtype t, F&& f) {
 
 }  // namespace
 
+namespace {
+
+// vmla: dst = src0 * src1 + dst on the active lanes (vec::MulAddDst); the accumulator is the
+// fourth operand (dst read, decode_vector), so each run reads all three before writing dst.
+template <Dtype D>
+void run_multiply_accumulate(const VecInsn& vi, uint8_t* ub) {
+  using E = Elem<D>;
+  using T = typename E::compute;
+  const std::array<const VecOperand*, 4> ops{&vi.operand[vec::kDst], &vi.operand[vec::kSrc0],
+                                             &vi.operand[vec::kSrc1], &vi.operand[vec::kSel]};
+  const auto f = [](T a, T b, T acc) { return vec::MulAddDst<E>::apply(a, b, acc); };
+  for_each_run<sizeof(typename E::storage)>(vi, ub, ops,
+                                            Elementwise<E, decltype(f), false, E, E, E>{f});
+}
+
+}  // namespace
+
 ExecCost plan_vector(const IssuedOp& op, const ExecContext& ctx) {
   if (!ctx.core.has(isa::Pipe::V))
     throw KernelFault(fmt::format("{}: this core has no vector pipe", op.insn->desc().mnemonic));
@@ -613,6 +630,9 @@ struct VectorExec {
         // decode_vector admits f16 <- f32 only (vector_pair_ok).
         elementwise<Raw<uint16_t>, Elem<Dtype::F32>, Elem<Dtype::F32>>(
             vi, ub, [](float a, float b) { return vec::AddReluConvF32ToF16::apply(a, b); });
+      } else if constexpr (Op::family == Family::kMultiplyAccumulate) {
+        visit_supported<Op::types>(
+            vi.type, [&](auto d) { run_multiply_accumulate<decltype(d)::value>(vi, ub); });
       } else if constexpr (Op::family == Family::kConvert) {
         visit_supported<Op::types>(vi.type, [&](auto to) {
           visit_supported<Op::types>(vi.src_type, [&](auto from) {

@@ -97,6 +97,8 @@ void require_type(const char* mn, const char* what, Dtype t, TypeSet allowed) {
 
 const char* missing_capability(isa::Opcode op, const ChipConfig& cfg) {
   if (op == Opcode::op_vaddreluconv && !cfg.vector_add_relu_conv) return "vector.add_relu_conv";
+  if (op == Opcode::op_vmla && !cfg.vector_multiply_accumulate)
+    return "vector.multiply_accumulate";
   return nullptr;
 }
 
@@ -301,6 +303,15 @@ VecInsn decode_vector(const IssuedOp& op, const ChipConfig& cfg) {
       opd = {strided(kDst, dst_size), strided(kSrc0, src_size), strided(kSrc1, src_size)};
       vi.num_operands = 3;
       break;
+    case Family::kMultiplyAccumulate: {
+      // The fourth operand is dst read (the accumulator): a source of the element function and,
+      // unless it is src0 or src1 itself, a second access to dst's banks (ub_bank_cycles).
+      VecOperand acc = strided(kDst, dst_size);
+      acc.write = false;
+      opd = {strided(kDst, dst_size), strided(kSrc0, src_size), strided(kSrc1, src_size), acc};
+      vi.num_operands = 4;
+      break;
+    }
     case Family::kCompare:
       opd = {dense(kDst, bit_row_bytes), strided(kSrc0, src_size), strided(kSrc1, src_size)};
       vi.num_operands = 3;
@@ -349,6 +360,20 @@ struct BankCycles {
   uint64_t conflict_cycles = 0;  // the part above the conflict-free time
 };
 
+// vmla (kMultiplyAccumulate) whose dst is src0 or src1 (the same address and strides): the
+// accumulator's read is that source's (MulAddDst's bank-conflict note, docs/assembly.md: three
+// different addresses cannot be read in one cycle, the unit runs at half rate; overlapping ones
+// keep the binary ops' rate), so the bank model counts it once.
+bool accumulator_is_a_source(const VecInsn& vi) {
+  if (vi.family != Family::kMultiplyAccumulate) return false;
+  const VecOperand& d = vi.operand[kDst];
+  for (int s : {kSrc0, kSrc1}) {
+    const VecOperand& o = vi.operand[s];
+    if (o.addr == d.addr && o.blk_bytes == d.blk_bytes && o.rep_bytes == d.rep_bytes) return true;
+  }
+  return false;
+}
+
 // UB bank model of the vector unit.
 // The UB has cfg.ub_banks banks of cfg.ub_bank_width_bytes; byte a lives in bank
 // (a / ub_bank_width_bytes) % ub_banks (a 32-byte block at a: bank (a/32) % 48 on the 910B).
@@ -385,6 +410,7 @@ BankCycles count_bank_cycles(const VecInsn& vi, uint64_t banks, uint64_t width, 
     std::fill(accesses, accesses + banks, 0);
     for (int i = 0; i < vi.num_operands; ++i) {
       const VecOperand& o = vi.operand[i];
+      if (i == kSel && accumulator_is_a_source(vi)) continue;
       if (o.dense) {
         touch(o.addr + r * o.rep_bytes, o.bytes_per_repeat);
       } else {
@@ -416,7 +442,9 @@ BankKey bank_key(const VecInsn& vi, uint64_t span, uint64_t c, uint64_t factor) 
   k.v[0] = vi.repeats;
   k.v[1] = factor;
   k.v[2] = c;
-  k.v[3] = static_cast<uint64_t>(vi.num_operands);
+  // (the operand count; and whether vmla's accumulator read is a source's, which the addresses
+  // modulo the span do not tell)
+  k.v[3] = static_cast<uint64_t>(vi.num_operands) | (accumulator_is_a_source(vi) ? 0x100u : 0u);
   for (int i = 0; i < vi.num_operands; ++i) {
     const VecOperand& o = vi.operand[static_cast<size_t>(i)];
     uint64_t* f = &k.v[4 + static_cast<size_t>(i) * BankKey::kPerOperand];

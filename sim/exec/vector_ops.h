@@ -30,6 +30,7 @@
 //   vtranspose:                          2-byte elements, no type field
 //   vaddreluconv:                        f16 <- f32 only (dst_type, src_type; vector_pair_ok);
 //                                        on chips with vector.add_relu_conv only
+//   vmla:                                f16 f32; on chips with vector.multiply_accumulate only
 // bf16 in an instruction that computes (every one above but vconv, vcopy, vsel, vdup,
 // vtranspose): on chips with vector.bf16_arithmetic only; bf16 in vconv and vdup: on chips with
 // vector.bf16_conversion only (vector_insn.h).
@@ -58,6 +59,7 @@ enum class Family : uint8_t {
   kDup,        // dst = scalar (vdup)
   kTranspose,  // 16x16 2-byte transpose (vtranspose)
   kBinaryConvert,  // dst (dst_type) = convert(f(src0, src1)) (src_type sources; vaddreluconv)
+  kMultiplyAccumulate,  // dst = f(src0, src1, dst) (vmla: the binary operands, dst also read)
 };
 
 // Which config factor multiplies the per-repeat cycles.
@@ -260,6 +262,20 @@ struct AddReluConvOp : OpTraits<Family::kBinaryConvert,
 constexpr bool vector_pair_ok(isa::Opcode op, isa::Dtype dst, isa::Dtype src) {
   return op != isa::Opcode::op_vaddreluconv || (dst == isa::Dtype::F16 && src == isa::Dtype::F32);
 }
+// Ascend's MulAddDst (CCE vmla): dst = src0 * src1 + dst. The sources give the formula and not
+// the rounding; modelled (estimate) as the product rounded to the type, then the sum rounded:
+// the same bits as vmul then vadd. Elem is the type's access policy (vector.cpp): its
+// round-trip rounds an f16 product to f16 (an f32 product is rounded by the float multiply;
+// the build has -ffp-contract=off, so no fused multiply-add).
+template <class Elem>
+struct MulAddDst {
+  template <class T>
+  static T apply(T a, T b, T acc) {
+    return Add::apply(Elem::to_compute(Elem::from_compute(Mul::apply(a, b))), acc);
+  }
+};
+struct MultiplyAccumulateOp : OpTraits<Family::kMultiplyAccumulate,
+                                       type_bit(isa::Dtype::F16) | type_bit(isa::Dtype::F32)> {};
 struct DupOp : OpTraits<Family::kDup, kMoveTypes> {};
 struct TransposeOp : OpTraits<Family::kTranspose, 0> {};
 
@@ -301,6 +317,7 @@ bool visit_vector_op(isa::Opcode op, Visitor&& v) {
     case Opcode::op_vdup: v(DupOp{}); return true;
     case Opcode::op_vtranspose: v(TransposeOp{}); return true;
     case Opcode::op_vaddreluconv: v(AddReluConvOp{}); return true;
+    case Opcode::op_vmla: v(MultiplyAccumulateOp{}); return true;
     default: return false;
   }
 }

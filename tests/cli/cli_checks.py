@@ -657,6 +657,60 @@ def _(d):
             "instruction (vector.add_relu_conv is false in" in p.stderr), p.stderr
 
 
+@check("vmla (MulAddDst) on the 910b matches numpy's vmul then vadd, f16 and f32; the 910 refuses it")
+def _(d):
+    # dst = a * b + dst per lane: the product rounded to the type, then the sum (docs/assembly.md);
+    # f16 in place with a = dst (dst = dst * b + dst), f32 with three tensors.
+    n = 512
+    rng = np.random.default_rng(11)
+    for t, np_t, size in [("f16", np.float16, 2), ("f32", np.float32, 4)]:
+        a = rng.uniform(-4, 4, n).astype(np_t)
+        b = rng.uniform(-4, 4, n).astype(np_t)
+        c = rng.uniform(-4, 4, n).astype(np_t)
+        np.save(f"{d}/a.npy", a)
+        np.save(f"{d}/b.npy", b)
+        np.save(f"{d}/c.npy", c)
+        lanes = 256 // size
+        with open(f"{d}/mla.s", "w") as f:
+            f.write(f""".arg a, {t}[{n}]
+.arg b, {t}[{n}]
+.arg c, {t}[{n}]
+.arg zc, {t}[{n}]
+.arg za, {t}[{n}]
+.section aiv
+    ldarg x1, a
+    ldarg x2, b
+    ldarg x3, c
+    movi x4, 0
+    movi x5, {size * n}
+    movi x6, {2 * size * n}
+    copy_gm2ub x4, x1, 1, {size * n // 32}, 0, 0
+    copy_gm2ub x5, x2, 1, {size * n // 32}, 0, 0
+    copy_gm2ub x6, x3, 1, {size * n // 32}, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vmla.{t} x6, x4, x5, {n // lanes}, 1, 1, 1, 8, 8, 8
+    vmla.{t} x4, x4, x5, {n // lanes}, 1, 1, 1, 8, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    ldarg x3, zc
+    ldarg x1, za
+    copy_ub2gm x3, x6, 1, {size * n // 32}, 0, 0
+    copy_ub2gm x1, x4, 1, {size * n // 32}, 0, 0
+    end
+""")
+        run("run", f"{d}/mla.s", "--chip", "910b", "--blocks", "1", "--in", f"a={d}/a.npy",
+            "--in", f"b={d}/b.npy", "--in", f"c={d}/c.npy", "--out", f"zc={d}/zc.npy",
+            "--out", f"za={d}/za.npy", "--quiet")
+        zc, za = np.load(f"{d}/zc.npy"), np.load(f"{d}/za.npy")
+        want_c = (a * b).astype(np_t) + c  # numpy rounds each op to the type
+        want_a = (a * b).astype(np_t) + a
+        assert (zc.view(np.uint8) == want_c.view(np.uint8)).all(), (t, zc[:4], want_c[:4])
+        assert (za.view(np.uint8) == want_a.view(np.uint8)).all(), (t, za[:4], want_a[:4])
+    p = run("verify", f"{d}/mla.s", "--chip", "910", expect_rc=1)
+    assert ("mla.s:18:" in p.stderr and "vmla (@11): chip 910 does not have this instruction "
+            "(vector.multiply_accumulate is false in" in p.stderr), p.stderr
+
 failed = sum(1 for _, e in results if e is not None)
 print(f"{len(results) - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

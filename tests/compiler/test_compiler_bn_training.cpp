@@ -1175,3 +1175,66 @@ TEST_CASE("BNTrainingReduceGrad and BNTrainingUpdate: tiles in UB bank windows o
       }
     }
 }
+
+TEST_CASE("BNTraining channel sums: squares and products by vmla, the bits of vmul then vadd") {
+  // On a chip with vector.multiply_accumulate (tiny and 910b: 910b.yaml) the channel sums add
+  // each tile's squares (BNTrainingReduce, Conv2DBNTrainingReduce's vector side) or products
+  // (BNTrainingUpdateGrad: dy (x - m)) by vmla into sums kept in place;
+  // NPUSIM_VECTOR_MULTIPLY_ACCUMULATE=0 keeps vmul then vadd. vmla rounds the product first
+  // (docs/assembly.md), so the outputs are the same bits either way. (The cycles are measured
+  // at ResNet-50's shapes on the 910b, docs/compiler.md; at these small shapes on tiny the two
+  // differ by a few cycles either way.)
+  const ChipConfig& cfg = test_sim().config();
+  REQUIRE(cfg.vector_multiply_accumulate);
+  const auto uses_vmla = [&](const OpDesc& op) {
+    bool any = false;
+    for (const auto& l : compiler::compile(op, cfg).launches)
+      any = any || l.kernel.listing.find("vmla.f32") != std::string::npos;
+    return any;
+  };
+  // Runs `type` with and without vmla: the same bits, vmla in the kernels only when enabled.
+  const auto compare = [&](const std::string& type, const std::vector<HostTensor>& in,
+                           const std::map<std::string, compiler::AttrValue>& attrs,
+                           size_t outputs) {
+    INFO(type);
+    std::vector<TensorDesc> descs;
+    for (const HostTensor& t : in) descs.push_back(t.desc);
+    const OpDesc op = make_op(type, descs, attrs);
+    CHECK(uses_vmla(op));
+    const RunResult with = run(type, in, attrs, outputs);
+    RunResult without;
+    {
+      ScopedEnv off("NPUSIM_VECTOR_MULTIPLY_ACCUMULATE", "0");
+      CHECK_FALSE(uses_vmla(op));
+      without = run(type, in, attrs, outputs);
+    }
+    for (size_t i = 0; i < outputs; ++i) CHECK(with.outputs[i].values == without.outputs[i].values);
+  };
+  // BNTrainingReduce: a partial last tile, f16 and f32 (several tiles per block)
+  for (DataType dt : {DataType::F32, DataType::F16}) {
+    HostTensor x = random_tensor(dt, {4, 9, 9, 64}, -2, 3, 300);
+    compare("BNTrainingReduce", {x}, {}, 2);
+  }
+  // BNTrainingUpdateGrad: the sum of dy (x - m) and of dy
+  {
+    const std::vector<int64_t> shape = {3, 7, 7, 32};
+    HostTensor dy = random_tensor(DataType::F32, shape, -1, 1, 310);
+    HostTensor x = random_tensor(DataType::F32, shape, -2, 3, 311);
+    HostTensor mean = random_tensor(DataType::F32, {32}, 0, 1, 312);
+    HostTensor var = random_tensor(DataType::F32, {32}, 0.5, 2, 313);
+    compare("BNTrainingUpdateGrad", {dy, x, mean, var}, {{"epsilon", 0.001}, {"relu", false}}, 2);
+  }
+  // Conv2DBNTrainingReduce (split chips: the sums in the convolution's vector cores, per tile)
+  if (cfg.split) {
+    HostTensor x = random_tensor(DataType::F16, {4, 14, 14, 32}, 0, 1, 320);
+    HostTensor w = random_tensor(DataType::F16, {3, 3, 32, 64}, -0.5, 0.5, 321);
+    compare("Conv2DBNTrainingReduce", {x, w},
+            {{"strides", std::vector<int64_t>{1, 1, 1, 1}}, {"padding", std::string("SAME")}}, 3);
+  }
+  {  // the switch takes unset, "0" or "1" only
+    HostTensor x = random_tensor(DataType::F32, {2, 3, 5, 16}, -2, 3, 330);
+    ScopedEnv bad("NPUSIM_VECTOR_MULTIPLY_ACCUMULATE", "yes");
+    CHECK(compile_refusal(make_op("BNTrainingReduce", {x.desc}, {}))
+              .message.find("NPUSIM_VECTOR_MULTIPLY_ACCUMULATE='yes'") != std::string::npos);
+  }
+}

@@ -95,6 +95,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.vector_reduce_factor == b.vector_reduce_factor);
   CHECK(a.vector_transcendental_factor == b.vector_transcendental_factor);
   CHECK(a.vector_add_relu_conv == b.vector_add_relu_conv);
+  CHECK(a.vector_multiply_accumulate == b.vector_multiply_accumulate);
   CHECK(a.vector_bf16_arithmetic == b.vector_bf16_arithmetic);
   CHECK(a.vector_bf16_conversion == b.vector_bf16_conversion);
   CHECK(a.scalar_cycles_per_insn == b.scalar_cycles_per_insn);

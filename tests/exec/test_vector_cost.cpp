@@ -331,6 +331,7 @@ TEST_CASE("every V instruction of isa.def is planned and executed") {
                           std::pair{Dtype::F16, Dtype::F32}}) {
       VecHarness h;
       h.cfg.vector_add_relu_conv = true;  // a chip with every V instruction
+      h.cfg.vector_multiply_accumulate = true;
       VecOp o(op, {});
       for (size_t f = 0; f < d.fields.size(); ++f) {
         std::string name = d.fields[f].name;

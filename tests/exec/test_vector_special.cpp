@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "tests/exec/test_convert_ref.h"
 #include "tests/exec/test_vector_util.h"
 
@@ -520,4 +522,122 @@ TEST_CASE("vaddreluconv: an f32 add's repeat cost; refused on a chip without it"
   VecOp c = op();
   c.set("src_type", dt(Dtype::F16));
   CHECK_THROWS_WITH(plan(c.issued(), h.ctx), Catch::Contains("f16 <- f16 is not supported"));
+}
+
+namespace {
+
+// vmla's reference: vmul then vadd's (the product rounded to the type, then the sum), by
+// _Float16 for f16 and float for f32; NaN canonical.
+uint32_t ref_multiply_accumulate(Dtype t, uint32_t a, uint32_t b, uint32_t acc) {
+  if (t == Dtype::F16) {
+    // (the f32 product of two f16 values is exact: one rounding, to f16; the sum as vadd's)
+    const float x = ref_f16(static_cast<uint16_t>(a)), y = ref_f16(static_cast<uint16_t>(b));
+    const _Float16 p = static_cast<_Float16>(x * y);
+    const _Float16 r =
+        static_cast<_Float16>(static_cast<float>(p) + static_cast<float>(ref_f16(
+                                                          static_cast<uint16_t>(acc))));
+    return ref_float_bits(t, static_cast<float>(r));
+  }
+  const float p = ref_f32(a) * ref_f32(b);
+  return ref_float_bits(t, p + ref_f32(acc));
+}
+
+}  // namespace
+
+TEST_CASE("vmla: dst = src0 * src1 + dst, the product rounded first, f16 and f32, active lanes") {
+  int li = 0;
+  for (Dtype t : {Dtype::F32, Dtype::F16}) {
+    const int size = isa::dtype_size(t), lanes = 256 / size;
+    for (const Layout& l : layouts(lanes)) {
+      // src1 separate, or the accumulator itself (dst = src0 * dst + dst: every source read
+      // before the lane is written)
+      for (bool src1_is_dst : {false, true}) {
+        VecHarness h;
+        h.cfg.vector_multiply_accumulate = true;
+        h.randomize(2100 + li);
+        ValuePool pool(t, 2200 + li++);
+        const uint64_t repeats = repeats_of(l, lanes);
+        const uint64_t src1 = src1_is_dst ? kDst : kSrc1;
+        const int64_t src1_blk = src1_is_dst ? l.dst_blk : l.src1_blk;
+        const int64_t src1_rep = src1_is_dst ? l.dst_rep : l.src1_rep;
+        for (uint64_t r = 0; r < repeats; ++r)
+          for (int i = 0; i < lanes; ++i) {
+            h.put_elem(ref_lane_addr(kSrc0, l.src0_blk, l.src0_rep, size, r, i), size,
+                       pool.next());
+            h.put_elem(ref_lane_addr(kDst, l.dst_blk, l.dst_rep, size, r, i), size,
+                       pool.next());
+            if (!src1_is_dst)
+              h.put_elem(ref_lane_addr(src1, src1_blk, src1_rep, size, r, i), size, pool.next());
+          }
+        const std::vector<uint8_t> before = h.snapshot();
+        std::vector<uint8_t> expected = before;
+        for (uint64_t r = 0; r < repeats; ++r)
+          for (int i = 0; i < lanes; ++i) {
+            if (!ref_lane_active(l.mask, r, lanes, i)) continue;
+            const uint64_t d = ref_lane_addr(kDst, l.dst_blk, l.dst_rep, size, r, i);
+            const uint32_t a = element_from(
+                before, ref_lane_addr(kSrc0, l.src0_blk, l.src0_rep, size, r, i), size);
+            const uint32_t b =
+                element_from(before, ref_lane_addr(src1, src1_blk, src1_rep, size, r, i), size);
+            element_to(expected, d, size,
+                       ref_multiply_accumulate(t, a, b, element_from(before, d, size)));
+          }
+        VecOp o(Opcode::op_vmla,
+                {{"type", dt(t)}, {"xdst", int64_t(kDst)}, {"xsrc0", int64_t(kSrc0)},
+                 {"xsrc1", int64_t(src1)}, {"repeat", l.repeat}, {"dst_blk", l.dst_blk},
+                 {"src0_blk", l.src0_blk}, {"src1_blk", src1_blk}, {"dst_rep", l.dst_rep},
+                 {"src0_rep", l.src0_rep}, {"src1_rep", src1_rep}},
+                l.mask);
+        const ExecCost c = h.run(o);
+        CHECK(c.vector_repeats == repeats);
+        check_image(h, expected,
+                    fmt::format("vmla.{}, {}{}", isa::dtype_name(t), l.name,
+                                src1_is_dst ? ", src1 = dst" : ""));
+      }
+    }
+  }
+  // The reference's rounding: f16 (1 + 2^-10)^2 = 1 + 2^-9 + 2^-20 rounds to 1 + 2^-9 before
+  // -(1 + 2^-9) is added: +0 (fused, one rounding, it would be 2^-20, the f16 0x0010).
+  CHECK(ref_multiply_accumulate(Dtype::F16, 0x3c01u, 0x3c01u, 0xbc02u) == 0x0000u);
+  CHECK(ref_multiply_accumulate(Dtype::F32, ref_f32_bits(1.0f + 0x1p-23f),
+                                ref_f32_bits(1.0f + 0x1p-23f),
+                                ref_f32_bits(-(1.0f + 0x1p-22f))) == 0u);
+}
+
+TEST_CASE("vmla: cost in the bank model (three reads: half rate), refused on a chip without it") {
+  VecHarness h;
+  h.cfg.vector_multiply_accumulate = true;
+  h.cfg.vector_bytes_per_cycle = 256;  // one 256-byte repeat a cycle without conflicts
+  h.cfg.ub_banks = 48;
+  h.cfg.ub_bank_width_bytes = 32;  // kDst, kSrc0, kSrc1 in banks 0-7, 16-23, 32-39
+  const auto op = [](Opcode code, uint64_t src1) {
+    return VecOp(code, {{"type", dt(Dtype::F32)}, {"xdst", int64_t(kDst)},
+                        {"xsrc0", int64_t(kSrc0)}, {"xsrc1", int64_t(src1)}, {"repeat", 10},
+                        {"dst_blk", 1}, {"src0_blk", 1}, {"src1_blk", 1}, {"dst_rep", 8},
+                        {"src0_rep", 8}, {"src1_rep", 8}});
+  };
+  const uint64_t latency = static_cast<uint64_t>(h.cfg.vector_latency_cycles);
+  VecOp add = op(Opcode::op_vadd, kSrc1), mla = op(Opcode::op_vmla, kSrc1);
+  CHECK(plan(add.issued(), h.ctx).cycles == latency + 10);
+  // dst, src0 and src1 three different addresses: dst's banks read and written, 2 cycles a repeat
+  CHECK(plan(mla.issued(), h.ctx).cycles == latency + 20);
+  // src1 = dst: the accumulator's read is src1's, as an in-place vadd (also 2 in the model)
+  VecOp add_in_place = op(Opcode::op_vadd, kDst), mla_in_place = op(Opcode::op_vmla, kDst);
+  CHECK(plan(mla_in_place.issued(), h.ctx).cycles == plan(add_in_place.issued(), h.ctx).cycles);
+  // x * x + dst (src0 = src1): x's banks twice and dst's twice, 2 cycles a repeat, as vmul x * x
+  VecOp square = op(Opcode::op_vmla, kSrc0), mul_square = op(Opcode::op_vmul, kSrc0);
+  CHECK(plan(square.issued(), h.ctx).cycles == latency + 20);
+  CHECK(plan(mul_square.issued(), h.ctx).cycles == latency + 20);
+  h.cfg.ub_banks = 0;  // no bank model: an add's repeat cost
+  CHECK(plan(mla.issued(), h.ctx).cycles == latency + 10);
+  h.cfg.vector_multiply_accumulate = false;
+  VecOp refused = op(Opcode::op_vmla, kSrc1);
+  CHECK_THROWS_WITH(plan(refused.issued(), h.ctx),
+                    Catch::Contains("vmla: chip unit-test does not have this instruction") &&
+                        Catch::Contains("vector.multiply_accumulate"));
+  // Types: f16 and f32 only.
+  h.cfg.vector_multiply_accumulate = true;
+  VecOp s32 = op(Opcode::op_vmla, kSrc1);
+  s32.set("type", dt(Dtype::S32));
+  CHECK_THROWS_WITH(plan(s32.issued(), h.ctx), Catch::Contains("vmla"));
 }

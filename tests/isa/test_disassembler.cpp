@@ -91,6 +91,24 @@ TEST_CASE("disassembler: vaddreluconv (AddReluCast) prints and re-assembles") {
   check_round_trip(text);
 }
 
+TEST_CASE("disassembler: vmla (MulAddDst) prints and re-assembles") {
+  const std::string text = R"(
+    vmla.f16 x3, x4, x5, 255, 1, 2, 3, 4, 8, 0
+    vmla.f32 x6, x7, x6, x9, 1, 1, 1, x10, 16, 8
+    end
+)";
+  Program p = assemble(text, "t.s");
+  const Section& s = p.sections[0];
+  REQUIRE(s.code.size() == 3);
+  CHECK(s.code[0].op == Opcode::op_vmla);
+  CHECK(static_cast<Dtype>(s.code[0].ops[0].value) == Dtype::F16);
+  CHECK(static_cast<Dtype>(s.code[1].ops[0].value) == Dtype::F32);
+  CHECK(disassemble(s.code[0]) == "vmla.f16 x3, x4, x5, 255, 1, 2, 3, 4, 8, 0");
+  CHECK(disassemble(s.code[1]) == "vmla.f32 x6, x7, x6, x9, 1, 1, 1, x10, 16, 8");
+  for (const Instruction& in : s.code) CHECK(encode(decode(encode(in))) == encode(in));
+  check_round_trip(text);
+}
+
 TEST_CASE("disassembler: codes that name nothing are marked") {
   Instruction in;
   in.op = Opcode::op_load2d;

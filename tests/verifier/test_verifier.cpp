@@ -346,6 +346,30 @@ TEST_CASE("verifier: bf16 only in conversions and data moves without vector.bf16
                 no_conversion(7, "vdup.bf16")});
 }
 
+TEST_CASE("verifier: vmla only on chips with vector.multiply_accumulate, f16 and f32 only") {
+  const std::string kernel = R"(
+    movi x1, 0
+    movi x2, 1024
+    movi x3, 2048
+    vmla.f32 x3, x1, x2, 4, 1, 1, 1, 8, 8, 8
+    end
+)";
+  ChipConfig without = test::coupled_test_chip();
+  without.vector_multiply_accumulate = false;
+  // Refused naming the instruction, its pc, the chip and the key (and not planned).
+  check_issues(issues_of(kernel, without),
+               {{5, 5,
+                 "vmla (@3): chip unit-test does not have this instruction "
+                 "(vector.multiply_accumulate is false in tests/common/test_chip.h)"}});
+  ChipConfig with = without;
+  with.vector_multiply_accumulate = true;
+  check_issues(issues_of(kernel, with), {});
+  check_issues(issues_of("movi x1, 0\nvmla.f16 x1, x1, x1, 1, 1, 1, 1, 8, 8, 8\nend\n", with),
+               {});
+  check_issues(issues_of("movi x1, 0\nvmla.s32 x1, x1, x1, 1, 1, 1, 1, 8, 8, 8\nend\n", with),
+               {{2, 1, "vmla: type = s32 is not supported (f32, f16)"}});
+}
+
 TEST_CASE("verifier: flags") {
   check_issues(issues_of(R"(
     set_flag mte2, v, 8

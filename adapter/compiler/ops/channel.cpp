@@ -185,7 +185,10 @@ class ChannelSumEmitter {
   // The running sums (and the plain ones) ping-pong where the tile stays as large: a tile's
   // sums go from acc[q] into acc[1 - q] (q its ping / pong), never in place (the bank model: a
   // destination that is also a source takes a second access to its banks per repeat).
+  // With m_mla the squares' or products' sums (m_acc) are in place (acc[1] == acc[0]), each
+  // tile's added by one vmla, whose destination is also its accumulator.
   uint64_t m_acc[2] = {0, 0}, m_acc2[2] = {0, 0};
+  bool m_mla = false;  // the squares or products accumulated by vmla (multiply_accumulate_enabled)
   uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_t = 0;
   uint64_t m_fa = 0, m_fs = 0, m_z = 0, m_bits = 0, m_one = 0, m_zero = 0;  // relu_mask
   uint64_t m_threshold = 0;      // relu_mask: a repeat of relu_mask_threshold (m_zero where 0)
@@ -213,6 +216,7 @@ ChannelSumEmitter::ChannelSumEmitter(KernelBuilder& b, const ChannelSumSpec& s)
       m_sa(isa::dtype_size(s.a_type)),
       m_sb(m_has_b ? isa::dtype_size(s.b_type) : 0),
       m_vectors(s.centered || s.relu_mask) {
+  m_mla = s.kind != Kind::kSum && multiply_accumulate_enabled(b);
   if (s.channels) {
     if (s.channels % 8 != 0 || s.cp % s.channels != 0 || s.pixels < s.cp / s.channels)
       b.fail(
@@ -397,7 +401,8 @@ void ChannelSumEmitter::allocate() {
                       : b.alloc(Buf::UB, vec::kRepeatBytes, "ReLU mask threshold repeat");
   }
   m_acc[0] = alloc(tile * 4 + slack, "accumulators", 2);
-  m_acc[1] = m_pingpong ? alloc(tile * 4 + slack, "accumulators (pong)", 5) : m_acc[0];
+  // (the tile was sized for ping-pong sums: with vmla the pong is left free)
+  m_acc[1] = m_pingpong && !m_mla ? alloc(tile * 4 + slack, "accumulators (pong)", 5) : m_acc[0];
   if (m_s.plain_sum) {
     m_acc2[0] = alloc(tile * 4 + slack, "plain accumulators", 3);
     m_acc2[1] = m_pingpong ? alloc(tile * 4 + slack, "plain accumulators (pong)", 4) : m_acc2[0];
@@ -1063,6 +1068,14 @@ void ChannelSumEmitter::accumulate_tile(int q, int k, int j, const Reg& n, const
   // or product into whichever of the scratch and a's tile is not its source.
   uint64_t x = a32;
   if (s.centered) px.binary(Opcode::op_vsub, x = m_t, 1, a32, 1, m_m, 0, n);
+  if (m_mla) {
+    // The square or product added into the sums in place by one vmla (the bits of vmul then
+    // vadd): 2 cycles a repeat in the bank model (the sums' banks read and written; x read
+    // twice or x and b once each), against vmul and vadd's 3 (ping-pong) or 4 (in place).
+    vec_binary(b, Opcode::op_vmla, Dtype::F32, m_acc[0], x,
+               s.kind == Kind::kSumSquares ? x : b32, cnt);
+    return;
+  }
   const uint64_t product = x == a32 ? m_t : a32;
   uint64_t term = x;
   if (s.kind == Kind::kSumSquares)

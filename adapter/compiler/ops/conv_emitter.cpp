@@ -398,6 +398,9 @@ class ConvEmitter {
     uint64_t raw[2] = {0, 0}, a32 = 0, sq = 0;         // a32: raw[q] itself for f32 y
     uint64_t acc_sum[2] = {0, 0}, acc_sq[2] = {0, 0};  // T-row running sums, ping / pong
     uint64_t sum = 0, squares = 0;                     // per channel, all cy
+    // The squares added by vmla (multiply_accumulate_enabled): their running sums in place in
+    // acc_sq[0] (the plain sums still ping-pong), no squares buffer written.
+    bool mla = false;
     FlagPair in_free, in_ready;
   };
   // The vector section's registers that emit_tile_stats' helpers share (references: they
@@ -429,6 +432,7 @@ class ConvEmitter {
                          static_cast<int64_t>(2 * acc_bytes + 8 * span + 8 * b.alignment(Buf::UB));
     const int64_t most = std::min(room / per_row, ceil_div(m_t.tm, b.config().aiv_per_aic));
     TileStats st;
+    st.mla = multiply_accumulate_enabled(b);
     st.pitch = pitch;
     st.rows = most >= unit ? most / unit * unit : most;
     if (st.rows < 1)
@@ -540,7 +544,12 @@ class ConvEmitter {
     Reg n = b.reg("stats: elements");
     b.mul(n, cnt, st.pitch);
     if (m_osz != 4) vec_convert(b, Dtype::F32, m_s.out_type, a, raw, RoundMode::kRint, n);
-    vec_binary(b, Opcode::op_vmul, Dtype::F32, st.sq, a, a, n);
+    // The squares: with vmla added in place into acc_sq[0] (the bits of vmul then vadd; 2
+    // cycles a repeat in the bank model against vmul's 2 and vadd's 1), else squared into sq.
+    if (st.mla)
+      vec_binary(b, Opcode::op_vmla, Dtype::F32, st.acc_sq[0], a, a, n);
+    else
+      vec_binary(b, Opcode::op_vmul, Dtype::F32, st.sq, a, a, n);
     Reg from = b.reg("stats: sums"), to = b.reg("stats: sums out");
     const int64_t step = static_cast<int64_t>(st.acc_sum[1]) - static_cast<int64_t>(st.acc_sum[0]);
     const int64_t sq_off = static_cast<int64_t>(st.acc_sq[0]) - static_cast<int64_t>(st.acc_sum[0]);
@@ -554,6 +563,7 @@ class ConvEmitter {
       b.and_(r.parity, r.parity, 1, "a whole chunk: the sums change buffers");
     });
     vec_binary(b, Opcode::op_vadd, Dtype::F32, to, from, a, n);
+    if (st.mla) return;
     b.add(to, to, sq_off);
     b.add(from, from, sq_off);
     vec_binary(b, Opcode::op_vadd, Dtype::F32, to, from, st.sq, n);
@@ -571,11 +581,19 @@ class ConvEmitter {
     const int64_t sq_off = static_cast<int64_t>(st.acc_sq[0]) - static_cast<int64_t>(st.acc_sum[0]);
     b.mul(base, r.parity, step);
     b.add(base, base, static_cast<int64_t>(st.acc_sum[0]));
+    // dst = the running sums' address: the plain ones' (off 0) or the squares' (sq_off past
+    // them, or with vmla in place in acc_sq[0]).
+    const auto sums_at = [&](const Reg& dst, int64_t off) {
+      if (off != 0 && st.mla)
+        b.movi(dst, static_cast<int64_t>(st.acc_sq[0]));
+      else
+        b.add(dst, base, off);
+    };
     for (int64_t left = st.rows; left > 1; left -= left / 2) {
       const int64_t h = left / 2;
       b.movi(n, h * st.pitch);
       for (int64_t off : {int64_t{0}, sq_off}) {
-        b.add(t, base, off);
+        sums_at(t, off);
         b.add(u, t, (left - h) * st.pitch * 4);
         vec_binary(b, Opcode::op_vadd, Dtype::F32, t, t, u, n);
       }
@@ -584,7 +602,7 @@ class ConvEmitter {
                                    std::pair<int64_t, uint64_t>{sq_off, st.squares}}) {
       b.mul(t, r.key_n0, 4);
       b.add(t, t, static_cast<int64_t>(dst), "the key's channels");
-      b.add(u, base, off);
+      sums_at(u, off);
       vec_binary(b, Opcode::op_vadd, Dtype::F32, t, t, u, r.key_n);
       if (last) continue;
       b.movi(n, st.rows * st.pitch);

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -76,6 +77,14 @@ BroadcastView broadcast_view(const std::vector<int64_t>& in_shape,
 }
 
 // ---- vector helpers ----
+
+bool multiply_accumulate_enabled(KernelBuilder& b) {
+  // The value is checked on every chip, with the instruction or not.
+  const char* v = std::getenv("NPUSIM_VECTOR_MULTIPLY_ACCUMULATE");
+  if (!v || std::string_view(v) == "1") return b.config().vector_multiply_accumulate;
+  if (std::string_view(v) == "0") return false;
+  b.fail(fmt::format("NPUSIM_VECTOR_MULTIPLY_ACCUMULATE='{}' is neither '0' nor '1'", v));
+}
 
 void vec_binary(KernelBuilder& b, Opcode op, Dtype t, Opnd dst, Opnd src0, Opnd src1,
                 const Reg& count) {

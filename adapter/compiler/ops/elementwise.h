@@ -317,6 +317,12 @@ ArgRef append_broadcast_copy(LaunchPlan& plan, const CompileContext& ctx, const 
 std::vector<StreamInput> stream_inputs(const std::vector<TensorDesc>& inputs,
                                        const std::vector<int64_t>& out_shape);
 
+// Whether kernels use the vector unit's multiply-accumulate (vmla: dst = src0 * src1 + dst, f16
+// and f32; the channel sums' squares and products): the chip has it (vector.multiply_accumulate)
+// and NPUSIM_VECTOR_MULTIPLY_ACCUMULATE is not "0" (read at every compile; anything but unset,
+// "0" or "1" is a CompileError naming it). vmla gives the bits of vmul then vadd.
+bool multiply_accumulate_enabled(KernelBuilder& b);
+
 // ---- vector instruction helpers over `count` contiguous elements (counter mode) ----
 void vec_binary(KernelBuilder& b, isa::Opcode op, isa::Dtype t, Opnd dst, Opnd src0, Opnd src1,
                 const Reg& count);
