@@ -418,6 +418,12 @@ void check_same_as_simulated(const json& sim, const json& run) {
 
 }  // namespace
 
+// The workloads every replay mode replays: the same launch again, or at blocks laid out alike.
+const char* const kReplayedAlike[] = {"vadd_again",       "vadd_moved",     "vadd_in_place_moved",
+                                      "vadd_big_moved",   "gemm_moved",     "scale_moved",
+                                      "handoff_moved",    "exchange_moved", "pick_moved",
+                                      "pick_other_again", "pick_back"};
+
 TEST_CASE("with the L2's page rotation a timing-only replay by translation is exact too") {
   // The rotation counts a block's pages from the block's first filed line (L2Tags::set_in), so
   // a block filed elsewhere has its lines' sets renamed as under modulo indexing: launches
@@ -430,9 +436,7 @@ TEST_CASE("with the L2's page rotation a timing-only replay by translation is ex
   for (const json* run : {&translated, &relocated, &check}) check_same_as_simulated(sim, *run);
   // Replayed as without the rotation: the same launch, at blocks laid out alike (filed at the
   // same L2 addresses), and relocated where the lines keep their places in their blocks.
-  for (const char* k : {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved",
-                        "gemm_moved", "scale_moved", "handoff_moved", "exchange_moved",
-                        "pick_moved", "pick_other_again", "pick_back"}) {
+  for (const char* k : kReplayedAlike) {
     INFO(k);
     CHECK(translated[k]["replayed"] == true);
     CHECK(relocated[k]["replayed"] == true);
@@ -478,9 +482,7 @@ TEST_CASE("a timing-only replay by translation gives exactly what simulating giv
   // Replayed: the same launch, and the same launch at blocks laid out alike, also one that
   // overflows the L2 and the cube kernel; not where a block's size, an argument's offset in
   // its block or the sharing of blocks differ.
-  for (const char* k : {"vadd_again", "vadd_moved", "vadd_in_place_moved", "vadd_big_moved",
-                        "gemm_moved", "scale_moved", "handoff_moved", "exchange_moved",
-                        "pick_moved", "pick_other_again", "pick_back"}) {
+  for (const char* k : kReplayedAlike) {
     INFO(k);
     CHECK(translated[k]["replayed"] == true);
     CHECK(relocated[k]["replayed"] == true);
