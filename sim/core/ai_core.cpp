@@ -75,7 +75,7 @@ struct AiCore::PipeUnit {
   // scalar_abort: the scalar unit's abort wake-up (it alone waits for popped and drained).
   PipeUnit(Pipe p, const CounterGroup& g, AbortSignal& abort, const sc_core::sc_event& flag_event,
            const sc_core::sc_event& scalar_abort, size_t depth)
-      : pipe(p), lane(lane_of(p)), queue(depth), queued_at(depth), waiter(abort, flag_event), counters(g),
+      : pipe(p), lane(lane_of(p)), queue(depth), waiter(abort, flag_event), counters(g),
         busy(g.add("busy_cycles", "cycles",
                    "cycles the pipe executed instructions (GM instructions: their bandwidth phase)",
                    kPsPerCycle)),
@@ -104,11 +104,13 @@ struct AiCore::PipeUnit {
 
   const Pipe pipe;
   const Lane lane;
-  BoundedQueue<IssuedOp> queue;  // issued, not yet started (at most queue_depth())
-  // When each instruction in `queue` was queued (in step with it), and that of the instruction
-  // now running.
-  BoundedQueue<sc_core::sc_time> queued_at;
-  sc_core::sc_time running_queued_at = sc_core::SC_ZERO_TIME;
+  // An issued instruction and when it was queued (the DMA's issue may start from then).
+  struct QueuedOp {
+    IssuedOp op;
+    sc_core::sc_time at;
+  };
+  BoundedQueue<QueuedOp> queue;  // issued, not yet started (at most queue_depth())
+  sc_core::sc_time running_queued_at = sc_core::SC_ZERO_TIME;  // of the instruction running
   // When the pipe's DMA has issued the GM requests of its copies so far (ExecCost::
   // gm_issue_cycles). The issue runs ahead of the flows through the queue: a copy's requests
   // go out from max(this, when the copy was queued), so a copy queued behind a long flow has
@@ -230,7 +232,6 @@ void AiCore::reset() {
   m_local->reset_high_water();
   for (PipeUnit* u : m_pipe_list) {
     u->queue.clear();
-    u->queued_at.clear();
     u->issue_free = SC_ZERO_TIME;
     u->executing = false;
     u->blocked = {};
@@ -486,8 +487,7 @@ void AiCore::issue(const isa::Instruction& in, uint32_t pc, Pipe pipe) {
     while (u.queue.size() >= depth) wait_abortable(u.popped_or_abort);
     m_stall_queue_full.add(time_ps(sc_time_stamp() - t0));
   }
-  u.queue.push_back(op);
-  u.queued_at.push_back(sc_time_stamp());
+  u.queue.push_back({op, sc_time_stamp()});
   u.pushed.notify(SC_ZERO_TIME);
 }
 
@@ -570,10 +570,9 @@ void AiCore::pipe_thread(PipeUnit& u) {
   for (;;) {
     // Idle until work arrives. After an abort the queue is dropped by reset(), not executed.
     while (u.queue.empty() || m_abort.active()) wait(u.pushed);
-    const IssuedOp op = u.queue.front();
+    const IssuedOp op = u.queue.front().op;
+    u.running_queued_at = u.queue.front().at;
     u.queue.pop_front();
-    u.running_queued_at = u.queued_at.front();
-    u.queued_at.pop_front();
     u.executing = true;
     u.popped.notify(SC_ZERO_TIME);
     bool faulted = false;
