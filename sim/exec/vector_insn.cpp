@@ -405,12 +405,13 @@ BankCycles count_bank_cycles(const VecInsn& vi, uint64_t banks, uint64_t width, 
   auto touch = [&](uint64_t a, uint64_t n) {
     for (uint64_t row = a / width; row <= (a + n - 1) / width; ++row) ++accesses[row % banks];
   };
+  // The operands whose banks are counted: all but an accumulator read that is a source's.
+  const int counted = accumulator_is_a_source(vi) ? kSel : vi.num_operands;
   uint64_t sum_all = 0, sum_remainder = 0;
   for (uint64_t r = 0; r < evaluated; ++r) {
     std::fill(accesses, accesses + banks, 0);
-    for (int i = 0; i < vi.num_operands; ++i) {
+    for (int i = 0; i < counted; ++i) {
       const VecOperand& o = vi.operand[i];
-      if (i == kSel && accumulator_is_a_source(vi)) continue;
       if (o.dense) {
         touch(o.addr + r * o.rep_bytes, o.bytes_per_repeat);
       } else {
