@@ -25,7 +25,9 @@
 // while this one computes, and is stored while the next computes). A group is whole super-rows
 // and whole 32-byte blocks of rows (8 or 16). Softmax / LogSoftmax rows too long for that but
 // fitting the UB alone are resident one row at a time (LongRowEmitter; rows whose bytes are not
-// whole blocks too, loaded from the block holding their first element). Other rows too long
+// whole blocks too, loaded from the block holding their first element; single-buffered and
+// with each row value broadcast onto a row before it is applied, as CANN's SoftmaxV2
+// schedules it: single_buffer(), row_broadcast()). Other rows too long
 // for a group are streamed instead, also
 // double-buffered (three passes over GM per row: max, sum of exponentials, outputs), each core
 // taking a range of rows whose first row starts on a 32-byte block in every tensor; output rows
@@ -584,9 +586,9 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
 // row stores its partial block (the bytes past the tensor's end are the buffer's padding).
 struct LongRowPlan {
   BlockSplit split;
-  bool ragged = false;         // rows of C elements are not whole 32-byte blocks
-  bool row_broadcast = true;   // row values applied from a broadcast row (row_broadcast())
-  bool single_buffer = true;   // one copy of each buffer (single_buffer())
+  bool ragged = false;        // rows of C elements are not whole 32-byte blocks
+  bool row_broadcast = true;  // row values applied from a broadcast row (row_broadcast())
+  bool single_buffer = true;  // one copy of the loaded and output rows (single_buffer())
 };
 
 // The long-rows kernel's buffers (fixed: one row). Double-buffered (PingPong, one step per
@@ -669,7 +671,8 @@ std::optional<LongRowPlan> plan_long_rows(const Spec& s, const ChipConfig& cfg,
   // A ragged row's head lanes must all be the previous row's: C >= og.
   if (p.ragged && (s.C < kBlock / s.size() || !ragged_rows_resident(op))) return std::nullopt;
   const VectorCores cores = VectorCores::of(cfg);
-  if (long_row_buffers(s, p.ragged, p.single_buffer).plan.fit(cfg, cores.kind, 1, 1) == 0) return std::nullopt;
+  if (long_row_buffers(s, p.ragged, p.single_buffer).plan.fit(cfg, cores.kind, 1, 1) == 0)
+    return std::nullopt;
   p.split = BlockSplit::make(s.rows, cores.count);
   return p;
 }
@@ -730,10 +733,12 @@ class LongRowEmitter {
     }
     return m_k.finish(m_p.split.block_dim,
                       fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident "
-                                  "at a time{}, double-buffered",
+                                  "at a time{}, {}-buffered{}",
                                   b.op(), m_s.rows, C, isa::dtype_name(m_s.t),
                                   m_p.split.block_dim, m_p.split.per,
-                                  m_p.ragged ? " (rows inside blocks)" : ""));
+                                  m_p.ragged ? " (rows inside blocks)" : "",
+                                  m_p.single_buffer ? "single" : "double",
+                                  m_p.row_broadcast ? ", row values broadcast" : ""));
   }
 
  private:
