@@ -83,6 +83,8 @@ const std::vector<std::string>& lowering_switches() {
                                                  "NPUSIM_L2_STREAM_POLICY",
                                                  "NPUSIM_MATMUL_CORE_SPLIT",
                                                  "NPUSIM_SOFTMAX_RAGGED_RESIDENT",
+                                                 "NPUSIM_SOFTMAX_ROW_BROADCAST",
+                                                 "NPUSIM_SOFTMAX_SINGLE_BUFFER",
                                                  "NPUSIM_TRANSPOSE_CANN",
                                                  "NPUSIM_TRANSPOSE_ROW_GATHER",
                                                  "NPUSIM_VECTOR_MULTIPLY_ACCUMULATE"};

@@ -294,7 +294,52 @@ TEST_CASE("Softmax and LogSoftmax on rows inside 32-byte blocks, one row residen
   unsetenv("NPUSIM_SOFTMAX_RAGGED_RESIDENT");
   // Rows of whole blocks keep their kernel.
   CHECK_THAT(summary("Softmax", DataType::F16, {37, 8192}),
-             Catch::Contains("one row resident at a time, double-buffered"));
+             Catch::Contains("one row resident at a time, single-buffered"));
+}
+
+// The long-rows kernel's two forms (switches NPUSIM_SOFTMAX_ROW_BROADCAST and
+// NPUSIM_SOFTMAX_SINGLE_BUFFER, both on by default): the row's max / sum applied from a
+// broadcast row or from its 32-byte block, one copy of the loaded / output row or two. Every
+// combination against the reference, on each dtype (the loaded row released after the cast for
+// bf16, after the subtract for f16 / f32), whole-block and ragged rows, Softmax and LogSoftmax.
+TEST_CASE("Softmax_long_rows: row broadcast and single buffering, each switch on and off") {
+  const ChipConfig& cfg = test_sim().config();
+  auto summary = [&](const char* op, DataType dt, std::vector<int64_t> shape) {
+    auto k = compiler::compile(make_op(op, {compiler::TensorDesc{dt, std::move(shape)}}), cfg);
+    REQUIRE(k.launches.size() == 1);
+    return k.launches[0].summary;
+  };
+  CHECK_THAT(summary("Softmax", DataType::F32, {37, 4096}),
+             Catch::Contains("single-buffered, row values broadcast"));
+  uint32_t seed = 700;
+  for (const char* broadcast : {"1", "0"}) {
+    for (const char* single : {"1", "0"}) {
+      setenv("NPUSIM_SOFTMAX_ROW_BROADCAST", broadcast, 1);
+      setenv("NPUSIM_SOFTMAX_SINGLE_BUFFER", single, 1);
+      INFO("NPUSIM_SOFTMAX_ROW_BROADCAST=" << broadcast << " NPUSIM_SOFTMAX_SINGLE_BUFFER="
+                                           << single);
+      const std::string s = summary("Softmax", DataType::F32, {37, 4096});
+      CHECK(s.find(std::string(single) == "1" ? "single-buffered" : "double-buffered") !=
+            std::string::npos);
+      CHECK((s.find("row values broadcast") != std::string::npos) ==
+            (std::string(broadcast) == "1"));
+      check_softmax("Softmax", DataType::F32, {37, 4096}, seed++);
+      check_softmax("LogSoftmax", DataType::F16, {37, 8192}, seed++);
+      check_softmax("Softmax", DataType::BF16, {13, 2048}, seed++);
+      check_softmax("Softmax", DataType::F16, {7, 1021}, seed++);      // ragged
+      check_softmax("LogSoftmax", DataType::F32, {5, 2049}, seed++);  // ragged
+      check_softmax("Softmax", DataType::BF16, {3, 7, 1013}, seed++);  // ragged
+    }
+  }
+  setenv("NPUSIM_SOFTMAX_SINGLE_BUFFER", "2", 1);
+  CHECK_THROWS_WITH(summary("Softmax", DataType::F32, {37, 4096}),
+                    Catch::Contains("NPUSIM_SOFTMAX_SINGLE_BUFFER='2'") &&
+                        Catch::Contains("Softmax"));
+  setenv("NPUSIM_SOFTMAX_ROW_BROADCAST", "on", 1);
+  CHECK_THROWS_WITH(summary("Softmax", DataType::F32, {37, 4096}),
+                    Catch::Contains("NPUSIM_SOFTMAX_ROW_BROADCAST='on'"));
+  unsetenv("NPUSIM_SOFTMAX_ROW_BROADCAST");
+  unsetenv("NPUSIM_SOFTMAX_SINGLE_BUFFER");
 }
 
 // Rows of 1, 2, 4 or 8 lanes: each row's value spread onto its lanes in the lane slots, applied

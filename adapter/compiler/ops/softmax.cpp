@@ -25,7 +25,9 @@
 // while this one computes, and is stored while the next computes). A group is whole super-rows
 // and whole 32-byte blocks of rows (8 or 16). Softmax / LogSoftmax rows too long for that but
 // fitting the UB alone are resident one row at a time (LongRowEmitter; rows whose bytes are not
-// whole blocks too, loaded from the block holding their first element). Other rows too long
+// whole blocks too, loaded from the block holding their first element; single-buffered and
+// with each row value broadcast onto a row before it is applied, as CANN's SoftmaxV2
+// schedules it: single_buffer(), row_broadcast()). Other rows too long
 // for a group are streamed instead, also
 // double-buffered (three passes over GM per row: max, sum of exponentials, outputs), each core
 // taking a range of rows whose first row starts on a 32-byte block in every tensor; output rows
@@ -584,29 +586,35 @@ Launch build_rows(const Spec& s, const RowsPlan& p, const ChipConfig& cfg) {
 // row stores its partial block (the bytes past the tensor's end are the buffer's padding).
 struct LongRowPlan {
   BlockSplit split;
-  bool ragged = false;  // rows of C elements are not whole 32-byte blocks
+  bool ragged = false;        // rows of C elements are not whole 32-byte blocks
+  bool row_broadcast = true;  // row values applied from a broadcast row (row_broadcast())
+  bool single_buffer = true;  // one copy of the loaded and output rows (single_buffer())
 };
 
 // The long-rows kernel's buffers (fixed: one row). Double-buffered (PingPong, one step per
 // row): the loaded row and the output row have a ping and a pong copy; x (widened, or the
-// loaded copy itself for f32) and e are V's. Ragged rows take up to og - 1 head lanes and the
-// block after the row's last lane (carry's source) more.
+// loaded copy itself for f32) and e are V's. Single-buffered: one copy of each, and x is a
+// buffer of its own for f32 too (the shifted row, so that the loaded copy is free after the
+// subtract). Ragged rows take up to og - 1 head lanes and the block after the row's last lane
+// (carry's source) more.
 struct LongRowBuffers {
   BufferPlan plan;
   BufferPlan::Id raw_x, xw, e, out, acc, d, d2, rep, scratch, alt, carry;
 };
 
-LongRowBuffers long_row_buffers(const Spec& s, bool ragged) {
+LongRowBuffers long_row_buffers(const Spec& s, bool ragged, bool single_buffer) {
   LongRowBuffers r;
   BufferPlan& p = r.plan;
   const int64_t lanes = s.C + (ragged ? 2 * (kBlock / s.size()) : 0);
   // The f32 rows (x: the widened copy, or the loaded one for f32) padded to whole 128-lanes.
   const int64_t f32_bytes = round_up(lanes, 2 * kLanes32) * kLaneBytes;
   const bool conv = s.t != Dtype::F32;
-  r.raw_x = p.add_sized("features row", fixed_blocks(conv ? lanes * s.size() : f32_bytes), 2);
-  r.xw = p.add_sized("widened row", fixed_blocks(f32_bytes), 1, conv);
+  const int copies = single_buffer ? 1 : 2;
+  r.raw_x = p.add_sized("features row", fixed_blocks(conv ? lanes * s.size() : f32_bytes), copies);
+  r.xw = p.add_sized(conv ? "widened row" : "shifted row", fixed_blocks(f32_bytes), 1,
+                     conv || single_buffer);
   r.e = p.add_sized("exponentials / fold scratch", fixed_blocks(f32_bytes));
-  r.out = p.add_sized("output row", fixed_blocks(lanes * s.size()), 2);
+  r.out = p.add_sized("output row", fixed_blocks(lanes * s.size()), copies);
   r.acc = p.add_fixed("lane slot", kSlotBytes);
   r.d = p.add_fixed("row value", kBlock);
   r.d2 = p.add_fixed("lanes_reduce scratch", kBlock);
@@ -619,15 +627,38 @@ LongRowBuffers long_row_buffers(const Spec& s, bool ragged) {
   return r;
 }
 
-// Whether ragged rows that fit the UB take the long-rows kernel: unless
-// NPUSIM_SOFTMAX_RAGGED_RESIDENT=0 (the streamed kernel, for comparison), read at every compile
-// of an op it applies to (plan_long_rows on ragged rows). Unset, empty, "0" or "1"; anything else
-// is a CompileError naming op.
-bool ragged_rows_resident(const OpDesc& op) {
-  const char* v = std::getenv("NPUSIM_SOFTMAX_RAGGED_RESIDENT");
+// A lowering switch NAME read at every compile of an op it applies to: unset, empty or "1" is
+// on, "0" off; anything else is a CompileError naming op.
+bool softmax_switch_on(const OpDesc& op, const char* name) {
+  const char* v = std::getenv(name);
   if (!v || !*v || std::string_view(v) == "1") return true;
   if (std::string_view(v) == "0") return false;
-  op.fail(fmt::format("NPUSIM_SOFTMAX_RAGGED_RESIDENT='{}' is neither '0' nor '1'", v));
+  op.fail(fmt::format("{}='{}' is neither '0' nor '1'", name, v));
+}
+
+// Whether ragged rows that fit the UB take the long-rows kernel: unless
+// NPUSIM_SOFTMAX_RAGGED_RESIDENT=0 (the streamed kernel, for comparison; plan_long_rows on
+// ragged rows).
+bool ragged_rows_resident(const OpDesc& op) {
+  return softmax_switch_on(op, "NPUSIM_SOFTMAX_RAGGED_RESIDENT");
+}
+
+// Whether the long-rows kernel applies a row's max / sum from a broadcast row (the value written
+// onto every lane of a row-sized buffer first, then a dense vsub / vdiv, as CANN's SoftmaxV2
+// schedules its last-axis broadcasts: a stage of their own) rather than from the value's
+// 32-byte block read with block stride 0 (NPUSIM_SOFTMAX_ROW_BROADCAST=0, for comparison).
+bool row_broadcast(const OpDesc& op) {
+  return softmax_switch_on(op, "NPUSIM_SOFTMAX_ROW_BROADCAST");
+}
+
+// Whether the long-rows kernel runs single-buffered, as CANN's SoftmaxV2 does on the 910B (its
+// dynamic norm tiling never enables double buffering): one copy of the loaded and the output
+// row; row t + 1 is loaded once row t's last reader of the loaded row is done, where CANN's
+// compute (softmax_v2.py) last reads its input: bf16 the cast to f32, f16 and f32 the subtract
+// of the maximum; row t + 1's outputs are written once row t's are stored. Unless
+// NPUSIM_SOFTMAX_SINGLE_BUFFER=0: ping and pong copies, row t + 1 loaded while row t computes.
+bool single_buffer(const OpDesc& op) {
+  return softmax_switch_on(op, "NPUSIM_SOFTMAX_SINGLE_BUFFER");
 }
 
 std::optional<LongRowPlan> plan_long_rows(const Spec& s, const ChipConfig& cfg,
@@ -635,10 +666,13 @@ std::optional<LongRowPlan> plan_long_rows(const Spec& s, const ChipConfig& cfg,
   if (s.xent()) return std::nullopt;
   LongRowPlan p;
   p.ragged = (s.C * s.size()) % kBlock != 0;
+  p.row_broadcast = row_broadcast(op);
+  p.single_buffer = single_buffer(op);
   // A ragged row's head lanes must all be the previous row's: C >= og.
   if (p.ragged && (s.C < kBlock / s.size() || !ragged_rows_resident(op))) return std::nullopt;
   const VectorCores cores = VectorCores::of(cfg);
-  if (long_row_buffers(s, p.ragged).plan.fit(cfg, cores.kind, 1, 1) == 0) return std::nullopt;
+  if (long_row_buffers(s, p.ragged, p.single_buffer).plan.fit(cfg, cores.kind, 1, 1) == 0)
+    return std::nullopt;
   p.split = BlockSplit::make(s.rows, cores.count);
   return p;
 }
@@ -655,7 +689,7 @@ class LongRowEmitter {
     KernelBuilder& b = m_b;
     const int64_t C = m_s.C, sz = m_s.size();
     m_args = declare_args(m_k, m_s);
-    const LongRowBuffers bufs = long_row_buffers(m_s, m_p.ragged);
+    const LongRowBuffers bufs = long_row_buffers(m_s, m_p.ragged, m_p.single_buffer);
     const BufferPlan::Placed at = m_k.allocate(bufs.plan, 1);
     take_twins(at, {{&m_raw_x, bufs.raw_x}, {&m_out, bufs.out}});
     take_buffers(at, {{&m_xw, bufs.xw}, {&m_e, bufs.e}, {&m_acc, bufs.acc}, {&m_d, bufs.d},
@@ -678,14 +712,16 @@ class LongRowEmitter {
       // Step t: row r + t.
       sync.pipeline(
           steps,
-          [&](const Reg& t, int q) {
+          [&](const Reg& t, int step_copy) {
+            const int q = copy_of(step_copy);
             b.add(gm, r, t);
             b.mul_add(gm, gm, C * sz, m_args.x);
             sync.wait_load_free(q);
             b.emit(Opcode::op_copy_gm2ub, {m_raw_x[q], gm, 1, blocks, 0, 0}, "features row");
             sync.load_done(q);
           },
-          [&](const Reg& t, int q) {
+          [&](const Reg& t, int step_copy) {
+            const int q = copy_of(step_copy);
             const uint64_t result = compute(q);
             to_output(q, result);
             sync.out_ready(q);
@@ -697,10 +733,12 @@ class LongRowEmitter {
     }
     return m_k.finish(m_p.split.block_dim,
                       fmt::format("{}: {} rows of {} {}, {} blocks of {} rows, one row resident "
-                                  "at a time{}, double-buffered",
+                                  "at a time{}, {}-buffered{}",
                                   b.op(), m_s.rows, C, isa::dtype_name(m_s.t),
                                   m_p.split.block_dim, m_p.split.per,
-                                  m_p.ragged ? " (rows inside blocks)" : ""));
+                                  m_p.ragged ? " (rows inside blocks)" : "",
+                                  m_p.single_buffer ? "single" : "double",
+                                  m_p.row_broadcast ? ", row values broadcast" : ""));
   }
 
  private:
@@ -736,7 +774,8 @@ class LongRowEmitter {
     b.sub(steps, end, first);
     sync.pipeline(
         steps,
-        [&](const Reg& t, int q) {
+        [&](const Reg& t, int step_copy) {
+          const int q = copy_of(step_copy);
           const RaggedRow rr(b, first, t, C, m_og);
           Reg gm = b.reg("row's block address"), blocks = b.reg("row blocks");
           b.mul_add(gm, rr.w, sz, m_args.x);
@@ -745,7 +784,8 @@ class LongRowEmitter {
           b.emit(Opcode::op_copy_gm2ub, {m_raw_x[q], gm, 1, blocks, 0, 0}, "features row");
           sync.load_done(q);
         },
-        [&](const Reg& t, int q) {
+        [&](const Reg& t, int step_copy) {
+          const int q = copy_of(step_copy);
           const RaggedRow rr(b, first, t, C, m_og);
           m_n = &rr.n;
           m_a = &rr.a;
@@ -775,8 +815,12 @@ class LongRowEmitter {
     m_k.sync().wait_out_free(q);
     if (m_conv) vec_convert(b, m_s.t, Dtype::F32, m_out[q], result, RoundMode::kRint, *m_n);
     else vec_copy_bits(b, kLaneBytes, m_out[q], result, *m_n);
-    if (!m_conv) m_k.sync().release_load(q);
+    if (!m_conv && !m_p.single_buffer) m_k.sync().release_load(q);
   }
+
+  // The buffer copy and flags of a pipeline step whose copy is step_copy (t & 1): copy 0 for
+  // every step when single-buffered.
+  int copy_of(int step_copy) const { return m_p.single_buffer ? 0 : step_copy; }
 
   // The f32 results of the row in load copy q: returns their UB address (e or x).
   // Folds read whole 128-lane pairs of repeats: lanes [n, P) of the row's f32 buffers
@@ -786,38 +830,46 @@ class LongRowEmitter {
   uint64_t compute(int q) {
     KernelBuilder& b = m_b;
     const Reg &n = *m_n, &one = *m_one;
-    const uint64_t x = m_conv ? m_xw : m_raw_x[q], e = m_e;
+    // x0: the f32 row the maximum is taken over (the widened copy, or the loaded one for f32);
+    // x: the shifted row (x0 itself, but a buffer of its own for single-buffered f32, whose
+    // loaded copy is released after the subtract).
+    const uint64_t x0 = m_conv ? m_xw : m_raw_x[q], e = m_e;
+    const uint64_t x = m_conv || !m_p.single_buffer ? x0 : m_xw;
+    // Single-buffered: the loaded copy is free after its last reader in CANN's compute (the
+    // cast for bf16, the subtract for f16 and f32; single_buffer()).
+    const bool free_after_cast = !m_p.single_buffer || m_s.t == Dtype::BF16;
     Reg p = b.reg("lanes in whole 128-lane pairs");
     b.add(p, n, 2 * kLanes32 - 1);
     b.and_(p, p, -2 * kLanes32);
     m_k.sync().wait_loaded(q);
     if (m_conv) {
-      vec_convert(b, Dtype::F32, m_s.t, x, m_raw_x[q], RoundMode::kRint, n);
-      m_k.sync().release_load(q);
+      vec_convert(b, Dtype::F32, m_s.t, x0, m_raw_x[q], RoundMode::kRint, n);
+      if (free_after_cast) m_k.sync().release_load(q);
     }
     {
       KernelBuilder::Origin o(b, "row maximum");
       // -inf: ragged rows' head lanes (the previous row's) and the lanes past the row's end,
       // out of the maximum; exp turns them into 0, out of the sum.
       const int64_t minus_inf = combine_identity_bits(Combine::kMax, Dtype::F32);
-      if (m_p.ragged) vec_fill32(b, x, minus_inf, *m_a);
-      pad_lanes(x, minus_inf, p);
-      row_value(Combine::kMax, x, e, p);
+      if (m_p.ragged) vec_fill32(b, x0, minus_inf, *m_a);
+      pad_lanes(x0, minus_inf, p);
+      row_value(Combine::kMax, x0, e, p);
       replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
     }
     KernelBuilder::Origin o(b, "shifted, exponentials, their sum");
-    with_row_value(Opcode::op_vsub, x, x, p);
+    with_row_value(Opcode::op_vsub, x, x0, p, e);  // e: free after the maximum's fold
+    if (m_p.single_buffer && !free_after_cast) m_k.sync().release_load(q);
     vec_unary(b, Opcode::op_vexp, Dtype::F32, e, x, p);
     if (m_s.kind == Kind::kSoftmax) {
       row_value(Combine::kSum, e, x, p);  // shifted no longer needed
       replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
-      with_row_value(Opcode::op_vdiv, e, e, n);
+      with_row_value(Opcode::op_vdiv, e, e, n, x);
       return e;
     }
     row_value(Combine::kSum, e, e, p);
     vec_unary(b, Opcode::op_vln, Dtype::F32, m_d, m_d, one);
     replicate_rows(b, m_d, one, m_rep, m_scratch, m_alt);
-    with_row_value(Opcode::op_vsub, x, x, n);
+    with_row_value(Opcode::op_vsub, x, x, n, e);  // e: folded in place, free
     return x;
   }
 
@@ -845,12 +897,25 @@ class LongRowEmitter {
     vec_fill32(b, at, bits, whole);
   }
 
-  // dst lanes [0, count) = op(src lanes, the row's value) (the value's block read 8 times per
-  // repeat).
-  void with_row_value(Opcode op, uint64_t dst, uint64_t src, const Reg& count) {
-    m_b.emit(Opcode::op_set_mask_count, {count});
-    vec_binary_strided(m_b, op, Dtype::F32, VOperand(dst), VOperand(src), VOperand(m_rep, 0, 0),
-                       0);
+  // dst lanes [0, count) = op(src lanes, the row's value in m_rep's block). Row broadcast
+  // (m_p.row_broadcast): lanes [0, count) of `free` (a row-sized f32 buffer not otherwise live)
+  // = the value first (the block widened to a repeat in the lane slot by one vcopy, then one
+  // vcopy of count lanes reading that repeat with repeat stride 0: 8 banks per repeat), and op
+  // reads both operands densely. Otherwise op reads the block itself with block and repeat
+  // stride 0 (one UB bank 8 times per repeat).
+  void with_row_value(Opcode op, uint64_t dst, uint64_t src, const Reg& count, uint64_t free) {
+    KernelBuilder& b = m_b;
+    if (!m_p.row_broadcast) {
+      b.emit(Opcode::op_set_mask_count, {count});
+      vec_binary_strided(b, op, Dtype::F32, VOperand(dst), VOperand(src), VOperand(m_rep, 0, 0),
+                         0);
+      return;
+    }
+    KernelBuilder::Origin o(b, "the row's value broadcast onto a row");
+    widen_rows(b, m_rep, *m_one, m_acc);
+    b.emit(Opcode::op_set_mask_count, {count});
+    vec_unary_strided(b, Opcode::op_vcopy, Dtype::S32, VOperand(free), VOperand(m_acc, 1, 0), 0);
+    vec_binary(b, op, Dtype::F32, dst, src, free, count);
   }
   // The row's combination of lanes [0, p) of src (p a multiple of 128, identity-padded) -> d:
   // scratch [0, p/2) = op(the halves of src), folded into the lane slot (src kept unless it is
