@@ -69,25 +69,18 @@ std::vector<uint64_t> Launch::bind(const std::vector<uint64_t>& inputs,
 }
 
 const std::vector<std::string>& lowering_switches() {
-  static const std::vector<std::string> names = {"NPUSIM_BN_RAGGED_CHANNELS",
-                                                 "NPUSIM_CONV_PLAN_RANK",
-                                                 "NPUSIM_CONV_STRIDED_INPUT_GRAD",
-                                                 "NPUSIM_DEPTHWISE_GROUPS_PER_STEP",
-                                                 "NPUSIM_DEPTHWISE_TILE_ORDER",
-                                                 "NPUSIM_FILTER_GRAD_PLAN_RANK",
-                                                 "NPUSIM_FILTER_GRAD_POINTWISE",
-                                                 "NPUSIM_FUSION_ADD_RELU_CAST",
-                                                 "NPUSIM_FUSION_CHANNEL_EPILOGUE",
-                                                 "NPUSIM_FUSION_CONV_BN_REDUCE_TILES",
-                                                 "NPUSIM_FUSION_GROUPED_CONV_PACK",
-                                                 "NPUSIM_L2_STREAM_POLICY",
-                                                 "NPUSIM_MATMUL_CORE_SPLIT",
-                                                 "NPUSIM_SOFTMAX_RAGGED_RESIDENT",
-                                                 "NPUSIM_SOFTMAX_ROW_BROADCAST",
-                                                 "NPUSIM_SOFTMAX_SINGLE_BUFFER",
-                                                 "NPUSIM_TRANSPOSE_CANN",
-                                                 "NPUSIM_TRANSPOSE_ROW_GATHER",
-                                                 "NPUSIM_VECTOR_MULTIPLY_ACCUMULATE"};
+  static const std::vector<std::string> names = {
+      "NPUSIM_BN_RAGGED_CHANNELS",       "NPUSIM_CONV_PLAN_RANK",
+      "NPUSIM_CONV_STRIDED_INPUT_GRAD",  "NPUSIM_DEPTHWISE_GROUPS_PER_STEP",
+      "NPUSIM_DEPTHWISE_TILE_ORDER",     "NPUSIM_FILTER_GRAD_PLAN_RANK",
+      "NPUSIM_FILTER_GRAD_POINTWISE",    "NPUSIM_FUSION_ADD_RELU_CAST",
+      "NPUSIM_FUSION_CHANNEL_EPILOGUE",  "NPUSIM_FUSION_CONV_BN_REDUCE_TILES",
+      "NPUSIM_FUSION_GROUPED_CONV_PACK", "NPUSIM_L2_STREAM_POLICY",
+      "NPUSIM_MATMUL_CORE_SPLIT",        "NPUSIM_SOFTMAX_RAGGED_RESIDENT",
+      "NPUSIM_SOFTMAX_ROW_BROADCAST",    "NPUSIM_SOFTMAX_SINGLE_BUFFER",
+      "NPUSIM_STAGGER_PARTIAL_TILES",    "NPUSIM_TRANSPOSE_CANN",
+      "NPUSIM_TRANSPOSE_ROW_GATHER",     "NPUSIM_VECTOR_MULTIPLY_ACCUMULATE",
+  };
   return names;
 }
 

@@ -1067,6 +1067,42 @@ TEST_CASE("BNTraining channel sums: staggered first raw tiles, the sums within t
   }
 }
 
+TEST_CASE("BNTraining channel sums: staggered where a block holds one raw tile and a part") {
+  // ops/channel.cpp stagger_range_long_enough: a block's pixels more than one raw tile but
+  // fewer than two whole ones are staggered too (BNTrainingUpdateGrad at 8x7x7x512 with the
+  // mask, compiled for the 910b: 392 pixels in 44 blocks of 9, raw tiles of 8; a block loads two
+  // raw tiles either way); NPUSIM_STAGGER_PARTIAL_TILES=0 keeps the rule of two whole ones. Both
+  // ways the gradients within their bounds (the stagger changes which lanes add which pixels,
+  // not the bounds).
+  const ChipConfig b910 = load_chip_config("910b");
+  const std::vector<int64_t> shape = {8, 7, 7, 512};
+  const TensorDesc t{DataType::F16, shape}, v{DataType::F32, {512}};
+  const OpDesc op =
+      make_op("BNTrainingUpdateGrad", {t, t, v, v, v, v}, {{"epsilon", 0.001}, {"relu", true}});
+  const auto staggered = [&] {
+    const std::string summary = compiler::compile(op, b910).launches.front().summary;
+    UNSCOPED_INFO(summary);
+    REQUIRE(summary.find("44 blocks of 9 pixels") != std::string::npos);
+    REQUIRE(summary.find("loaded 8 pixels at a time") != std::string::npos);
+    return summary.find("first raw tiles staggered") != std::string::npos;
+  };
+  // (the values where the test chip is the 910b: the sums' in-kernel epilogue waits for all
+  // 44 blocks at once, more vector cores than the tiny chip has)
+  const bool on_910b = test_sim().config().name == b910.name;
+  CHECK(staggered());
+  if (on_910b) check_grads({shape, 140, true, DataType::F16});
+  {
+    ScopedEnv off("NPUSIM_STAGGER_PARTIAL_TILES", "0");
+    CHECK_FALSE(staggered());
+    if (on_910b) check_grads({shape, 140, true, DataType::F16});
+  }
+  {  // the switch takes unset, "0" or "1" only
+    ScopedEnv bad("NPUSIM_STAGGER_PARTIAL_TILES", "yes");
+    CHECK(compile_refusal(op, b910).message.find("NPUSIM_STAGGER_PARTIAL_TILES='yes'") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("BNTraining channel sums: the most channels per tile first, whatever the L2") {
   // A 6144-pixel x 256-channel sum (6 MiB of f32) takes all 256 channels per tile
   // (ops/channel.cpp), compiled for the test chip with a 64 KiB L2 (which it overflows) and

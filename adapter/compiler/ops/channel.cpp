@@ -47,6 +47,20 @@ void partials_barrier(KernelBuilder& b, int id) {
   b.emit(Opcode::op_cc_wait, {Pipe::MTE2, id}, "wait: every vector core's partials");
 }
 
+// Whether a block's `per` pixels, loaded `raw` at a time, are enough for its first raw tile to
+// be staggered (ChannelSumSpec::stagger_first_tiles): more than one raw tile, so that the block
+// loads two raw tiles or more whether staggered or not (one would only be cut in two, a round
+// trip more); with NPUSIM_STAGGER_PARTIAL_TILES=0 two whole raw tiles, the rule before (read at
+// every compile; anything but unset, "0" or "1" is a CompileError naming it). Measured on
+// BNTrainingUpdateGrad at 8x7x7x512 with the mask (910b, 9 pixels a block in raw tiles of 8):
+// 8,481 -> 8,182 cycles, docs/graph_engine.md.
+bool stagger_range_long_enough(KernelBuilder& b, int64_t per, int64_t raw) {
+  const char* v = std::getenv("NPUSIM_STAGGER_PARTIAL_TILES");
+  if (!v || std::string_view(v) == "1") return per > raw;
+  if (std::string_view(v) == "0") return per >= 2 * raw;
+  b.fail(fmt::format("NPUSIM_STAGGER_PARTIAL_TILES='{}' is neither '0' nor '1'", v));
+}
+
 }  // namespace
 
 void f32_binary(KernelBuilder& b, Opcode op, uint64_t d, uint64_t a, uint64_t c, const Reg& count) {
@@ -345,7 +359,8 @@ void ChannelSumEmitter::plan_tile() {
   m_rt = rt;
   m_ct = ct;
   m_tile = static_cast<uint64_t>(tp * ct);
-  m_stagger = s.stagger_first_tiles && !m_pingpong && m_blocks > 1 && m_per >= 2 * tp * rt &&
+  m_stagger = s.stagger_first_tiles && !m_pingpong && m_blocks > 1 &&
+              stagger_range_long_enough(m_b, m_per, tp * rt) &&
               load_round_trips_idle_hbm(m_b.config(), m_blocks);
 }
 

@@ -76,7 +76,7 @@ struct ChannelSumSpec {
   // Block b of B first loads a raw tile of (b + 1) / B of a raw tile's pixels (at least one),
   // then whole raw tiles, as StreamSpec::stagger_first_tiles: the blocks' round trips out of
   // phase. Taken where it can pay (the vector cores' GM -> UB ports together faster than HBM's
-  // sustained rate, sync.set_flag_holds_pipe, a block's range at least two raw tiles) and the
+  // sustained rate, sync.set_flag_holds_pipe, a block's range more than one raw tile) and the
   // sums are added in place (a short tile's sums stay in their lanes); the lanes then gather
   // other pixels, a different f32 summation order.
   bool stagger_first_tiles = false;
