@@ -70,6 +70,7 @@ std::vector<uint64_t> Launch::bind(const std::vector<uint64_t>& inputs,
 
 const std::vector<std::string>& lowering_switches() {
   static const std::vector<std::string> names = {"NPUSIM_BN_RAGGED_CHANNELS",
+                                                 "NPUSIM_CONV_PIXEL_LOADS",
                                                  "NPUSIM_CONV_PLAN_RANK",
                                                  "NPUSIM_CONV_STRIDED_INPUT_GRAD",
                                                  "NPUSIM_DEPTHWISE_GROUPS_PER_STEP",
