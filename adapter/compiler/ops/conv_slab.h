@@ -98,8 +98,9 @@ double cube_l2_read_rate(const ChipConfig& cfg, const CoreKindConfig& core);
 //   whole pixels: one nd2nz of a run of the planes' channels a pixel (one run for the slab
 //     where they are all the map's); the data at gm_rate (each line a miss through the core's
 //     GM port).
-// mode kByEstimate takes the lower (per plane on a tie). # estimate: the slab's lines taken as
-// not in the L2 (a slab read again for another n tile, or its halo rows, hit either way).
+// mode kByEstimate takes the lower (per plane on a tie), and per plane on a chip without the
+// DMA's issue keys (nothing changes there). # estimate: the slab's lines taken as not in the
+// L2 (a slab read again for another n tile, or its halo rows, hit either way).
 struct SlabLoad {
   bool whole_pixels = false;
   int64_t insns = 0;  // nd2nz a slab
