@@ -89,6 +89,8 @@ struct BurstCopy {
 // nd2nz: ND rows x cols (row pitch src_stride elements; rows may overlap in GM, a read) in GM
 // -> NZ in L1
 // Writes [ceil(cols/C0)][dst_rows][C0]; rows >= `rows` and columns >= `cols` are zero-filled.
+// dst_rows need not be a multiple of 16: [pixels, C] with dst_rows = pixels is C/C0 planes of
+// [pixels][C0] back to back (the convolution's slab, NC1HWC0).
 struct Nd2Nz {
   uint64_t size, c0, xsrc, xdst, rows, cols, src_stride, dst_rows;
   isa::L2Hint l2;
@@ -103,9 +105,10 @@ struct Nd2Nz {
     cols = o.count("cols", 1);
     src_stride = o.count("src_stride", 1);
     dst_rows = o.count("dst_rows", 1);
-    if (dst_rows < rows || dst_rows % kFractalRows != 0)
-      o.fault(fmt::format("dst_rows = {} must be a multiple of {} and >= rows = {}", dst_rows,
-                          kFractalRows, rows));
+    // dst_rows is the column blocks' stride in 32-byte blocks (the reference's Nd2Nz
+    // dstNzC0Stride): any value >= rows; a multiple of 16 makes the blocks whole fractals.
+    if (dst_rows < rows)
+      o.fault(fmt::format("dst_rows = {} must be >= rows = {}", dst_rows, rows));
     mte::check_gm(o, ctx, "xsrc", xsrc, ((rows - 1) * src_stride + cols) * size);
     mte::check_local(o, ctx, "xdst", Buf::L1, xdst, dst_bytes());
   }

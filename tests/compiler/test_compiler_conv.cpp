@@ -1468,3 +1468,33 @@ TEST_CASE("cube conv planner: a coupled chip's batch-norm way out priced stage b
         d * ((t_slow.tiles_per_block + 1) / 2 - 1));
   CHECK(t_slower.tiles_per_block < t.tiles_per_block);
 }
+
+namespace {
+struct PixelLoads : ScopedEnv {
+  explicit PixelLoads(const char* v) : ScopedEnv("NPUSIM_CONV_PIXEL_LOADS", v) {}
+};
+}  // namespace
+
+TEST_CASE("NPUSIM_CONV_PIXEL_LOADS=1: dense slabs by whole pixels compute the same") {
+  // Every dense slab by one nd2nz of whole pixels (the bursts: test_compiler_conv_bursts.cpp),
+  // against the references: partial channel blocks (40, 5), several chunks (kc1 < channel
+  // blocks with 200 channels), strides and dilations, the input gradient (stride 1: a dense
+  // slab of dy), the filter gradient and the block-diagonal depthwise groups. One image where
+  // the summary is checked (several would be stacked: not a dense slab).
+  PixelLoads on("1");
+  CHECK(mentions(check_conv2d(DataType::F16, ConvCase{1, 9, 7, 40, 3, 3, 24}, 301),
+                 "by whole pixels"));
+  check_conv2d(DataType::F16, ConvCase{2, 9, 7, 40, 3, 3, 24}, 302);
+  check_conv2d(DataType::F16, ConvCase{1, 6, 5, 200, 3, 3, 32}.window(2, 1, 1, 2, "SAME"), 303);
+  check_conv2d(DataType::F32, ConvCase{2, 5, 6, 5, 2, 3, 17}, 305);
+  check_conv2d_backprop_input(DataType::F16, ConvCase{2, 7, 6, 24, 3, 3, 40}, 307);
+  check_conv2d_backprop_filter(DataType::F16, ConvCase{2, 8, 7, 40, 3, 3, 24}, 309);
+  check_depthwise(0, DataType::F16, ConvCase{2, 7, 6, 40, 3, 3, 0}, 1, 311);
+  PixelLoads bad("2");
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("Conv2D", {TensorDesc{DataType::F16, {1, 8, 8, 64}},
+                                           TensorDesc{DataType::F16, {1, 1, 64, 16}}},
+                                ConvCase{1, 8, 8, 64, 1, 1, 16}.attrs()),
+                        test_sim().config()),
+      Catch::Contains("NPUSIM_CONV_PIXEL_LOADS='2' is none of"));
+}

@@ -238,6 +238,9 @@ struct CubeConvTiling {
   int64_t keys = 1;        // groups * n_tiles
   int64_t slab_rows = 0;   // the most input rows one tile's feature-map slab spans
   int64_t slab_bytes = 0;  // one slab buffer in L1 (two are allocated)
+  // A dense slab is loaded by one nd2nz of whole pixels, not one per plane (dense_slab_load,
+  // SlabEmitter::Geometry::whole_pixels).
+  bool whole_pixels = false;
   int64_t b_bytes = 0;     // one weight buffer in L1 (resident: one; chunked: two)
   int l0c_buffers = 1;
   int block_dim = 0;
@@ -402,6 +405,7 @@ struct FilterGradTiling {
   int64_t kc1 = 0, slab_rows = 0, slab_bytes = 0;  // slab planes and rows (largest), L1 bytes
   int64_t k_tiles = 0, n_tiles = 0, m_tiles = 0, tiles = 0, chunks = 0, per = 0;  // n: per group
   int block_dim = 0, l0c_buffers = 0;
+  bool whole_pixels = false;  // the slab by one nd2nz of whole pixels (dense_slab_load)
   double cycles = 0;
 };
 // Every tiling that fits the cube core, each with its modelled cycles, in the planner's order;

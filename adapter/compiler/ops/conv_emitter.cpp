@@ -12,11 +12,14 @@
 //   MTE2  the feature-map slab of the tile (the input rows its output rows need, all columns,
 //         the chunk's channel blocks) into L1 buffer step & 1 as NC1HWC0 [c1][rows][W][16]:
 //         one nd2nz per channel block (NHWC rows -> one 16-channel plane, padding channels
-//         zero); with zero insertion the slab is zeroed first (an nd2nz whose zero-filled
-//         padding covers it) and the stored pixels are copied into place (nd2nz per row when
-//         up_w = 1, else copy_gm2l1 per pixel over all planes). Streamed weights: the chunk's
-//         B in L1 too, one nd2nz per k-block (16 input channels, one tap) straight from the
-//         weight layout, so L1 holds B's L0B image (kRowsN) or its fractal transpose (kRowsK).
+//         zero), or where the tiling says so (CubeConvTiling::whole_pixels: the chip prices
+//         the per-plane load's 32-byte GM bursts) one nd2nz of whole pixels whose column
+//         blocks are the planes (dst_rows = the plane's pixels); with zero insertion the slab is
+//         zeroed first (an nd2nz whose zero-filled padding covers it) and the stored pixels are
+//         copied into place (nd2nz per row when up_w = 1, else copy_gm2l1 per pixel over all
+//         planes). Streamed weights: the chunk's B in L1 too, one nd2nz per k-block (16 input
+//         channels, one tap) straight from the weight layout, so L1 holds B's L0B image (kRowsN) or
+//         its fractal transpose (kRowsK).
 //   MTE1  per mmad step: load3d (img2col of the slab, the tile's rows, k range) into L0A and one
 //         load2d of B into L0B (transposing each fractal for kRowsK);
 //   M     mmad into the tile's L0C buffer; FIX after the last chunk: L0C -> y (ND, exact rows
@@ -85,6 +88,7 @@ SlabEmitter::Geometry slab_geometry(const CubeConvSpec& s, const CubeConvTiling&
   g.x_image = s.x_image;
   g.planes_at_once = s.b_diagonal && t.stack == 1 && s.x_row == 0 && s.up_h == 1 && s.up_w == 1 &&
                      s.ext_h == 0 && s.ext_w == 0;
+  g.whole_pixels = t.whole_pixels;
   return g;
 }
 

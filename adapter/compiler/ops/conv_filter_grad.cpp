@@ -91,7 +91,7 @@ class FilterGradEmitter {
       : m_s(s),
         m_t(t),
         m_b(fmt::format("FilterGrad_{}", isa::dtype_name(s.in_type)), op, cfg),
-        m_slab(m_b, slab_geometry(s, t.tp)),
+        m_slab(m_b, slab_geometry(s, t)),
         m_isz(isa::dtype_size(s.in_type)),
         m_osz(isa::dtype_size(s.out_type)),
         m_taps(s.kh * s.kw),
@@ -99,9 +99,10 @@ class FilterGradEmitter {
         m_pipe(m_b, t.l0c_buffers) {}
 
   // The slab's geometry: x's pixels hold every group's channels.
-  static SlabEmitter::Geometry slab_geometry(const FilterGradSpec& s, int64_t tp) {
-    SlabEmitter::Geometry g = SlabEmitter::image_geometry(s, tp);
+  static SlabEmitter::Geometry slab_geometry(const FilterGradSpec& s, const FilterGradTiling& t) {
+    SlabEmitter::Geometry g = SlabEmitter::image_geometry(s, t.tp);
     g.cs = s.groups * s.c;
+    g.whole_pixels = t.whole_pixels;
     return g;
   }
 
@@ -502,7 +503,8 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
   // Rates (bytes per cycle) and a step's fixed cost beyond its slowest pipe: the hand-overs'
   // start latencies (GM -> L1, L1 -> L0A and L0B, the cube's pipeline), as the convolution's
   // planner counts them (ops/conv_tiling.cpp).
-  const double gm_rate = cfg.path_rate(Buf::GM, Buf::L1);
+  const double gm_rate = cfg.path_rate(Buf::GM, Buf::L1), l2_rate = cube_l2_read_rate(cfg, core);
+  const PixelLoads pixel_loads = pixel_loads_switch(op);
   const double l0a_rate = cfg.path_rate(Buf::L1, Buf::L0A),
                l0b_rate = cfg.path_rate(Buf::L1, Buf::L0B);
   const double l1_lat = cfg.path_latency(Buf::L1, Buf::L0A),
@@ -578,7 +580,21 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
         const double loaded = static_cast<double>(t.tiles * chunks) * chunk_bytes;
         const CubeLoadRate rate =
             cube_load_rate(cfg, static_cast<double>(t.block_dim), operand_bytes, loaded);
-        const double mte2 = rate.access_latency + chunk_bytes * rate.cycles_per_byte;
+        // A dense slab (x without a strided view) by whole pixels or per plane
+        // (dense_slab_load); MTE2 takes at least the DMA's issue of the slab's nd2nz and dy's
+        // (copy_issue_estimate; 0 on chips without the keys).
+        double issue = copy_issue_estimate(cfg, static_cast<int64_t>(std::ceil(mean_tp)),
+                                           std::min(tn, s.cout) * isz, s.cout * isz);
+        if (s.x_row == 0) {
+          const SlabLoad l =
+              dense_slab_load(cfg, pixel_loads,
+                              static_cast<int64_t>(std::ceil(mean_rows * static_cast<double>(s.w))),
+                              t.kc1, s.groups * s.c, isz, l2_rate, gm_rate);
+          t.whole_pixels = l.whole_pixels;
+          issue += l.issue;
+        }
+        const double mte2 =
+            rate.access_latency + std::max(chunk_bytes * rate.cycles_per_byte, issue);
         const double cold = cfg.hbm_latency_cycles + chunk_bytes / gm_rate;
         const double l0_steps = std::ceil(mean_tp / static_cast<double>(t.ks));
         // An L0 step: one mmad (its latency and fractals), and on MTE1 one load3dt of the

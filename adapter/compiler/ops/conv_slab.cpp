@@ -1,6 +1,8 @@
 #include "adapter/compiler/ops/conv_slab.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -78,6 +80,52 @@ void check_geometry(const std::string& op, int64_t hv, int64_t wv, int64_t kh, i
                      hv + pt + pb, wv + pl + pr));
   if (wv > ru16 || hv > ru16)
     fail(fmt::format("input {}x{} exceeds {} (set_fmatrix)", hv, wv, ru16));
+}
+
+PixelLoads pixel_loads_switch(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_CONV_PIXEL_LOADS");
+  const std::string_view value = v ? v : "";
+  if (value.empty()) return PixelLoads::kByEstimate;
+  if (value == "0") return PixelLoads::kPerPlane;
+  if (value == "1") return PixelLoads::kWholePixels;
+  throw CompileError(
+      fmt::format("{}: NPUSIM_CONV_PIXEL_LOADS='{}' is none of '', '0', '1'", op, value));
+}
+
+double copy_issue_estimate(const ChipConfig& cfg, int64_t runs, int64_t run_bytes,
+                           int64_t pitch_bytes) {
+  if (cfg.copy_issue_cycles == 0 && cfg.burst_cycles == 0) return 0;
+  constexpr double kBurst = 512, kStart = 32;  // mte::kGmBurstBytes, a run's start alignment
+  const auto bursts = [&](double bytes) { return (bytes + kBurst - kStart) / kBurst; };
+  const double n = run_bytes == pitch_bytes
+                       ? bursts(static_cast<double>(runs * run_bytes))
+                       : static_cast<double>(runs) * bursts(static_cast<double>(run_bytes));
+  return cfg.copy_issue_cycles + cfg.burst_cycles * n;
+}
+
+double cube_l2_read_rate(const ChipConfig& cfg, const CoreKindConfig& core) {
+  const double gm_rate = cfg.path_rate(isa::Buf::GM, isa::Buf::L1);
+  if (cfg.l2_read_bytes_per_cycle <= 0 || cfg.l2_gbps <= 0) return gm_rate;
+  return std::max(gm_rate, std::min(cfg.l2_read_bytes_per_cycle,
+                                    cfg.l2_bytes_per_cycle() / static_cast<double>(core.count)));
+}
+
+SlabLoad dense_slab_load(const ChipConfig& cfg, PixelLoads mode, int64_t pixels, int64_t planes,
+                         int64_t cs, int64_t isz, double l2_rate, double gm_rate) {
+  const int64_t pitch = cs * isz, run = std::min(planes * kBlkBytes, pitch);
+  const double bytes = static_cast<double>(pixels * planes * kBlkBytes);
+  SlabLoad per_plane{false, planes, 0, 0}, whole{true, 1, 0, 0};
+  per_plane.issue =
+      static_cast<double>(planes) * copy_issue_estimate(cfg, pixels, kBlkBytes, pitch);
+  per_plane.cycles = std::max(bytes / l2_rate, per_plane.issue);
+  whole.issue = copy_issue_estimate(cfg, pixels, run, pitch);
+  whole.cycles = std::max(static_cast<double>(pixels * run) / gm_rate, whole.issue);
+  if (mode == PixelLoads::kPerPlane) return per_plane;
+  if (mode == PixelLoads::kWholePixels) return whole;
+  // Without the keys the kernels stay as they were (a plan change reorders the sums of the
+  // statistics in the convolutions' epilogues): whole pixels only where the DMA's issue counts.
+  if (cfg.copy_issue_cycles == 0 && cfg.burst_cycles == 0) return per_plane;
+  return whole.cycles < per_plane.cycles ? whole : per_plane;
 }
 
 SlabEmitter::SlabEmitter(KernelBuilder& b, const Geometry& g)
@@ -368,10 +416,31 @@ void SlabEmitter::load_strided_columns(const SlabArgs& a, Scratch& r) {
   b.bind(loaded);
 }
 
-// Per plane: nd2nz of the h * ws pixels (padding rows up to a multiple of 16 spill zeros into
-// the next plane, which is written afterwards).
+// Whole pixels (Geometry::whole_pixels): one nd2nz of the h * ws pixels' channels [16 * c1a, 16 *
+// (c1a + ncb)) as a [pixels, channels] matrix whose column blocks are plane * 32 bytes apart
+// (dst_rows = the plane's pixels): NHWC rows -> the slab's planes, each pixel's channels one
+// contiguous GM run and the slab's rows back to back when they are all the map's channels.
+// Else per plane: nd2nz of the h * ws pixels' 16 channels (one 32-byte
+// run a pixel; padding rows up to a multiple of 16 spill zeros into the next plane, written
+// afterwards), or one nd2nz for all planes where they are whole fractals (planes_at_once).
 void SlabEmitter::load_dense(const SlabArgs& a, Scratch& r) {
   KernelBuilder& b = m_b;
+  if (m_g.whole_pixels) {
+    b.mul(r.src, a.img, m_g.hs);
+    b.add(r.src, r.src, a.r0);
+    b.mul(r.src, r.src, m_g.ws * m_g.cs);
+    b.add(r.src, r.src, a.cbase);
+    b.mul(r.t, a.c1a, kBlk);
+    b.add(r.src, r.src, r.t);
+    b.mul(r.src, r.src, m_isz);
+    b.add(r.src, r.src, a.x, "the first pixel's channel 16 * c1a");
+    b.sub(r.t, a.cvalid, r.t);
+    b.shl(r.end, a.ncb, 4);
+    b.min(r.t, r.t, r.end, "channels of the slab's planes");
+    b.emit(Opcode::op_nd2nz, {m_g.type, a.dst, r.src, r.plane, r.t, m_g.cs, r.plane},
+           "whole pixels: every plane at once");
+    return;
+  }
   Reg rows = b.reg("slab: padded pixels");
   b.add(rows, r.plane, kBlk - 1);
   b.shr(rows, rows, 4);

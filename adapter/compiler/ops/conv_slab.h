@@ -69,6 +69,47 @@ void check_geometry(const std::string& op, int64_t hv, int64_t wv, int64_t kh, i
                     int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pb,
                     int64_t pl, int64_t pr);
 
+// How a dense slab (one image a map, no zero insertion, no strided view of x) goes into L1.
+// NPUSIM_CONV_PIXEL_LOADS (read at every compile): unset or empty, the load of the lower
+// estimate (dense_slab_load); "0", per 16-channel plane; "1", by whole pixels. Anything else
+// is a CompileError naming op.
+enum class PixelLoads { kByEstimate, kPerPlane, kWholePixels };
+PixelLoads pixel_loads_switch(const std::string& op);
+
+// The minimum cycles the DMA spends issuing one GM copy (ChipConfig::copy_issue_cycles +
+// burst_cycles per GM burst; sim/exec/mte_common.h) whose GM ranges are `runs` runs of
+// run_bytes, pitch_bytes apart (one contiguous run where the two are equal); 0 on a chip
+// without those keys. # estimate: a run starts at a 32-byte-aligned address anywhere in its
+// 512-byte block, so a run of n bytes makes (n + 480) / 512 bursts on average (a 32-byte run
+// exactly one).
+double copy_issue_estimate(const ChipConfig& cfg, int64_t runs, int64_t run_bytes,
+                           int64_t pitch_bytes);
+
+// The rate (bytes per cycle) a cube core reads data that is in the L2: its L2 read port or its
+// share of the L2's bandwidth, not slower than the GM path (docs/chip_model.md).
+double cube_l2_read_rate(const ChipConfig& cfg, const CoreKindConfig& core);
+
+// MTE2's load of a dense slab of `pixels` pixels and `planes` 16-channel planes from a map of
+// `cs` channels of isz bytes, each way the larger of its data's time and its issue minimum
+// (copy_issue_estimate):
+//   per plane: `planes` nd2nz of one 32-byte run a pixel; the data at l2_rate (the first
+//     plane's requests bring the slab's lines into the L2 at HBM's rate beside the core's
+//     port, the planes after it hit: sim/chip/memory_system.cpp);
+//   whole pixels: one nd2nz of a run of the planes' channels a pixel (one run for the slab
+//     where they are all the map's); the data at gm_rate (each line a miss through the core's
+//     GM port).
+// mode kByEstimate takes the lower (per plane on a tie), and per plane on a chip without the
+// DMA's issue keys (nothing changes there). # estimate: the slab's lines taken as not in the
+// L2 (a slab read again for another n tile, or its halo rows, hit either way).
+struct SlabLoad {
+  bool whole_pixels = false;
+  int64_t insns = 0;  // nd2nz a slab
+  double cycles = 0;  // MTE2's cycles for the slab
+  double issue = 0;   // of which the DMA's issue minimum (0 on a chip without the keys)
+};
+SlabLoad dense_slab_load(const ChipConfig& cfg, PixelLoads mode, int64_t pixels, int64_t planes,
+                         int64_t cs, int64_t isz, double l2_rate, double gm_rate);
+
 // The slab at run time, for one kernel's geometry.
 class SlabEmitter {
  public:
@@ -83,6 +124,9 @@ class SlabEmitter {
     // fractals at run time (h * Wv a multiple of 16) is loaded by one nd2nz for all its
     // planes, 32 * planes-byte rows, instead of one per plane (the block-diagonal groups).
     bool planes_at_once = false;
+    // A dense slab by one nd2nz of whole pixels (SlabLoad::whole_pixels): each pixel's
+    // channels of the slab one GM run, the nd2nz's column blocks a plane apart.
+    bool whole_pixels = false;
   };
 
   // The window fields (kh .. pr) of a spec with those fields (CubeConvSpec, Img2colSpec).

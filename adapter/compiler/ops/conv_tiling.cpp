@@ -59,10 +59,7 @@ ConvRates conv_rates(const ChipConfig& cfg, const CoreKindConfig& core) {
   // Data read again (a slab once per n tile, streamed weights once per stack of images) comes
   // from L2 after its first read: at the core's L2 read port or its share of L2's bandwidth
   // (docs/chip_model.md), not slower than the GM path.
-  r.l2_rate = r.gm_rate;
-  if (cfg.l2_read_bytes_per_cycle > 0 && cfg.l2_gbps > 0)
-    r.l2_rate = std::max(
-        r.gm_rate, std::min(cfg.l2_read_bytes_per_cycle, cfg.l2_bytes_per_cycle() / core.count));
+  r.l2_rate = cube_l2_read_rate(cfg, core);
   r.l0a_rate = cfg.path_rate(Buf::L1, Buf::L0A);
   r.l0b_rate = cfg.path_rate(Buf::L1, Buf::L0B);
   r.fix_rate = cube_store_rate(cfg);
@@ -200,11 +197,28 @@ struct Candidate {
   // and the later ones land in lines the other tiles of their rows have allocated.
   bool y_whole_rows = true;
   double affine_per_elem = 0;  // the epilogue's vector cycles per element for this tiling
+  // A dense slab (SlabEmitter: one image a map, no zero insertion or strided view), loaded as
+  // t.whole_pixels says (dense_slab_load); the map's channels and element bytes.
+  bool dense_slab = false;
+  int64_t cs = 0, isz = 2;
+  // B's rows in GM (CubeConvSpec::b_mode, b_row): a k-block's nd2nz reads 16 rows of its
+  // columns (input channels as rows: kRowsK, block-diagonal) or n_act rows of 16 channels.
+  bool b_rows_k = true;
+  int64_t b_pitch_bytes = 0;
   // The columns of B one k-block of n_act output columns reaches (loaded, multiplied).
   int64_t b_cols(int64_t n_act) const { return b_block ? b_block : round_up(n_act, kBlk); }
   // The mmad steps of a chunk: a block-diagonal chunk's channel blocks each in their own.
   int64_t mmad_steps() const {
     return b_block ? t.kc1 * ceil_div(taps * kBlk, t.tk0) : ceil_div(kchunk, t.tk0);
+  }
+  // MTE2's cycles for a chunk of B of n_act columns: its bytes at `rate`, or the DMA's issue
+  // minimum of its kc1 x taps nd2nz where that is more (copy_issue_estimate).
+  double weight_load(const ChipConfig& cfg, double rate, int64_t n_act) const {
+    const double flow = static_cast<double>(kchunk * b_cols(n_act) * 2) / rate;
+    const double issue =
+        b_rows_k ? copy_issue_estimate(cfg, kBlk, (b_block ? b_block : n_act) * isz, b_pitch_bytes)
+                 : copy_issue_estimate(cfg, n_act, kBlk * isz, b_pitch_bytes);
+    return std::max(flow, static_cast<double>(t.kc1 * taps) * issue);
   }
 };
 
@@ -391,9 +405,23 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   s.cube = static_cast<double>(steps_mmad) * r.cube_lat +
            static_cast<double>(ceil_div(g.m_act, cfg.cube_m)) * n16 *
                static_cast<double>(c.kchunk / cfg.cube_k);
-  const double slab_flow = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate;
-  const double weight_flow =
-      loads_weights ? static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l2_rate : 0.0;
+  double slab_flow = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.l2_rate;
+  int64_t slab_insns = kc1 * st + (st > 1 ? 1 : 0);  // an nd2nz per plane (and image), the zeroing
+  if (st > 1) {
+    // A stacked slab: an nd2nz per plane and image, a 32-byte run per pixel of the slab's rows
+    // (gap rows counted too: # estimate, they are zeroed, not read), at least the DMA's issue.
+    slab_flow =
+        std::max(slab_flow, static_cast<double>(kc1) *
+                                (copy_issue_estimate(cfg, g.h * c.wv, kBlkBytes, c.cs * c.isz) +
+                                 static_cast<double>(st - 1) * cfg.copy_issue_cycles));
+  } else if (c.dense_slab) {
+    const SlabLoad l =
+        dense_slab_load(cfg, t.whole_pixels ? PixelLoads::kWholePixels : PixelLoads::kPerPlane,
+                        g.h * c.wv, kc1, c.cs, c.isz, r.l2_rate, r.gm_rate);
+    slab_flow = l.cycles;
+    slab_insns = l.insns;
+  }
+  const double weight_flow = loads_weights ? c.weight_load(cfg, r.l2_rate, n_act) : 0.0;
   s.load = slab_flow + weight_flow + r.gm_lat;
   s.mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
            static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l0b_rate +
@@ -401,7 +429,7 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   // Scalar cycles: ~200 a step, ~60 an mmad step, ~18 to 20 per plane and image of a stacked
   // slab (stacked_slab_scalar_per_image), ~15 per k-block of weights loaded.
   ConvStepProgram prog;
-  prog.slab_insns = kc1 * st + (st > 1 ? 1 : 0);  // an nd2nz per plane (and image), the zeroing
+  prog.slab_insns = slab_insns;
   prog.slab_flow = slab_flow;
   prog.weight_insns = loads_weights ? kc1 * c.taps : 0;  // an nd2nz per k-block
   prog.weight_flow = weight_flow;
@@ -549,7 +577,7 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
       const SlabGeom& g = c.mts[static_cast<size_t>(i % mt_count)];
       cost += tile_cost(cfg, r, c, g, n_act, true) - tile_cost(cfg, r, c, g, n_act, false);
       if (t.resident)  // the first chunk's weights are not overlapped
-        cost += static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l2_rate + r.gm_lat;
+        cost += c.weight_load(cfg, r.l2_rate, n_act) + r.gm_lat;
       i = end;
     }
     if (c.affine_per_elem > 0 && t.l0c_buffers > 1 && hi_last(b) > b * per) {
@@ -590,10 +618,8 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
             const SlabGeom& g = c.mts[static_cast<size_t>(i % mt_count)];
             return static_cast<double>(t.chunks) *
                        step_stages(cfg, r, c, g, n_act_of(i), first).period +
-                   (first && t.resident
-                        ? static_cast<double>(c.kchunk * c.b_cols(n_act_of(i)) * 2) / r.l2_rate +
-                              r.gm_lat
-                        : 0.0);
+                   (first && t.resident ? c.weight_load(cfg, r.l2_rate, n_act_of(i)) + r.gm_lat
+                                        : 0.0);
           });
     }
     worst = std::max(worst, cost);
@@ -767,7 +793,8 @@ struct ConvPlanner {
   const CoreKindConfig& core;
   const ConvRates rates;
   const int64_t forced_stack;
-  const bool via_ub;  // tiles leave L0C through the UB: a tile must fit it
+  const bool via_ub;             // tiles leave L0C through the UB: a tile must fit it
+  const PixelLoads pixel_loads;  // NPUSIM_CONV_PIXEL_LOADS
   std::vector<CubeConvTiling> plans;
 
   // Every tiling of stack count st that fits, into plans.
@@ -798,6 +825,12 @@ struct ConvPlanner {
       c.taps = s.kh * s.kw;
       c.osz = isa::dtype_size(s.out_type);
       c.b_block = s.b_diagonal ? s.b_cols(0) : 0;
+      c.isz = isa::dtype_size(s.in_type);
+      c.cs = s.cs;
+      c.dense_slab =
+          st == 1 && s.x_row == 0 && s.up_h == 1 && s.up_w == 1 && s.ext_h == 0 && s.ext_w == 0;
+      c.b_rows_k = s.b_diagonal || s.b_mode == CubeConvSpec::BMode::kRowsK;
+      c.b_pitch_bytes = s.b_row * c.isz;
       for (int64_t tn : tns) add_width(c, tn);
     }
   }
@@ -868,6 +901,9 @@ struct ConvPlanner {
     // A stacked slab is zeroed by one nd2nz (dst_rows: its pixels + 16).
     if (t.stack > 1 && kc1 * t.slab_rows * c.wv + kBlk > ru16) return;
     t.slab_bytes = slab_buffer_bytes(kc1, t.slab_rows, c.wv);
+    t.whole_pixels = c.dense_slab && dense_slab_load(cfg, pixel_loads, t.slab_rows * c.wv, kc1,
+                                                     c.cs, c.isz, rates.l2_rate, rates.gm_rate)
+                                         .whole_pixels;
     // Resident: one buffer of the whole B of a (group, n tile); streamed: two chunk buffers.
     t.b_bytes =
         weight_buffer_bytes(resident ? s.c1_in() * c.taps * kBlk : c.kchunk, s.b_cols(tn16));
@@ -933,13 +969,13 @@ std::string CubeConvTiling::str() const {
   return fmt::format(
       "tiles {}x{} ({} m x {} n per {}/group, {} tiles over {} blocks of {}), "
       "{}k {} per mmad, {} channel blocks per chunk ({} chunk(s){}), slab {} rows "
-      "({} B), B {} B, {} L0C buffer(s), ~{:.0f} cycles",
+      "({} B{}), B {} B, {} L0C buffer(s), ~{:.0f} cycles",
       tm, tn, m_tiles, n_tiles,
       stack == 1 ? std::string("image")
                  : fmt::format("stack of {} images (period {} rows)", stack, period),
       tiles, block_dim, tiles_per_block, spatial_major ? "position-major, " : "", tk0, kc1, chunks,
-      resident ? ", weights resident" : "", slab_rows, slab_bytes, b_bytes, l0c_buffers,
-      est_cycles);
+      resident ? ", weights resident" : "", slab_rows, slab_bytes,
+      whole_pixels ? ", by whole pixels" : "", b_bytes, l0c_buffers, est_cycles);
 }
 
 bool conv_y_packable(const CubeConvSpec& s) {
@@ -995,7 +1031,8 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
         "input blocks and whole 16-column output blocks ({} -> {} channels per group)",
         op, s.cg_in, s.cg_out));
   const std::vector<int64_t> tns = tile_widths(s, op);
-  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core, s), stack, via_ub, {}};
+  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core, s), stack, via_ub, pixel_loads_switch(op),
+                      {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
   // NPUSIM_CONV_PLAN_RANK (forced_plan_rank): benchmarks/conv_plan_ranks.py.
   const int64_t rank = forced_plan_rank("NPUSIM_CONV_PLAN_RANK", op);
