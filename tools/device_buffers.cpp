@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "adapter/compiler/op_desc.h"
 #include "common/error.h"
 #include "isa/disassembler.h"
 
@@ -16,7 +17,8 @@ DeviceArena::DeviceArena(Simulator& sim)
       m_allocator(std::make_shared<rt::HbmAllocator>(
           kBase, sim.gm().capacity(),
           // rt::Device's alignment: no two blocks share an L2 line.
-          std::max<uint64_t>(rt::HbmAllocator::kAlignment, sim.config().l2_line_bytes))) {}
+          std::max<uint64_t>(rt::HbmAllocator::kAlignment, sim.config().l2_line_bytes))),
+      m_tensor_block{m_allocator->alignment(), compiler::kDeviceBufferAlign} {}
 
 uint64_t DeviceArena::allocate(uint64_t bytes, const std::string& what) {
   uint64_t addr = 0;
@@ -25,6 +27,10 @@ uint64_t DeviceArena::allocate(uint64_t bytes, const std::string& what) {
     throw Error(fmt::format("{}: {} bytes do not fit in the device memory of {} bytes ({})", what,
                             bytes, m_sim.gm().capacity(), st.message()));
   return addr;
+}
+
+uint64_t DeviceArena::allocate_tensor(uint64_t bytes, const std::string& what) {
+  return m_tensor_block.tensor_at(allocate(m_tensor_block.block_bytes(bytes), what));
 }
 
 GmBlockLookup DeviceArena::blocks() const {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "adapter/runtime/allocator.h"
+#include "adapter/runtime/tensor_block.h"
 #include "common/npy.h"
 #include "isa/isa.h"
 #include "sim/simulator.h"
@@ -23,8 +24,10 @@ struct DeviceTensor {
   NpyArray host;  // dtype/shape; data filled for inputs, and for outputs after copy-back
 };
 
-// Every buffer is an allocation block of the runtime's allocator, as a TensorFlow tensor's is
-// (rt::HbmAllocator, aligned as rt::Device aligns it), and launches carry the blocks
+// Every buffer is an allocation block of the runtime's allocator (rt::HbmAllocator, aligned as
+// rt::Device aligns it): a plain block, as the runtime's malloc gives a kernel launched through
+// its API (`npusim run`), or a compiled op's tensor in a block laid out as a TensorFlow tensor's
+// (allocate_tensor, `npusim op`). Launches carry the blocks
 // (KernelLaunch::gm_blocks): with a cold L2 a launch's lines are filed by block and the L2's page
 // rotation counts each block's pages from its first line (sim/chip/l2_placement.h), so a kernel
 // launched here files its lines as the same launch from TensorFlow does. Buffers are never freed
@@ -39,6 +42,10 @@ class DeviceArena {
   // every buffer has an address of its own); throws npusim::Error naming `what` when the HBM is
   // full.
   uint64_t allocate(uint64_t bytes, const std::string& what);
+  // Allocates a block for a compiled op's tensor of `bytes` laid out as the TF plugin lays out
+  // every tensor (rt::TensorBlock: a guard line before it, compiler::kDeviceBufferAlign bytes
+  // after it) and returns the tensor's address; errors as allocate's.
+  uint64_t allocate_tensor(uint64_t bytes, const std::string& what);
   // The arena's blocks as the chip's L2 model looks them up (the allocator's block_of).
   GmBlockLookup blocks() const;
   // A launch of `program` on `block_dim` blocks with `args`, its lines filed by the arena's blocks.
@@ -51,6 +58,7 @@ class DeviceArena {
  private:
   Simulator& m_sim;
   std::shared_ptr<rt::HbmAllocator> m_allocator;  // shared with the launches' block lookups
+  rt::TensorBlock m_tensor_block;                  // allocate_tensor's layout
   double m_hdc_us = 0;
 };
 
