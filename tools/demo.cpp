@@ -47,16 +47,6 @@ struct Checked {
   double max_err = 0;
 };
 
-// Runs one kernel with f16 inputs and one f16 output; returns the result and the output.
-KernelResult launch(Simulator& sim, const isa::Program& prog, const std::vector<uint64_t>& args,
-                    int block_dim) {
-  KernelLaunch l;
-  l.program = &prog;
-  l.args = args;
-  l.block_dim = block_dim;
-  return sim.run(l);
-}
-
 }  // namespace
 
 int run_demo(const DemoOptions& o, std::ostream& out) {
@@ -96,7 +86,8 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
   uint64_t dc = arena.allocate(c.data.size(), "gemm c");
   out << fmt::format("\n== gemm_f16: C[{}x{}] = A[{}x{}] x B[{}x{}], fp16 in, fp32 accumulate, {} blocks\n",
                      M, N, M, K, K, N, cube_blocks);
-  KernelResult r = launch(sim, gemm, {da, db, dc, uint64_t(M), uint64_t(N), uint64_t(K)}, cube_blocks);
+  KernelResult r =
+      sim.run(arena.launch(gemm, {da, db, dc, uint64_t(M), uint64_t(N), uint64_t(K)}, cube_blocks));
   if (!r.ok) throw Error("gemm_f16 failed: " + r.error);
   print_summary(out, cfg, "gemm_f16", cube_blocks, r);
   record(gemm, cube_blocks, r, {&a_array, &b_array}, c);
@@ -133,7 +124,7 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
   NpyArray z = f16_array({n}, std::vector<uint16_t>(n));
   uint64_t dz = arena.allocate(z.data.size(), "vadd z");
   out << fmt::format("\n== vadd_f16: z = x + y over {} fp16 elements, {} blocks\n", n, vec_blocks);
-  r = launch(sim, vadd, {dx, dy, dz, uint64_t(n)}, vec_blocks);
+  r = sim.run(arena.launch(vadd, {dx, dy, dz, uint64_t(n)}, vec_blocks));
   if (!r.ok) throw Error("vadd_f16 failed: " + r.error);
   print_summary(out, cfg, "vadd_f16", vec_blocks, r);
   record(vadd, vec_blocks, r, {&x_array, &y_array}, z);

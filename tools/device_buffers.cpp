@@ -6,20 +6,47 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "adapter/compiler/op_desc.h"
 #include "common/error.h"
 #include "isa/disassembler.h"
 
 namespace npusim::cli {
 
+DeviceArena::DeviceArena(Simulator& sim)
+    : m_sim(sim),
+      m_allocator(std::make_shared<rt::HbmAllocator>(
+          kBase, sim.gm().capacity(),
+          // rt::Device's alignment: no two blocks share an L2 line.
+          std::max<uint64_t>(rt::HbmAllocator::kAlignment, sim.config().l2_line_bytes))),
+      m_tensor_block{m_allocator->alignment(), compiler::kDeviceBufferAlign} {}
+
 uint64_t DeviceArena::allocate(uint64_t bytes, const std::string& what) {
-  constexpr uint64_t kAlign = 512;
-  uint64_t addr = m_next;
-  uint64_t size = (bytes + kAlign - 1) / kAlign * kAlign;
-  if (size > m_sim.gm().capacity() || addr > m_sim.gm().capacity() - size)
-    throw Error(fmt::format("{}: {} bytes do not fit in the device memory of {} bytes", what,
-                            bytes, m_sim.gm().capacity()));
-  m_next = addr + size;
+  uint64_t addr = 0;
+  const rt::Status st = m_allocator->allocate(std::max<uint64_t>(bytes, 1), &addr);
+  if (!st.ok())
+    throw Error(fmt::format("{}: {} bytes do not fit in the device memory of {} bytes ({})", what,
+                            bytes, m_sim.gm().capacity(), st.message()));
   return addr;
+}
+
+uint64_t DeviceArena::allocate_tensor(uint64_t bytes, const std::string& what) {
+  return m_tensor_block.tensor_at(allocate(m_tensor_block.block_bytes(bytes), what));
+}
+
+GmBlockLookup DeviceArena::blocks() const {
+  return [allocator = m_allocator](uint64_t addr, uint64_t* start, uint64_t* bytes) {
+    return allocator->block_of(addr, start, bytes);
+  };
+}
+
+KernelLaunch DeviceArena::launch(const isa::Program& program, std::vector<uint64_t> args,
+                                 int block_dim) const {
+  KernelLaunch l;
+  l.program = &program;
+  l.args = std::move(args);
+  l.block_dim = block_dim;
+  l.gm_blocks = blocks();
+  return l;
 }
 
 uint64_t DeviceArena::upload(const NpyArray& a, const std::string& what) {

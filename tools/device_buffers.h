@@ -1,13 +1,17 @@
-// Host-side bookkeeping for the command line: places kernel arguments in device memory (a bump
-// allocator over the simulated HBM, 512-byte aligned), copies them in and out over the HDC link.
+// Host-side bookkeeping for the command line: places kernel arguments in device memory (the
+// runtime's HBM allocator over the simulated HBM, adapter/runtime/allocator.h), copies them in
+// and out over the HDC link.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "adapter/runtime/allocator.h"
+#include "adapter/runtime/tensor_block.h"
 #include "common/npy.h"
 #include "isa/isa.h"
 #include "sim/simulator.h"
@@ -20,11 +24,32 @@ struct DeviceTensor {
   NpyArray host;  // dtype/shape; data filled for inputs, and for outputs after copy-back
 };
 
+// Every buffer is an allocation block of the runtime's allocator (rt::HbmAllocator, aligned as
+// rt::Device aligns it): a plain block, as the runtime's malloc gives a kernel launched through
+// its API (`npusim run`), or a compiled op's tensor in a block laid out as a TensorFlow tensor's
+// (allocate_tensor, `npusim op`). Launches carry the blocks
+// (KernelLaunch::gm_blocks): with a cold L2 a launch's lines are filed by block and the L2's page
+// rotation counts each block's pages from its first line (sim/chip/l2_placement.h), so a kernel
+// launched here files its lines as the same launch from TensorFlow does. Buffers are never freed
+// (one command, one launch sequence), so they lie back to back from kBase in allocation order.
 class DeviceArena {
  public:
-  explicit DeviceArena(Simulator& sim) : m_sim(sim) {}
-  // Allocates bytes of device memory; throws npusim::Error naming `what` when the HBM is full.
+  // First device address handed out (rt::Device::kHbmBase's value): 0 is never a buffer.
+  static constexpr uint64_t kBase = 64 * 1024;
+
+  explicit DeviceArena(Simulator& sim);
+  // Allocates a block of at least `bytes` of device memory (one alignment unit for 0 bytes, so
+  // every buffer has an address of its own); throws npusim::Error naming `what` when the HBM is
+  // full.
   uint64_t allocate(uint64_t bytes, const std::string& what);
+  // Allocates a block for a compiled op's tensor of `bytes` laid out as the TF plugin lays out
+  // every tensor (rt::TensorBlock: a guard line before it, compiler::kDeviceBufferAlign bytes
+  // after it) and returns the tensor's address; errors as allocate's.
+  uint64_t allocate_tensor(uint64_t bytes, const std::string& what);
+  // The arena's blocks as the chip's L2 model looks them up (the allocator's block_of).
+  GmBlockLookup blocks() const;
+  // A launch of `program` on `block_dim` blocks with `args`, its lines filed by the arena's blocks.
+  KernelLaunch launch(const isa::Program& program, std::vector<uint64_t> args, int block_dim) const;
   // Allocates and copies host data to the device over the HDC link; returns the device address.
   uint64_t upload(const NpyArray& a, const std::string& what);
   void download(uint64_t addr, NpyArray& a);
@@ -32,7 +57,8 @@ class DeviceArena {
 
  private:
   Simulator& m_sim;
-  uint64_t m_next = 0x10000;  // first allocation; address 0 stays unused
+  std::shared_ptr<rt::HbmAllocator> m_allocator;  // shared with the launches' block lookups
+  rt::TensorBlock m_tensor_block;                  // allocate_tensor's layout
   double m_hdc_us = 0;
 };
 

@@ -192,6 +192,8 @@ int cmd_run(const RunOptions& o) {
     }
   }
   launch.block_dim = o.blocks > 0 ? o.blocks : cli::default_block_dim(prog, cfg);
+  // Each --in and --out buffer is an allocation block, as a TensorFlow tensor is (DeviceArena).
+  launch.gm_blocks = arena.blocks();
 
   if (!o.report_dir.empty()) sim.add_observer(&profiler);
   KernelResult r = sim.run(launch);

@@ -118,36 +118,36 @@ std::vector<uint8_t> random_bytes(const compiler::TensorDesc& t, std::mt19937& r
 }
 
 // A compiled op's device buffers: its inputs (holding input_bytes(i)), outputs and workspace,
-// named "<label>input 0", ... in the arena. Each input's device buffer is allocated before its
-// host bytes are made, so a tensor larger than the device is refused by the arena, naming it,
-// rather than by the host's allocator.
+// named "<label>input 0", ... in the arena, each in a block of its own laid out as the TF plugin
+// lays out an op's tensors and workspace (DeviceArena::allocate_tensor). Each input's device buffer is allocated
+// before its host bytes are made, so a tensor larger than the device is refused by the arena,
+// naming it, rather than by the host's allocator.
 struct OpBuffers {
+  const DeviceArena& arena;
   std::vector<uint64_t> in, out;
   uint64_t workspace = 0;
 
   template <class InputBytes>
   OpBuffers(Simulator& sim, DeviceArena& arena, const compiler::CompiledKernel& k,
             const std::vector<compiler::TensorDesc>& inputs, InputBytes input_bytes,
-            const std::string& label) {
+            const std::string& label)
+      : arena(arena) {
     for (size_t i = 0; i < inputs.size(); ++i) {
       const uint64_t size = compiler::device_buffer_bytes(inputs[i].bytes());
-      in.push_back(arena.allocate(size, fmt::format("{}input {}", label, i)));
+      in.push_back(arena.allocate_tensor(size, fmt::format("{}input {}", label, i)));
       std::vector<uint8_t> bytes = input_bytes(i);
       bytes.resize(size);
       if (!bytes.empty()) sim.copy_host_to_device(in.back(), bytes.data(), bytes.size());
     }
     for (size_t i = 0; i < k.outputs.size(); ++i)
-      out.push_back(arena.allocate(compiler::device_buffer_bytes(k.outputs[i].bytes()),
-                                   fmt::format("{}output {}", label, i)));
-    if (k.workspace_bytes) workspace = arena.allocate(k.workspace_bytes, label + "workspace");
+      out.push_back(arena.allocate_tensor(compiler::device_buffer_bytes(k.outputs[i].bytes()),
+                                          fmt::format("{}output {}", label, i)));
+    if (k.workspace_bytes)
+      workspace = arena.allocate_tensor(k.workspace_bytes, label + "workspace");
   }
 
   KernelLaunch launch(const compiler::Launch& l) const {
-    KernelLaunch kl;
-    kl.program = &l.kernel.program;
-    kl.args = l.bind(in, out, workspace);
-    kl.block_dim = l.block_dim;
-    return kl;
+    return arena.launch(l.kernel.program, l.bind(in, out, workspace), l.block_dim);
   }
 };
 

@@ -711,6 +711,71 @@ def _(d):
     assert ("mla.s:18:" in p.stderr and "vmla (@11): chip 910 does not have this instruction "
             "(vector.multiply_accumulate is false in" in p.stderr), p.stderr
 
+
+def l2_set(line, origin, sets):
+    """The L2 set of line `line` under page rotation with pages counted from line `origin`: an
+    independent transcription of docs/chip_model.md's rule (L2Tags::set_in)."""
+    mask = (1 << 64) - 1
+    page = (line - origin) // sets
+    rotation = ((((page * 0x9E3779B97F4A7C15) & mask) >> 32) * sets) >> 32
+    return (origin % sets + (line - origin) % sets + rotation) % sets
+
+
+def reread_hits(first, lines, origin, sets, ways):
+    """L2 hits of reading lines [first, first + lines) twice into a cold LRU L2: the second pass
+    hits every line of a set holding at most `ways` of them and none of a fuller set (a cyclic
+    sweep of more lines than ways evicts each line before its reuse)."""
+    count = {}
+    for line in range(first, first + lines):
+        s = l2_set(line, origin, sets)
+        count[s] = count.get(s, 0) + 1
+    return sum(n for n in count.values() if n <= ways)
+
+
+@check("run: each buffer is an allocation block, its L2 pages counted from its first line")
+def _(d):
+    # A kernel re-reading x (64 rows of one 512-byte L2 line) after a pad buffer of k lines, on
+    # the 910b (page rotation) with a 32 KiB L2: 4 sets of 16 ways, pages of 4 lines. The
+    # runtime's allocator files every buffer as a block whose pages count from its first line
+    # (KernelLaunch::gm_blocks), so x's 16 whole pages put 16 lines in every set and the second
+    # pass hits all 64, wherever the pad puts x. Pages counted from device line 0 (no blocks)
+    # would straddle x for some k: a set of 17 lines, which miss (the reference says which).
+    with open(f"{d}/reread.s", "w") as f:
+        f.write(""".kernel reread
+.arg pad, f16[P]
+.arg x, f16[M, N]
+.arg P
+.arg M
+.arg N
+.section aiv
+    ldarg x1, x
+    ldarg x2, M
+    ldarg x3, N
+    shr x4, x3, 4               ; 32-byte blocks in a row
+    movi x20, 0
+    copy_gm2ub x20, x1, x2, x4, 0, 0
+    copy_gm2ub x20, x1, x2, x4, 0, 0
+    end
+""")
+    import yaml
+    with open(os.path.join(ROOT, "configs", "chips", "910b.yaml")) as f:
+        l2 = yaml.safe_load(f)["memory"]["l2"]
+    line, ways = l2["line_bytes"], l2["ways"]
+    assert l2["page_rotation"] is True, l2
+    sets, rows = 4, 64
+    first_line = (64 << 10) // line  # the first buffer's line (the allocator's base, 64 KiB)
+    straddled = 0
+    for pad_lines in (1, 2, 3, 4):
+        run("run", f"{d}/reread.s", "--chip", "910b",
+            "--set", f"memory.l2.bytes={sets * ways * line}", "--timing-only", "--blocks", "1", "--out", f"pad={d}/p.npy",
+            "--out", f"x={d}/x.npy", "--arg", f"P={pad_lines * line // 2}", "--arg", f"M={rows}",
+            "--arg", f"N={line // 2}", "--counters", f"{d}/c.json", "--quiet")
+        hits = json.load(open(f"{d}/c.json"))["counters"]["chip"]["l2"]["hits"]["value"]
+        x_line = first_line + pad_lines
+        assert hits == reread_hits(x_line, rows, x_line, sets, ways) == rows, (pad_lines, hits)
+        straddled += reread_hits(x_line, rows, 0, sets, ways) < rows
+    assert straddled > 0, "no pad makes absolute pages straddle x: the check would not fail"
+
 failed = sum(1 for _, e in results if e is not None)
 print(f"{len(results) - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

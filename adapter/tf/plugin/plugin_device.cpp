@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "adapter/runtime/tensor_block.h"
 #include "adapter/tf/plugin/mixed_precision.h"
 
 namespace npusim::tf {
@@ -249,15 +250,16 @@ rt::Status open_device(int chip, std::shared_ptr<rt::Device>* out) {
 rt::Status open_device(std::shared_ptr<rt::Device>* out) { return open_device(0, out); }
 
 rt::Status malloc_tensor(rt::Device& device, uint64_t bytes, uint64_t* addr) {
-  const uint64_t guard = device.memory_alignment();
+  const rt::TensorBlock layout{device.memory_alignment(), compiler::kDeviceBufferAlign};
   uint64_t block = 0;
-  rt::Status st = device.malloc(guard + bytes + compiler::kDeviceBufferAlign, &block);
-  *addr = st.ok() ? block + guard : 0;
+  rt::Status st = device.malloc(layout.block_bytes(bytes), &block);
+  *addr = st.ok() ? layout.tensor_at(block) : 0;
   return st;
 }
 
 rt::Status free_tensor(rt::Device& device, uint64_t addr) {
-  return addr == 0 ? rt::ok_status() : device.free(addr - device.memory_alignment());
+  const rt::TensorBlock layout{device.memory_alignment(), compiler::kDeviceBufferAlign};
+  return addr == 0 ? rt::ok_status() : device.free(layout.block_at(addr));
 }
 
 std::shared_ptr<rt::Device> device_if_open() {
