@@ -119,8 +119,9 @@ std::string MatmulTiling::str() const {
 namespace {
 
 // Whether plan_matmul_tiling weighs L1 chunks of whole GM bursts (burst_chunk_k) and prices the
-// loads' DMA issue (tile_cost_cycles); NPUSIM_MATMUL_BURST_CHUNKS=0: neither, the largest chunk
-// that fits as before. Read at every compile.
+// loads' DMA issue (tile_cost_cycles) on a chip whose keys price it (ChipConfig::burst_cycles,
+// copy_issue_cycles); NPUSIM_MATMUL_BURST_CHUNKS=0: neither, the largest chunk that fits as
+// before. Read at every compile.
 bool burst_chunks_enabled() {
   const char* v = std::getenv("NPUSIM_MATMUL_BURST_CHUNKS");
   return !(v && std::string(v) == "0");
@@ -291,7 +292,10 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   const int64_t osz = isa::dtype_size(out_type);
   // The cost of a candidate: the busiest core's cycles (tile_cost_cycles).
   const double cube_div = in_type == Dtype::F32 ? std::max(1, cfg.cube_fp32_rate_divisor) : 1;
-  const bool burst_chunks = burst_chunks_enabled();
+  // Chunks of whole bursts are weighed where the chip prices the DMA's issue (on the presets,
+  // where it does not, the largest chunk that fits: fewest instructions, the plans as before).
+  const bool burst_chunks =
+      burst_chunks_enabled() && (cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0);
   MatmulTiling best;
   double best_cost = std::numeric_limits<double>::infinity();
   // Tile sides: the powers of two, or (any_side) every multiple of 16 up to 256.
