@@ -183,7 +183,7 @@ struct TileCandidate {
   int l0c_buffers;
   bool via_ub, trans_a, trans_b;
   bool issue_priced;  // the loads' DMA issue in the cost (off: NPUSIM_MATMUL_BURST_CHUNKS=0)
-  double cube_div;  // the cube's rate divisor for the input type
+  double cube_div;    // the cube's rate divisor for the input type
 };
 
 // Cycles the busiest core takes for its tiles, from the chip config alone:
@@ -327,10 +327,10 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       // The L1 chunk: the largest that fits, or (burst_chunks) one of whole GM bursts.
       for (const int64_t tk1 : {tk1_fit, burst_chunks ? burst_chunk_k(tk0, tk1_fit, k, isz) : 0}) {
         if (tk1 == 0) continue;
-        const double cost = tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles,
-                                              blocks, l0c_buffers, via_ub, trans_a, trans_b,
-                                              burst_chunks, cube_div},
-                                             cfg);
+        const double cost =
+            tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles, blocks,
+                              l0c_buffers, via_ub, trans_a, trans_b, burst_chunks, cube_div},
+                             cfg);
         // Ties (within rounding): the larger tile, then the longer L1 chunk (fewer instructions).
         const bool tie = cost <= best_cost * (1 + 1e-9);
         const bool better = cost < best_cost * (1 - 1e-9) ||
