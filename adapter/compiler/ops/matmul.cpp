@@ -136,7 +136,7 @@ int64_t burst_elems(int64_t isz) { return kGmBurstBytes / isz; }
 
 // The GM bursts of one nd2nz of `rows` rows of `cols` elements (isz bytes each), rows taken to
 // start on burst boundaries (k chunks of whole bursts in operands whose rows are whole bursts:
-// k_steps): ceil(row bytes / burst) a row. An estimate for the other rows (a row off a
+// burst_chunk_k): ceil(row bytes / burst) a row. An estimate for the other rows (a row off a
 // boundary may take one burst more) and for rows that are contiguous in GM (fewer).
 double nd2nz_bursts(int64_t rows, int64_t cols, int64_t isz) {
   return static_cast<double>(rows * ceil_div(cols * isz, kGmBurstBytes));
