@@ -338,7 +338,15 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
                                      (tm * tn == best.tm * best.tn && tk1 > best.tk_l1)));
         if (!better) continue;
         best_cost = std::min(best_cost, cost);
-        best.est_cycles = cost;
+        // The estimate other kernels' plans are weighed against (a convolution's, conv2d.cpp)
+        // leaves the DMA's issue out, as theirs do: priced here alone, it would move work off
+        // the MatMul onto kernels whose own loads it would slow more.
+        best.est_cycles =
+            burst_chunks
+                ? tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles, blocks,
+                                    l0c_buffers, via_ub, trans_a, trans_b, false, cube_div},
+                                   cfg)
+                : cost;
         best.tm = tm;
         best.tn = tn;
         best.tk_l0 = tk0;

@@ -63,7 +63,8 @@ struct MatmulTiling {
   bool c_zero_fill = false;
   // plan_matmul_tiling's modelled cycles of the busiest cube core for this tiling (its loads
   // with the L2's reuse, mmads, epilogue and pipeline; no task overheads): what callers compare
-  // against other kernels' estimates.
+  // against other kernels' estimates. The DMA's issue (mte.copy_issue_cycles, burst_cycles)
+  // chooses among the MatMul's own chunks but is not in it, as it is in no other kernel's.
   double est_cycles = 0;
   // "128x128x1024 AB f16->f16: tiles 64x128 (2x1 = 2 over 2 blocks), k 128 per mmad, ..."
   std::string str() const;
