@@ -134,11 +134,13 @@ constexpr int64_t kGmBurstBytes = 512;
 // Elements of one GM burst of an operand of isz-byte elements.
 int64_t burst_elems(int64_t isz) { return kGmBurstBytes / isz; }
 
-// The GM bursts of one nd2nz of `rows` rows of `cols` elements (isz bytes each), rows taken to
-// start on burst boundaries (k chunks of whole bursts in operands whose rows are whole bursts:
-// burst_chunk_k): ceil(row bytes / burst) a row. An estimate for the other rows (a row off a
-// boundary may take one burst more) and for rows that are contiguous in GM (fewer).
-double nd2nz_bursts(int64_t rows, int64_t cols, int64_t isz) {
+// The GM bursts of one nd2nz of `rows` rows of `cols` elements (isz bytes each) of an operand
+// of `pitch` elements a row. Rows that are all of the pitch are one contiguous run: its bytes
+// in bursts. Others: ceil(row bytes / burst) a row, the rows taken to start on burst boundaries
+// (k chunks of whole bursts in operands whose rows are whole bursts: burst_chunk_k); an
+// estimate for rows off a boundary, which may take one burst more.
+double nd2nz_bursts(int64_t rows, int64_t cols, int64_t pitch, int64_t isz) {
+  if (cols >= pitch) return static_cast<double>(ceil_div(rows * pitch * isz, kGmBurstBytes));
   return static_cast<double>(rows * ceil_div(cols * isz, kGmBurstBytes));
 }
 
@@ -228,8 +230,10 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
   // The DMA's issue of the chunk's two nd2nz (ChipConfig::copy_issue_cycles, burst_cycles: 0
   // on the presets): MTE2 is held for the longer of it and the flow.
   const auto issue = [&](int64_t kc) {
-    const double a = c.trans_a ? nd2nz_bursts(kc, c.tm, c.isz) : nd2nz_bursts(c.tm, kc, c.isz);
-    const double b = c.trans_b ? nd2nz_bursts(c.tn, kc, c.isz) : nd2nz_bursts(kc, c.tn, c.isz);
+    const double a = c.trans_a ? nd2nz_bursts(kc, c.tm, c.m, c.isz)   // A stored k x m
+                               : nd2nz_bursts(c.tm, kc, c.k, c.isz);  // A stored m x k
+    const double b = c.trans_b ? nd2nz_bursts(c.tn, kc, c.k, c.isz)   // B stored n x k
+                               : nd2nz_bursts(kc, c.tn, c.n, c.isz);  // B stored k x n
     return c.issue_priced ? 2 * cfg.copy_issue_cycles + cfg.burst_cycles * (a + b) : 0.0;
   };
   const auto load = [&](int64_t kc) {
