@@ -401,3 +401,69 @@ TEST_CASE("MatMul core split: no split, batches, and bad values") {
       compiler::ops::apply_matmul_core_split(t, fmt::format("{}x256", t.tm), tiny, "MatMul"),
       Contains("more than the 2 cube cores"));
 }
+
+TEST_CASE("MatMul L1 chunks: rows of k of at least a GM burst, whole bursts where the DMA prices them") {
+  // A GM burst is 512 bytes (sim/exec/mte_common.h kGmBurstBytes); the keys are the DataCopy
+  // sample's set A (docs/validation.md "What an MTE copy costs per instruction and per GM burst").
+  constexpr int64_t kBurst = 512;
+  const ChipConfig presets = load_chip_config("910b");
+  const ChipConfig set_a =
+      load_chip_config("910b", {"mte.copy_issue_cycles=12.518", "mte.burst_cycles=8.114"});
+  struct Shape {
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  const Shape shapes[] = {{8192, 8192, 8192, false, true}, {4096, 4096, 4096, false, true},
+                          {4096, 4096, 4096, false, false}, {2048, 2048, 2048, false, false},
+                          {1024, 1024, 1024, false, false}, {2048, 512, 4096, true, false},
+                          {256, 256, 256, false, true},       {64, 1000, 2048, false, false},
+                          {1000, 64, 2048, false, true}};
+  for (const Shape& s : shapes) {
+    for (const isa::Dtype dt : {isa::Dtype::F16, isa::Dtype::F32}) {
+      const int64_t isz = isa::dtype_size(dt);
+      for (const ChipConfig* cfg : {&presets, &set_a}) {
+        const compiler::ops::MatmulTiling t = compiler::ops::plan_matmul_tiling(
+            s.m, s.n, s.k, s.ta, s.tb, dt, dt, *cfg, "MatMul");
+        INFO(t.str() << (cfg == &set_a ? " (set A)" : " (presets)"));
+        // The chunk's rows of k (A, and B stored transposed) are at least a burst, or all of k.
+        CHECK(t.tk_l1 * isz >= std::min(s.k * isz, kBurst));
+        // Where the DMA's issue is priced per burst and both operands' rows run along k (A, B
+        // transposed), a chunk that is not all of k is whole bursts (so from a burst boundary,
+        // the operands' rows being whole bursts here). (Elsewhere the planner weighs it against
+        // the largest chunk: B's rows of n may outweigh A's of k.)
+        if (cfg == &set_a && !s.ta && s.tb && t.tk_l1 < s.k) CHECK((t.tk_l1 * isz) % kBurst == 0);
+      }
+      // The keys at 0: the plan the largest chunk that fits gives (nothing moves on the presets).
+      setenv("NPUSIM_MATMUL_BURST_CHUNKS", "0", 1);
+      const compiler::ops::MatmulTiling old = compiler::ops::plan_matmul_tiling(
+          s.m, s.n, s.k, s.ta, s.tb, dt, dt, presets, "MatMul");
+      unsetenv("NPUSIM_MATMUL_BURST_CHUNKS");
+      const compiler::ops::MatmulTiling now = compiler::ops::plan_matmul_tiling(
+          s.m, s.n, s.k, s.ta, s.tb, dt, dt, presets, "MatMul");
+      CHECK(now.str() == old.str());
+      // The estimate other kernels' plans are weighed against leaves the issue out (no
+      // convolution's prices it): with set A it is the presets' plan's.
+      const compiler::ops::MatmulTiling keyed = compiler::ops::plan_matmul_tiling(
+          s.m, s.n, s.k, s.ta, s.tb, dt, dt, set_a, "MatMul");
+      CHECK(keyed.est_cycles == Approx(now.est_cycles).epsilon(1e-9));
+    }
+  }
+  // 4096^3 with B transposed on set A: 128 x 256 tiles whose largest chunk (320 f16 of k, 640
+  // bytes a row) takes two bursts a row; the whole-burst chunk of 256 takes one, so the chunk's
+  // issue, 2 x 12.518 + 8.114 x (128 + 256) rows, is 3,141 cycles where 320 took 6,257.
+  const compiler::ops::MatmulTiling t = compiler::ops::plan_matmul_tiling(
+      4096, 4096, 4096, false, true, isa::Dtype::F16, isa::Dtype::F16, set_a, "MatMul");
+  INFO(t.str());
+  CHECK(t.tk_l1 == 256);
+  // And a whole-burst chunk computes right on the test chip: a plan for the test chip with the
+  // keys set, its kernel run on the test chip (the keys move only time).
+  const ChipConfig& chip = test_sim().config();
+  const ChipConfig keyed =
+      load_chip_config(chip.name, {"mte.copy_issue_cycles=12.518", "mte.burst_cycles=8.114"});
+  const compiler::ops::MatmulTiling tk = compiler::ops::plan_matmul_tiling(
+      128, 128, 1200, false, true, isa::Dtype::F16, isa::Dtype::F16, keyed, "MatMul");
+  INFO(tk.str());
+  CHECK((tk.tk_l1 * 2) % kBurst == 0);
+  check_matmul(DataType::F16, {128, 1200, 128, false, true}, PrecisionMode::kKeepFp32, 301, 0,
+               [&](const compiler::OpDesc& op) { return compiler::compile(op, keyed); });
+}

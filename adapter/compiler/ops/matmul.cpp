@@ -49,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -117,6 +118,32 @@ std::string MatmulTiling::str() const {
 
 namespace {
 
+// Whether plan_matmul_tiling weighs L1 chunks of whole GM bursts (burst_chunk_k) and prices the
+// loads' DMA issue (tile_cost_cycles) on a chip whose keys price it (ChipConfig::burst_cycles,
+// copy_issue_cycles); NPUSIM_MATMUL_BURST_CHUNKS=0: neither, the largest chunk that fits as
+// before. Read at every compile.
+bool burst_chunks_enabled() {
+  const char* v = std::getenv("NPUSIM_MATMUL_BURST_CHUNKS");
+  return !(v && std::string(v) == "0");
+}
+
+// The DMA's GM burst as the simulator counts it (sim/exec/mte_common.h, kGmBurstBytes: no burst
+// crosses a multiple of 512 bytes, the 910b's L2 line; ChipConfig::burst_cycles prices each).
+constexpr int64_t kGmBurstBytes = 512;
+
+// Elements of one GM burst of an operand of isz-byte elements.
+int64_t burst_elems(int64_t isz) { return kGmBurstBytes / isz; }
+
+// The GM bursts of one nd2nz of `rows` rows of `cols` elements (isz bytes each) of an operand
+// of `pitch` elements a row. Rows that are all of the pitch are one contiguous run: its bytes
+// in bursts. Others: ceil(row bytes / burst) a row, the rows taken to start on burst boundaries
+// (k chunks of whole bursts in operands whose rows are whole bursts: burst_chunk_k); an
+// estimate for rows off a boundary, which may take one burst more.
+double nd2nz_bursts(int64_t rows, int64_t cols, int64_t pitch, int64_t isz) {
+  if (cols >= pitch) return static_cast<double>(ceil_div(rows * pitch * isz, kGmBurstBytes));
+  return static_cast<double>(rows * ceil_div(cols * isz, kGmBurstBytes));
+}
+
 // The k per mmad (*tk0: two L0A and two L0B buffers) and per L1 chunk (*tk1, a multiple of
 // *tk0: two A and two B chunks, l1_chunks) of a tm x tn tile; false if not even k 16 fits.
 bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int64_t tn, int64_t isz,
@@ -137,6 +164,18 @@ bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int6
   return true;
 }
 
+// The L1 chunk of whole GM bursts below k_steps' tk1 (which fits, so this does): the largest
+// multiple of lcm(tk0, burst_elems) up to tk1, when tk1 is more than a burst's elements but less
+// than k and is not one already; else 0. Its rows of k (A, and B stored transposed) are then
+// whole bursts from a burst boundary (where the operand's rows are whole bursts), where tk1's
+// (e.g. 320 f16, 640 bytes) take a burst and a part; CANN's MatMul loads stepKa x baseK =
+// 4 x 64 f16 of k a chunk the same way (512-byte rows).
+int64_t burst_chunk_k(int64_t tk0, int64_t tk1, int64_t k, int64_t isz) {
+  const int64_t row = burst_elems(isz), whole = std::lcm(tk0, row);
+  if (tk1 <= row || tk1 >= k || tk1 < whole || tk1 % whole == 0) return 0;
+  return tk1 / whole * whole;
+}
+
 // What plan_matmul_tiling's cost model needs of one candidate tiling.
 struct TileCandidate {
   int64_t m, n, k, batch;    // the product(s)
@@ -144,8 +183,9 @@ struct TileCandidate {
   int64_t isz, osz;          // bytes per input and output element
   int64_t tiles, blocks;     // tiles of all products, cores that run them
   int l0c_buffers;
-  bool via_ub, trans_b;
-  double cube_div;  // the cube's rate divisor for the input type
+  bool via_ub, trans_a, trans_b;
+  bool issue_priced;  // the loads' DMA issue in the cost (off: NPUSIM_MATMUL_BURST_CHUNKS=0)
+  double cube_div;    // the cube's rate divisor for the input type
 };
 
 // Cycles the busiest core takes for its tiles, from the chip config alone:
@@ -154,7 +194,9 @@ struct TileCandidate {
 //   and B's column blocks; taken to hold even where the operands exceed the L2). Misses move at
 //   the core's gm->l1 rate, hits at the core's L2 read port, each capped by its share (over the
 //   cores that run) of the sustained HBM or the L2 bandwidth; a chip without an L2 misses all.
-//   Each chunk's load also waits its path's and the memory's access latency.
+//   Each chunk's load also waits its path's and the memory's access latency, and takes at
+//   least the DMA's issue of its bursts (mte.copy_issue_cycles, mte.burst_cycles; 0 on the
+//   presets).
 // - The cube: per mmad of ks, its latency plus ceil(tm/cube_m) * ceil(tn/cube_n) *
 //   ceil(ks/cube_k) cycles; under it (two L0A and two L0B buffers) MTE1 fills the next mmad's L0A
 //   and L0B: one load2d per 16-row block of A and one per k block of B (MatmulEmitter::load_l0a,
@@ -185,8 +227,18 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
   // A chunk's A and B transfers start together: one access latency per chunk (the L2's for the
   // hitting share, HBM's for the rest) on top of the gm->l1 path's.
   const double load_latency = cfg.path_latency(Buf::GM, Buf::L1) + rate.access_latency;
+  // The DMA's issue of the chunk's two nd2nz (ChipConfig::copy_issue_cycles, burst_cycles: 0
+  // on the presets): MTE2 is held for the longer of it and the flow.
+  const auto issue = [&](int64_t kc) {
+    const double a = c.trans_a ? nd2nz_bursts(kc, c.tm, c.m, c.isz)   // A stored k x m
+                               : nd2nz_bursts(c.tm, kc, c.k, c.isz);  // A stored m x k
+    const double b = c.trans_b ? nd2nz_bursts(c.tn, kc, c.k, c.isz)   // B stored n x k
+                               : nd2nz_bursts(kc, c.tn, c.n, c.isz);  // B stored k x n
+    return c.issue_priced ? 2 * cfg.copy_issue_cycles + cfg.burst_cycles * (a + b) : 0.0;
+  };
   const auto load = [&](int64_t kc) {
-    return load_latency + static_cast<double>((c.tm + c.tn) * kc * c.isz) * cycles_per_byte;
+    return load_latency +
+           std::max(static_cast<double>((c.tm + c.tn) * kc * c.isz) * cycles_per_byte, issue(kc));
   };
   const double fractals =
       static_cast<double>(ceil_div(c.tm, cfg.cube_m) * ceil_div(c.tn, cfg.cube_n));
@@ -216,8 +268,10 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
   // The core's first load runs alone and cold (every core loads its first chunk at once, before
   // any other has brought its lines into the L2): HBM's latency and the miss rate; its last
   // chunk has no next load under it.
-  const double first = cfg.path_latency(Buf::GM, Buf::L1) + cfg.hbm_latency_cycles +
-                       static_cast<double>((c.tm + c.tn) * chunks[0] * c.isz) / rate.miss_rate;
+  const double first =
+      cfg.path_latency(Buf::GM, Buf::L1) + cfg.hbm_latency_cycles +
+      std::max(static_cast<double>((c.tm + c.tn) * chunks[0] * c.isz) / rate.miss_rate,
+               issue(chunks[0]));
   return first + static_cast<double>(waves) * tile - std::max(first, last) + last +
          (c.l0c_buffers == 1 ? 0.0 : epilogue);
 }
@@ -242,8 +296,15 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   const int64_t osz = isa::dtype_size(out_type);
   // The cost of a candidate: the busiest core's cycles (tile_cost_cycles).
   const double cube_div = in_type == Dtype::F32 ? std::max(1, cfg.cube_fp32_rate_divisor) : 1;
+  // Chunks of whole bursts are weighed where the chip prices the DMA's issue (on the presets,
+  // where it does not, the largest chunk that fits: fewest instructions, the plans as before).
+  const bool burst_chunks =
+      burst_chunks_enabled() && (cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0);
   MatmulTiling best;
   double best_cost = std::numeric_limits<double>::infinity();
+  // With burst_chunks: the lowest cost of the largest chunks without the issue, the estimate
+  // the planner gave before (est_cycles below).
+  double unpriced_best = std::numeric_limits<double>::infinity();
   // Tile sides: the powers of two, or (any_side) every multiple of 16 up to 256.
   std::vector<int64_t> sides(std::begin(kTileCandidates), std::end(kTileCandidates));
   if (any_side) {
@@ -262,33 +323,44 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       if (!l0c_buffers) continue;
       if (bias_in_ub && matmul_bias_ub_bytes(tm, tn, osz, n) > ub) continue;
       if (split && (split->m % tm != 0 || split->n % tn != 0)) continue;
-      int64_t tk0 = 0, tk1 = 0;
-      if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1, bias)) continue;
+      int64_t tk0 = 0, tk1_fit = 0;
+      if (!k_steps(core, cfg, tm, tn, isz, k, &tk0, &tk1_fit, bias)) continue;
       int64_t tiles = ceil_div(m, tm) * ceil_div(n, tn) * batch;
       int64_t blocks = std::min<int64_t>(core.count, tiles);
       if (split) {  // one block per region; the busiest computes a whole region's tiles
         blocks = ceil_div(m, split->m) * ceil_div(n, split->n);
         tiles = blocks * ceil_div(std::min(m, split->m), tm) * ceil_div(std::min(n, split->n), tn);
       }
-      const double cost = tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles,
-                                            blocks, l0c_buffers, via_ub, trans_b, cube_div},
-                                           cfg);
-      // Ties (within rounding): the larger tile, then the longer L1 chunk (fewer instructions).
-      const bool tie = cost <= best_cost * (1 + 1e-9);
-      const bool better = cost < best_cost * (1 - 1e-9) ||
-                          (tie && (tm * tn > best.tm * best.tn ||
-                                   (tm * tn == best.tm * best.tn && tk1 > best.tk_l1)));
-      if (!better) continue;
-      best_cost = std::min(best_cost, cost);
-      best.est_cycles = cost;
-      best.tm = tm;
-      best.tn = tn;
-      best.tk_l0 = tk0;
-      best.tk_l1 = tk1;
-      best.l0c_buffers = l0c_buffers;
-      best.tiles_m = ceil_div(m, tm);
-      best.tiles_n = ceil_div(n, tn);
-      best.block_dim = static_cast<int>(blocks);
+      // The L1 chunk: the largest that fits, or (burst_chunks) one of whole GM bursts.
+      for (const int64_t tk1 : {tk1_fit, burst_chunks ? burst_chunk_k(tk0, tk1_fit, k, isz) : 0}) {
+        if (tk1 == 0) continue;
+        if (burst_chunks && tk1 == tk1_fit)
+          unpriced_best =
+              std::min(unpriced_best,
+                       tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles, blocks,
+                                         l0c_buffers, via_ub, trans_a, trans_b, false, cube_div},
+                                        cfg));
+        const double cost =
+            tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles, blocks,
+                              l0c_buffers, via_ub, trans_a, trans_b, burst_chunks, cube_div},
+                             cfg);
+        // Ties (within rounding): the larger tile, then the longer L1 chunk (fewer instructions).
+        const bool tie = cost <= best_cost * (1 + 1e-9);
+        const bool better = cost < best_cost * (1 - 1e-9) ||
+                            (tie && (tm * tn > best.tm * best.tn ||
+                                     (tm * tn == best.tm * best.tn && tk1 > best.tk_l1)));
+        if (!better) continue;
+        best_cost = std::min(best_cost, cost);
+        best.est_cycles = cost;
+        best.tm = tm;
+        best.tn = tn;
+        best.tk_l0 = tk0;
+        best.tk_l1 = tk1;
+        best.l0c_buffers = l0c_buffers;
+        best.tiles_m = ceil_div(m, tm);
+        best.tiles_n = ceil_div(n, tn);
+        best.block_dim = static_cast<int>(blocks);
+      }
     }
   }
   if (best.tm == 0 && split)  // no tile divides the split
@@ -300,6 +372,12 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
         "the smallest tile needs 16x16 outputs with k 16, double-buffered)",
         op, cfg.name, core.capacity(Buf::L1), core.capacity(Buf::L0A), core.capacity(Buf::L0B),
         core.capacity(Buf::L0C)));
+  // The estimate other kernels' plans are weighed against (a convolution's, conv2d.cpp) prices
+  // no DMA issue, as theirs do not: with the issue priced here alone (or a plan that minimises
+  // it), near-ties would move work off the MatMul onto kernels whose loads the keys slow more
+  // (the ResNet-50 step with set A: a strided input gradient). So the kernel choice stays the
+  // issue-free one until the convolutions price the issue too.
+  if (burst_chunks) best.est_cycles = unpriced_best;
   best.m = m;
   best.n = n;
   best.k = k;

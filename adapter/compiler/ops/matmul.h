@@ -63,7 +63,10 @@ struct MatmulTiling {
   bool c_zero_fill = false;
   // plan_matmul_tiling's modelled cycles of the busiest cube core for this tiling (its loads
   // with the L2's reuse, mmads, epilogue and pipeline; no task overheads): what callers compare
-  // against other kernels' estimates.
+  // against other kernels' estimates. Where the chip prices the DMA's issue
+  // (mte.copy_issue_cycles, burst_cycles), that chooses among the MatMul's own chunks but is not
+  // in this estimate, as in no other kernel's: it is the issue-free planner's (the largest
+  // chunks').
   double est_cycles = 0;
   // "128x128x1024 AB f16->f16: tiles 64x128 (2x1 = 2 over 2 blocks), k 128 per mmad, ..."
   std::string str() const;
