@@ -211,14 +211,24 @@ struct Candidate {
   int64_t mmad_steps() const {
     return b_block ? t.kc1 * ceil_div(taps * kBlk, t.tk0) : ceil_div(kchunk, t.tk0);
   }
-  // MTE2's cycles for a chunk of B of n_act columns: its bytes at `rate`, or the DMA's issue
-  // minimum of its kc1 x taps nd2nz where that is more (copy_issue_estimate).
-  double weight_load(const ChipConfig& cfg, double rate, int64_t n_act) const {
-    const double flow = static_cast<double>(kchunk * b_cols(n_act) * 2) / rate;
+  int64_t cg_in = 0;  // input channels per group (B's k rows per tap)
+  // The DMA's issue minimum of a chunk of B of n_act columns (copy_issue_estimate): its kc1 x
+  // taps nd2nz, or by tap (kRowsN, CubeConvTiling::weights_by_tap) its taps nd2nz of n_act
+  // rows of the chunk's channels.
+  double weight_issue(const ChipConfig& cfg, int64_t n_act, bool by_tap) const {
+    if (by_tap)
+      return static_cast<double>(taps) *
+             copy_issue_estimate(cfg, n_act, std::min(t.kc1 * kBlk, cg_in) * isz, b_pitch_bytes);
     const double issue =
         b_rows_k ? copy_issue_estimate(cfg, kBlk, (b_block ? b_block : n_act) * isz, b_pitch_bytes)
                  : copy_issue_estimate(cfg, n_act, kBlk * isz, b_pitch_bytes);
-    return std::max(flow, static_cast<double>(t.kc1 * taps) * issue);
+    return static_cast<double>(t.kc1 * taps) * issue;
+  }
+  // MTE2's cycles for a chunk of B of n_act columns: its bytes at `rate`, or the DMA's issue
+  // minimum where that is more.
+  double weight_load(const ChipConfig& cfg, double rate, int64_t n_act) const {
+    const double flow = static_cast<double>(kchunk * b_cols(n_act) * 2) / rate;
+    return std::max(flow, weight_issue(cfg, n_act, t.weights_by_tap));
   }
 };
 
@@ -795,6 +805,7 @@ struct ConvPlanner {
   const int64_t forced_stack;
   const bool via_ub;             // tiles leave L0C through the UB: a tile must fit it
   const PixelLoads pixel_loads;  // NPUSIM_CONV_PIXEL_LOADS
+  const WeightLoads weight_loads;  // NPUSIM_CONV_WEIGHT_RUNS
   std::vector<CubeConvTiling> plans;
 
   // Every tiling of stack count st that fits, into plans.
@@ -831,6 +842,7 @@ struct ConvPlanner {
           st == 1 && s.x_row == 0 && s.up_h == 1 && s.up_w == 1 && s.ext_h == 0 && s.ext_w == 0;
       c.b_rows_k = s.b_diagonal || s.b_mode == CubeConvSpec::BMode::kRowsK;
       c.b_pitch_bytes = s.b_row * c.isz;
+      c.cg_in = s.cg_in;
       for (int64_t tn : tns) add_width(c, tn);
     }
   }
@@ -904,6 +916,15 @@ struct ConvPlanner {
     t.whole_pixels = c.dense_slab && dense_slab_load(cfg, pixel_loads, t.slab_rows * c.wv, kc1,
                                                      c.cs, c.isz, rates.l2_rate, rates.gm_rate)
                                          .whole_pixels;
+    // kRowsN weights by tap where forced, or where the chip prices GM bursts (with the keys at
+    // 0 both issue estimates are 0: the presets' kernels stay as they are) and by tap issues
+    // less (its rows are runs of the chunk's channels, not 32 bytes).
+    // (Not with a bias: the mmad step's scalar registers.)
+    if (!c.b_rows_k && !s.bias && weight_loads != WeightLoads::kPerBlock) {
+      const int64_t n_act = std::min(t.tn, s.cg_out);
+      t.weights_by_tap = weight_loads == WeightLoads::kByTap ||
+                         c.weight_issue(cfg, n_act, true) < c.weight_issue(cfg, n_act, false);
+    }
     // Resident: one buffer of the whole B of a (group, n tile); streamed: two chunk buffers.
     t.b_bytes =
         weight_buffer_bytes(resident ? s.c1_in() * c.taps * kBlk : c.kchunk, s.b_cols(tn16));
@@ -969,13 +990,14 @@ std::string CubeConvTiling::str() const {
   return fmt::format(
       "tiles {}x{} ({} m x {} n per {}/group, {} tiles over {} blocks of {}), "
       "{}k {} per mmad, {} channel blocks per chunk ({} chunk(s){}), slab {} rows "
-      "({} B{}), B {} B, {} L0C buffer(s), ~{:.0f} cycles",
+      "({} B{}), B {} B{}, {} L0C buffer(s), ~{:.0f} cycles",
       tm, tn, m_tiles, n_tiles,
       stack == 1 ? std::string("image")
                  : fmt::format("stack of {} images (period {} rows)", stack, period),
       tiles, block_dim, tiles_per_block, spatial_major ? "position-major, " : "", tk0, kc1, chunks,
       resident ? ", weights resident" : "", slab_rows, slab_bytes,
-      whole_pixels ? ", by whole pixels" : "", b_bytes, l0c_buffers, est_cycles);
+      whole_pixels ? ", by whole pixels" : "", b_bytes, weights_by_tap ? " by tap" : "",
+      l0c_buffers, est_cycles);
 }
 
 bool conv_y_packable(const CubeConvSpec& s) {
@@ -1031,7 +1053,10 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
         "input blocks and whole 16-column output blocks ({} -> {} channels per group)",
         op, s.cg_in, s.cg_out));
   const std::vector<int64_t> tns = tile_widths(s, op);
-  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core, s), stack, via_ub, pixel_loads_switch(op),
+  ConvPlanner planner{s,      cfg,
+                      core,   conv_rates(cfg, core, s),
+                      stack,  via_ub,
+                      pixel_loads_switch(op), weight_loads_switch(op),
                       {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
   // NPUSIM_CONV_PLAN_RANK (forced_plan_rank): benchmarks/conv_plan_ranks.py.
