@@ -433,15 +433,18 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   }
   const double weight_flow = loads_weights ? c.weight_load(cfg, r.l2_rate, n_act) : 0.0;
   s.load = slab_flow + weight_flow + r.gm_lat;
+  // (A load3d and a load2d an mmad step; by tap a load2d per k-block.)
+  const int64_t b_loads = t.weights_by_tap ? kc1 * c.taps : steps_mmad;
   s.mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
            static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l0b_rate +
-           2.0 * static_cast<double>(steps_mmad) * r.l1_lat;
+           static_cast<double>(steps_mmad + b_loads) * r.l1_lat;
   // Scalar cycles: ~200 a step, ~60 an mmad step, ~18 to 20 per plane and image of a stacked
   // slab (stacked_slab_scalar_per_image), ~15 per k-block of weights loaded.
   ConvStepProgram prog;
   prog.slab_insns = slab_insns;
   prog.slab_flow = slab_flow;
-  prog.weight_insns = loads_weights ? kc1 * c.taps : 0;  // an nd2nz per k-block
+  // an nd2nz per k-block, by tap one per tap
+  prog.weight_insns = loads_weights ? (t.weights_by_tap ? c.taps : kc1 * c.taps) : 0;
   prog.weight_flow = weight_flow;
   prog.latency = r.gm_lat;
   prog.weights_in_load = !t.resident || r.weights_ahead;
@@ -451,7 +454,11 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   prog.scalar_step = 200.0;
   prog.scalar_plane = st > 1 ? stacked_slab_scalar_per_image(st, c.stack_gap) : 0.0;
   prog.scalar_weight_block = 15.0;
-  prog.scalar_mmad_step = 60.0;
+  // By tap: ~10 more per k-block's L0B load (load_b_by_tap). # estimate: its loop's count
+  prog.scalar_mmad_step =
+      60.0 + (t.weights_by_tap ? 10.0 * static_cast<double>(kc1 * c.taps) /
+                                     static_cast<double>(std::max<int64_t>(steps_mmad, 1))
+                               : 0.0);
   s.scalar = prog.scalar_step + prog.scalar_mmad_step * static_cast<double>(steps_mmad) +
              prog.scalar_plane * static_cast<double>(kc1 * st) +
              prog.scalar_weight_block * static_cast<double>(prog.weight_insns);
@@ -916,15 +923,6 @@ struct ConvPlanner {
     t.whole_pixels = c.dense_slab && dense_slab_load(cfg, pixel_loads, t.slab_rows * c.wv, kc1,
                                                      c.cs, c.isz, rates.l2_rate, rates.gm_rate)
                                          .whole_pixels;
-    // kRowsN weights by tap where forced, or where the chip prices GM bursts (with the keys at
-    // 0 both issue estimates are 0: the presets' kernels stay as they are) and by tap issues
-    // less (its rows are runs of the chunk's channels, not 32 bytes).
-    // (Not with a bias: the mmad step's scalar registers.)
-    if (!c.b_rows_k && !s.bias && weight_loads != WeightLoads::kPerBlock) {
-      const int64_t n_act = std::min(t.tn, s.cg_out);
-      t.weights_by_tap = weight_loads == WeightLoads::kByTap ||
-                         c.weight_issue(cfg, n_act, true) < c.weight_issue(cfg, n_act, false);
-    }
     // Resident: one buffer of the whole B of a (group, n tile); streamed: two chunk buffers.
     t.b_bytes =
         weight_buffer_bytes(resident ? s.c1_in() * c.taps * kBlk : c.kchunk, s.b_cols(tn16));
@@ -932,10 +930,23 @@ struct ConvPlanner {
     // Grouped convolutions read the same rows of x from each group: their x is read from HBM
     // once, by whichever tile comes first (fill_front_time); other convolutions add HBM's
     // time to the busiest core's.
-    const double busiest = busiest_block(cfg, rates, c, s.cg_out);
-    t.est_cycles = groups_share_x(cfg, s) ? fill_front_time(cfg, s, c, busiest)
-                                          : busiest + hbm_time(cfg, s, t);
-    plans.push_back(t);
+    // kRowsN weights per k-block, or by tap (its nd2nz's rows are runs of the chunk's
+    // channels, not 32 bytes; an L0B load per k-block) where forced, or as a plan of its own
+    // where the chip prices GM bursts (with the keys at 0 the presets' kernels stay as they
+    // are). Not with a bias (the mmad step's scalar registers).
+    const bool by_tap_too = !c.b_rows_k && !s.bias && kc1 > 1 &&
+                            (weight_loads == WeightLoads::kByTap ||
+                             (weight_loads == WeightLoads::kByEstimate &&
+                              (cfg.copy_issue_cycles != 0 || cfg.burst_cycles != 0)));
+    for (bool by_tap : {false, true}) {
+      if (by_tap && !by_tap_too) break;
+      if (!by_tap && by_tap_too && weight_loads == WeightLoads::kByTap) continue;
+      t.weights_by_tap = by_tap;
+      const double busiest = busiest_block(cfg, rates, c, s.cg_out);
+      t.est_cycles = groups_share_x(cfg, s) ? fill_front_time(cfg, s, c, busiest)
+                                            : busiest + hbm_time(cfg, s, t);
+      plans.push_back(t);
+    }
   }
 };
 
