@@ -19,9 +19,11 @@
 //         copied into place (nd2nz per row when up_w = 1, else copy_gm2l1 per pixel over all
 //         planes). Streamed weights: the chunk's B in L1 too, one nd2nz per k-block (16 input
 //         channels, one tap) straight from the weight layout, so L1 holds B's L0B image (kRowsN) or
-//         its fractal transpose (kRowsK).
+//         its fractal transpose (kRowsK); kRowsN by tap (CubeConvTiling::weights_by_tap: the chip
+//         prices the 32-byte rows' bursts) one nd2nz per tap of all the chunk's channels, the
+//         chunk's k-blocks then tap-major in L1.
 //   MTE1  per mmad step: load3d (img2col of the slab, the tile's rows, k range) into L0A and one
-//         load2d of B into L0B (transposing each fractal for kRowsK);
+//         load2d of B into L0B (transposing each fractal for kRowsK; by tap one per k-block);
 //   M     mmad into the tile's L0C buffer; FIX after the last chunk: L0C -> y (ND, exact rows
 //         and channels, so NHWC outputs with any channel count are written in place; stacked:
 //         per image of the tile and 16 channels, dropping the rows between images). Coupled

@@ -810,8 +810,8 @@ struct ConvPlanner {
   const CoreKindConfig& core;
   const ConvRates rates;
   const int64_t forced_stack;
-  const bool via_ub;             // tiles leave L0C through the UB: a tile must fit it
-  const PixelLoads pixel_loads;  // NPUSIM_CONV_PIXEL_LOADS
+  const bool via_ub;               // tiles leave L0C through the UB: a tile must fit it
+  const PixelLoads pixel_loads;    // NPUSIM_CONV_PIXEL_LOADS
   const WeightLoads weight_loads;  // NPUSIM_CONV_WEIGHT_RUNS
   std::vector<CubeConvTiling> plans;
 
@@ -1064,10 +1064,14 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
         "input blocks and whole 16-column output blocks ({} -> {} channels per group)",
         op, s.cg_in, s.cg_out));
   const std::vector<int64_t> tns = tile_widths(s, op);
-  ConvPlanner planner{s,      cfg,
-                      core,   conv_rates(cfg, core, s),
-                      stack,  via_ub,
-                      pixel_loads_switch(op), weight_loads_switch(op),
+  ConvPlanner planner{s,
+                      cfg,
+                      core,
+                      conv_rates(cfg, core, s),
+                      stack,
+                      via_ub,
+                      pixel_loads_switch(op),
+                      weight_loads_switch(op),
                       {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
   // NPUSIM_CONV_PLAN_RANK (forced_plan_rank): benchmarks/conv_plan_ranks.py.
