@@ -1503,8 +1503,8 @@ TEST_CASE("NPUSIM_CONV_WEIGHT_RUNS=1: the input gradient's weights by tap comput
   // Every kRowsN B by tap (one nd2nz per tap of the chunk's channels, an L0B load per k-block:
   // CubeConvTiling::weights_by_tap; the bursts: test_compiler_conv_bursts.cpp), against the
   // references: a partial last channel block of dy (40 channels) and of dx (24), the flipped
-  // taps, zero insertion (stride 2), more dx channels than one n tile may hold, and a 1x1
-  // window.
+  // taps, zero insertion (stride 2), more dx channels than one n tile may hold, and 1x1
+  // windows (one tap: the per-block layout), of stride 1 and 2.
   ScopedEnv on("NPUSIM_CONV_WEIGHT_RUNS", "1");
   const BackpropInputRun r =
       check_conv2d_backprop_input(DataType::F16, ConvCase{2, 7, 6, 24, 3, 3, 40}, 321);
@@ -1515,6 +1515,8 @@ TEST_CASE("NPUSIM_CONV_WEIGHT_RUNS=1: the input gradient's weights by tap comput
                               ConvCase{1, 8, 8, 32, 3, 3, 48}.window(2, 2, 1, 1, "SAME"), 323);
   check_conv2d_backprop_input(DataType::F16, ConvCase{1, 6, 5, 200, 3, 3, 64}, 325);
   check_conv2d_backprop_input(DataType::F16, ConvCase{2, 6, 6, 48, 1, 1, 96}, 327);
+  check_conv2d_backprop_input(DataType::F16,
+                              ConvCase{2, 8, 8, 48, 1, 1, 64}.window(2, 2, 1, 1, "SAME"), 328);
   ScopedEnv bad("NPUSIM_CONV_WEIGHT_RUNS", "2");
   CHECK_THROWS_WITH(check_conv2d_backprop_input(DataType::F16, ConvCase{1, 5, 5, 16, 3, 3, 32}, 329),
                     Catch::Contains("NPUSIM_CONV_WEIGHT_RUNS='2' is none of"));

@@ -950,6 +950,9 @@ class ConvEmitter {
 
   // kRowsN weights by tap (CubeConvTiling::weights_by_tap).
   bool by_tap() const { return m_t.weights_by_tap; }
+  // ... with an L0B load per k-block: with one tap the tap-major layout is the per-block one
+  // (k-block c at c * nb fractals), loaded as that.
+  bool b_by_tap_in_l0b() const { return by_tap() && m_taps > 1; }
 
   // MTE2: B for channel blocks [c1a, c1a + ncb) of the weight key into L1 at dst, one nd2nz per
   // k-block (c1, tap), k-block i at dst + i * nb * 512 (nb = ceil(n_act / 16)); by tap
@@ -1315,7 +1318,7 @@ class ConvEmitter {
     round16(b, r.nb, c.n_act);
     b.shr(r.nb, r.nb, 4, "nb");
     b.mov(r.bsrc, c.bbase);
-    if (by_tap()) {  // (no bias: plan_cube_conv)
+    if (b_by_tap_in_l0b()) {  // (no bias: plan_cube_conv)
       r.bias.release();
       b.mul(r.bstep, r.nb, c.kc);
       b.div(r.bstep, r.bstep, m_taps * kBlk);
@@ -1466,7 +1469,7 @@ class ConvEmitter {
       b.emit(Opcode::op_load3d, {m_s.in_type, a, r.slab, chan, msl, r.m16, kk, ks},
              "img2col rows of the tile, k [kk, kk + ks)");
       b.movi(l0b, static_cast<int64_t>(m_l0b[par]));
-      if (by_tap()) {
+      if (b_by_tap_in_l0b()) {
         b.add(n, kk, ks);
         b.shr(n, n, 4, "the step's end k-block");
         load_b_by_tap(r, l0b, kk, n);
@@ -1499,7 +1502,7 @@ class ConvEmitter {
     if (out.block_start) {  // a block's last step may be short: advance by this step's fractals
       b.shl(n, n, 9, "fractals x 512 bytes");
       b.add(r.bsrc, r.bsrc, n);
-    } else if (by_tap()) {
+    } else if (b_by_tap_in_l0b()) {
       // (r.bsrc stays the chunk's B: load_b_by_tap addresses each k-block from it)
     } else {
       b.add(r.bsrc, r.bsrc, r.bstep);

@@ -434,7 +434,8 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   const double weight_flow = loads_weights ? c.weight_load(cfg, r.l2_rate, n_act) : 0.0;
   s.load = slab_flow + weight_flow + r.gm_lat;
   // (A load3d and a load2d an mmad step; by tap a load2d per k-block.)
-  const int64_t b_loads = t.weights_by_tap ? kc1 * c.taps : steps_mmad;
+  const bool b_by_tap = t.weights_by_tap && c.taps > 1;
+  const int64_t b_loads = b_by_tap ? kc1 * c.taps : steps_mmad;
   s.mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
            static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l0b_rate +
            static_cast<double>(steps_mmad + b_loads) * r.l1_lat;
@@ -456,9 +457,9 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   prog.scalar_weight_block = 15.0;
   // By tap: ~10 more per k-block's L0B load (load_b_by_tap). # estimate: its loop's count
   prog.scalar_mmad_step =
-      60.0 + (t.weights_by_tap ? 10.0 * static_cast<double>(kc1 * c.taps) /
-                                     static_cast<double>(std::max<int64_t>(steps_mmad, 1))
-                               : 0.0);
+      60.0 + (b_by_tap ? 10.0 * static_cast<double>(kc1 * c.taps) /
+                             static_cast<double>(std::max<int64_t>(steps_mmad, 1))
+                       : 0.0);
   s.scalar = prog.scalar_step + prog.scalar_mmad_step * static_cast<double>(steps_mmad) +
              prog.scalar_plane * static_cast<double>(kc1 * st) +
              prog.scalar_weight_block * static_cast<double>(prog.weight_insns);
@@ -933,8 +934,10 @@ struct ConvPlanner {
     // kRowsN weights per k-block, or by tap (its nd2nz's rows are runs of the chunk's
     // channels, not 32 bytes; an L0B load per k-block) where forced, or as a plan of its own
     // where the chip prices GM bursts (with the keys at 0 the presets' kernels stay as they
-    // are). Not with a bias (the mmad step's scalar registers).
-    const bool by_tap_too = !c.b_rows_k && !s.bias && kc1 > 1 &&
+    // are). Not with a bias or a strided y where there are several taps (the mmad step's
+    // scalar registers).
+    const bool by_tap_too = !c.b_rows_k && kc1 > 1 &&
+                            (c.taps == 1 || (!s.bias && s.y_strided.run_rows == 0)) &&
                             (weight_loads == WeightLoads::kByTap ||
                              (weight_loads == WeightLoads::kByEstimate &&
                               (cfg.copy_issue_cycles != 0 || cfg.burst_cycles != 0)));
