@@ -1498,3 +1498,29 @@ TEST_CASE("NPUSIM_CONV_PIXEL_LOADS=1: dense slabs by whole pixels compute the sa
                         test_sim().config()),
       Catch::Contains("NPUSIM_CONV_PIXEL_LOADS='2' is none of"));
 }
+
+TEST_CASE("NPUSIM_CONV_WEIGHT_RUNS=1: the input gradient's weights by tap compute the same") {
+  // Every kRowsN B by tap (one nd2nz per tap of the chunk's channels, an L0B load per k-block:
+  // CubeConvTiling::weights_by_tap; the bursts: test_compiler_conv_bursts.cpp), against the
+  // references: a partial last channel block of dy (40 channels) and of dx (24), the flipped
+  // taps, zero insertion (stride 2), more dx channels than one n tile may hold, and 1x1
+  // windows (one tap: the per-block layout), of stride 1 and 2.
+  // (By tap needs chunks of several channel blocks: the chip's L1 decides which cases get
+  // them, at least one on every test chip.)
+  ScopedEnv on("NPUSIM_CONV_WEIGHT_RUNS", "1");
+  int by_tap = 0;
+  const auto check = [&](const ConvCase& c, uint32_t seed) {
+    for (const std::string& l : check_conv2d_backprop_input(DataType::F16, c, seed).launches)
+      by_tap += l.find("by tap") != std::string::npos ? 1 : 0;
+  };
+  check(ConvCase{2, 7, 6, 24, 3, 3, 40}, 321);
+  check(ConvCase{1, 8, 8, 32, 3, 3, 48}.window(2, 2, 1, 1, "SAME"), 323);
+  check(ConvCase{1, 6, 5, 200, 3, 3, 64}, 325);
+  check(ConvCase{2, 6, 6, 48, 1, 1, 96}, 327);
+  check(ConvCase{2, 8, 8, 48, 1, 1, 64}.window(2, 2, 1, 1, "SAME"), 328);
+  CHECK(by_tap > 0);
+  ScopedEnv bad("NPUSIM_CONV_WEIGHT_RUNS", "2");
+  CHECK_THROWS_WITH(
+      check_conv2d_backprop_input(DataType::F16, ConvCase{1, 5, 5, 16, 3, 3, 32}, 329),
+      Catch::Contains("NPUSIM_CONV_WEIGHT_RUNS='2' is none of"));
+}

@@ -1,4 +1,5 @@
-// A convolution's feature-map load by whole pixels (SlabEmitter::Geometry::whole_pixels): the
+// A convolution's feature-map load by whole pixels (SlabEmitter::Geometry::whole_pixels) and
+// the input gradient's weights by tap (CubeConvTiling::weights_by_tap): the
 // GM bursts its nd2nz issues, derived from the slab's bytes and rows, on a chip whose DMA
 // prices each burst (mte.burst_cycles). One Simulator per process, hence a file of its own.
 #include <catch2/catch.hpp>
@@ -39,6 +40,13 @@ struct SlabLoadTimes : ChipObserver {
   void on_flow_end(int, Lane, uint64_t, uint64_t) override {}
   void on_hdc(bool, uint64_t, uint64_t, uint64_t) override {}
 };
+// The test chip whose DMA spends 1000 cycles a GM burst (mte.burst_cycles; no per-copy cost).
+Simulator& burst_sim() {
+  static Simulator sim(
+      load_chip_config(test_chip_name(), {"mte.copy_issue_cycles=0", "mte.burst_cycles=1000"}),
+      SimOptions{});
+  return sim;
+}
 }  // namespace
 
 TEST_CASE("A dense slab by whole pixels: bytes / 512 + rows GM bursts at most") {
@@ -48,9 +56,7 @@ TEST_CASE("A dense slab by whole pixels: bytes / 512 + rows GM bursts at most") 
   // channels of 2 bytes, a 1x1 window: the slab is one contiguous run of 64 x 2C bytes from
   // x's 512-byte-aligned start, 2C / 8 bursts, and at most bytes / 512 + rows (8) wherever a
   // slab starts; per plane it would be 64 bursts a plane (C / 16 planes).
-  static Simulator sim(
-      load_chip_config(test_chip_name(), {"mte.copy_issue_cycles=0", "mte.burst_cycles=1000"}),
-      SimOptions{});
+  Simulator& sim = burst_sim();
   const ChipConfig& cfg = sim.config();
   for (int64_t c : {64, 40}) {
     INFO("channels " << c);
@@ -78,5 +84,45 @@ TEST_CASE("A dense slab by whole pixels: bytes / 512 + rows GM bursts at most") 
     CHECK(bursts >= std::ceil(bytes / 512) - 0.5);
     CHECK(bursts <= bytes / 512 + 8 + 1);                       // + 1: the data's own cycles
     CHECK(bursts < 64.0 * static_cast<double>((c + 15) / 16));  // per plane's count
+  }
+}
+
+TEST_CASE("The input gradient's weights by tap: one 1 KiB run a tap, 2 GM bursts") {
+  // Conv2DBackpropInput of one 8 x 8 x 16 image by a 3x3 filter of 16 -> 32 channels, stride 2:
+  // B (kRowsN: n = dx's 16 channels, rows 32 channels = 64 bytes apart) is the only nd2nz of
+  // src_stride 32 (dy's zero-inserted slab is copied pixel by pixel). By tap (the planner's
+  // choice where each burst costs 1000 cycles) a tap's 16 rows of both channel blocks are one
+  // contiguous 1 KiB run from a 32-byte-aligned start: 2 bursts, 3 where it straddles a third
+  // 512-byte block; 9 nd2nz (one a tap) per load of B. One nd2nz per (16 channels, tap)
+  // (NPUSIM_CONV_WEIGHT_RUNS=0) reads 16 rows of 32 bytes, 16 bursts each, 18 per load.
+  Simulator& sim = burst_sim();
+  ConvCase cc = ConvCase{1, 8, 8, 16, 3, 3, 32}.window(2, 2, 1, 1, "SAME");
+  HostTensor f = random_tensor(DataType::F16, filter_shape(cc), -1, 1, 331);
+  HostTensor dy = random_tensor(DataType::F16, y_shape(cc), -2, 2, 332);
+  for (const char* runs : {"", "0"}) {
+    INFO("NPUSIM_CONV_WEIGHT_RUNS='" << runs << "'");
+    setenv("NPUSIM_CONV_WEIGHT_RUNS", runs, 1);
+    OpDesc op = make_op("Conv2DBackpropInput", {f.desc, dy.desc}, cc.attrs());
+    op.attrs["input_sizes"] = std::vector<int64_t>{1, 8, 8, 16};
+    const compiler::CompiledKernel k = compiler::compile(op, sim.config());
+    unsetenv("NPUSIM_CONV_WEIGHT_RUNS");
+    summarize(k);
+    bool by_tap = false;
+    for (const compiler::Launch& l : k.launches)
+      by_tap = by_tap || l.summary.find("by tap") != std::string::npos;
+    const bool per_block = std::string(runs) == "0";
+    REQUIRE(by_tap == !per_block);
+    SlabLoadTimes times;
+    times.pitch = 32;
+    sim.add_observer(&times);
+    run_compiled(sim, k, {f, dy});
+    sim.remove_observer(&times);
+    REQUIRE(!times.cycles.empty());
+    CHECK(times.cycles.size() % (per_block ? 18 : 9) == 0);
+    for (double t : times.cycles) {
+      const double bursts = t / 1000;
+      CHECK(bursts >= (per_block ? 16 : 2));
+      CHECK(bursts < (per_block ? 16 : 3) + 1);  // + the data's own cycles
+    }
   }
 }

@@ -241,6 +241,12 @@ struct CubeConvTiling {
   // A dense slab is loaded by one nd2nz of whole pixels, not one per plane (dense_slab_load,
   // SlabEmitter::Geometry::whole_pixels).
   bool whole_pixels = false;
+  // kRowsN weights (the input gradient's transposed filter) by tap: one nd2nz per tap of the
+  // chunk's channels (rows of 16 * ncb channels, one GM run per row) instead of one per
+  // (16 channels, tap) (a 32-byte run per row); the chunk's k-block (c, tap) then lies at
+  // fractal (tap * ncb + c) * nb of its B in L1 and each mmad step loads L0B per k-block
+  // (weight_loads_switch, Candidate::weight_load).
+  bool weights_by_tap = false;
   int64_t b_bytes = 0;     // one weight buffer in L1 (resident: one; chunked: two)
   int l0c_buffers = 1;
   int block_dim = 0;

@@ -19,9 +19,11 @@
 //         copied into place (nd2nz per row when up_w = 1, else copy_gm2l1 per pixel over all
 //         planes). Streamed weights: the chunk's B in L1 too, one nd2nz per k-block (16 input
 //         channels, one tap) straight from the weight layout, so L1 holds B's L0B image (kRowsN) or
-//         its fractal transpose (kRowsK).
+//         its fractal transpose (kRowsK); kRowsN by tap (CubeConvTiling::weights_by_tap: the chip
+//         prices the 32-byte rows' bursts) one nd2nz per tap of all the chunk's channels, the
+//         chunk's k-blocks then tap-major in L1.
 //   MTE1  per mmad step: load3d (img2col of the slab, the tile's rows, k range) into L0A and one
-//         load2d of B into L0B (transposing each fractal for kRowsK);
+//         load2d of B into L0B (transposing each fractal for kRowsK; by tap one per k-block);
 //   M     mmad into the tile's L0C buffer; FIX after the last chunk: L0C -> y (ND, exact rows
 //         and channels, so NHWC outputs with any channel count are written in place; stacked:
 //         per image of the tile and 16 channels, dropping the rows between images). Coupled
@@ -946,8 +948,15 @@ class ConvEmitter {
     m_pipe.l1_loaded(p, "L1 buffers loaded");
   }
 
+  // kRowsN weights by tap (CubeConvTiling::weights_by_tap).
+  bool by_tap() const { return m_t.weights_by_tap; }
+  // ... with an L0B load per k-block: with one tap the tap-major layout is the per-block one
+  // (k-block c at c * nb fractals), loaded as that.
+  bool b_by_tap_in_l0b() const { return by_tap() && m_taps > 1; }
+
   // MTE2: B for channel blocks [c1a, c1a + ncb) of the weight key into L1 at dst, one nd2nz per
-  // k-block (c1, tap), k-block i at dst + i * nb * 512 (nb = ceil(n_act / 16)).
+  // k-block (c1, tap), k-block i at dst + i * nb * 512 (nb = ceil(n_act / 16)); by tap
+  // (load_weights_by_tap) k-block (c1a + c, tap) at dst + (tap * ncb + c) * nb * 512.
   void load_weights(const Reg& dst, const Reg& key, const Reg& n0, const Reg& n_act, const Reg& c1a,
                     const Reg& ncb, const Reg& cvalid) {
     KernelBuilder& b = m_b;
@@ -977,6 +986,7 @@ class ConvEmitter {
     else
       round16(b, nrows, n_act);
     b.mov(d, dst);
+    if (by_tap()) return load_weights_by_tap(base, d, nrows, n_act, c1a, ncb, cvalid);
     Reg c = b.reg("weights: block"), end = b.reg("weights: end block");
     b.add(end, c1a, ncb);
     b.for_range(c, c1a, end, 1, [&] {
@@ -1019,6 +1029,40 @@ class ConvEmitter {
         b.mul(t, nrows, kBlk * m_isz);
         b.add(d, d, t, "next k-block: nb * 512 bytes");
       });
+    });
+  }
+
+  // kRowsN by tap: per tap one nd2nz of n_act rows (output columns, b_row apart) x the chunk's
+  // channels (one GM run a row; the whole tap one run where the chunk holds every channel and
+  // the n tile every row) into d: its column blocks are the chunk's k-blocks of that tap, nrows
+  // 32-byte rows apart (nb fractals each, B's L0B image); the next tap ncb * nb * 512 bytes on.
+  // base: w + (g * b_group + n0 * b_row) * size.
+  void load_weights_by_tap(const Reg& base, const Reg& d, const Reg& nrows, const Reg& n_act,
+                           const Reg& c1a, const Reg& ncb, const Reg& cvalid) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "weights by tap: one nd2nz of n rows x the chunk's channels");
+    Reg cols = b.reg("weights: the chunk's channels"), src = b.reg("weights: source"),
+        tap = b.reg("weights: tap"), step = b.reg("weights: tap bytes in L1");
+    b.mul(cols, c1a, kBlk);
+    b.sub(cols, cvalid, cols);
+    b.mul(step, ncb, kBlk);
+    b.min(cols, cols, step, "channels of the chunk");
+    b.mul(step, c1a, kBlk * m_isz);
+    b.add(base, base, step, "the chunk's first channel");
+    b.mul(step, ncb, nrows);
+    b.mul(step, step, kBlkBytes, "ncb * nb * 512 bytes a tap");
+    b.for_range(tap, 0, m_taps, 1, [&] {
+      if (m_s.b_flip) {
+        b.movi(src, m_taps - 1);
+        b.sub(src, src, tap, "source tap (flipped)");
+      } else {
+        b.mov(src, tap);
+      }
+      b.mul(src, src, m_s.b_tap * m_isz);
+      b.add(src, src, base);
+      b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, n_act, cols, m_s.b_row, nrows},
+             "the tap's k-blocks: n x the chunk's channels (fractal rows = n)");
+      b.add(d, d, step, "next tap");
     });
   }
 
@@ -1274,7 +1318,14 @@ class ConvEmitter {
     round16(b, r.nb, c.n_act);
     b.shr(r.nb, r.nb, 4, "nb");
     b.mov(r.bsrc, c.bbase);
-    b.mul(r.bstep, r.nb, m_t.tk0 * 32, "tk0/16 * nb * 512");
+    if (b_by_tap_in_l0b()) {  // (no bias: plan_cube_conv)
+      r.bias.release();
+      b.mul(r.bstep, r.nb, c.kc);
+      b.div(r.bstep, r.bstep, m_taps * kBlk);
+      b.shl(r.bstep, r.bstep, 9, "a tap's B: ncb * nb * 512 bytes");
+    } else {
+      b.mul(r.bstep, r.nb, m_t.tk0 * 32, "tk0/16 * nb * 512");
+    }
     b.for_range(kk, 0, c.kc, m_t.tk0, [&] {
       mmad_step(r, pt, ch, kk, c.kc, c.msl, c.chan, c.m_act, MmadOut{r.l0c, c.n_act, nullptr});
     });
@@ -1418,10 +1469,17 @@ class ConvEmitter {
       b.emit(Opcode::op_load3d, {m_s.in_type, a, r.slab, chan, msl, r.m16, kk, ks},
              "img2col rows of the tile, k [kk, kk + ks)");
       b.movi(l0b, static_cast<int64_t>(m_l0b[par]));
-      b.emit(Opcode::op_load2d,
-             {m_s.in_type, Buf::L0B, l0b, r.bsrc, n, 1,
-              m_s.b_mode == CubeConvSpec::BMode::kRowsK ? 1 : 0},
-             "B of the step");
+      if (b_by_tap_in_l0b()) {
+        b.add(n, kk, ks);
+        b.shr(n, n, 4, "the step's end k-block");
+        load_b_by_tap(r, l0b, kk, n);
+        b.movi(l0b, static_cast<int64_t>(m_l0b[par]));
+      } else {
+        b.emit(Opcode::op_load2d,
+               {m_s.in_type, Buf::L0B, l0b, r.bsrc, n, 1,
+                m_s.b_mode == CubeConvSpec::BMode::kRowsK ? 1 : 0},
+               "B of the step");
+      }
       if (m_s.bias) {  // (bt is read by this step's init-2 mmad only: the same condition)
         Label later = b.label("bias_loaded");
         b.branch(ne(ch, 0), later);
@@ -1444,10 +1502,37 @@ class ConvEmitter {
     if (out.block_start) {  // a block's last step may be short: advance by this step's fractals
       b.shl(n, n, 9, "fractals x 512 bytes");
       b.add(r.bsrc, r.bsrc, n);
+    } else if (b_by_tap_in_l0b()) {
+      // (r.bsrc stays the chunk's B: load_b_by_tap addresses each k-block from it)
     } else {
       b.add(r.bsrc, r.bsrc, r.bstep);
     }
     m_pipe.next_l0_step();
+  }
+
+  // B of the step by tap (load_weights_by_tap's layout; r.bsrc: the chunk's B in L1, r.bstep:
+  // a tap's bytes there, ncb * nb * 512): per k-block i in [kk / 16, iend), (c, tap) = (i / taps,
+  // i % taps), one load2d of its nb fractals from r.bsrc + tap * r.bstep + c * nb * 512 to l0b +
+  // (i - kk / 16) * nb * 512 (L0B's k-block order). Advances l0b (the caller sets it again).
+  void load_b_by_tap(const StepRegs& r, const Reg& l0b, const Reg& kk, const Reg& iend) {
+    KernelBuilder& b = m_b;
+    Reg i = b.reg("B by tap: k-block"), c = b.reg("B by tap: channel block"),
+        src = b.reg("B by tap: source");
+    b.shr(i, kk, 4);
+    b.for_range(i, i, iend, 1, [&] {
+      b.div(c, i, m_taps);
+      b.mul(src, c, m_taps);
+      b.sub(src, i, src, "tap");
+      b.mul(src, src, r.bstep);
+      b.mul(c, c, r.nb);
+      b.shl(c, c, 9, "c * nb fractals x 512 bytes");
+      b.add(src, src, c);
+      b.add(src, src, r.bsrc);
+      b.emit(Opcode::op_load2d, {m_s.in_type, Buf::L0B, l0b, src, r.nb, 1, 0},
+             "a k-block of B (L0B image)");
+      b.shl(c, r.nb, 9);
+      b.add(l0b, l0b, c, "next k-block in L0B");
+    });
   }
 
   const CubeConvSpec& m_s;

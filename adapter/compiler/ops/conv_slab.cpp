@@ -92,6 +92,16 @@ PixelLoads pixel_loads_switch(const std::string& op) {
       fmt::format("{}: NPUSIM_CONV_PIXEL_LOADS='{}' is none of '', '0', '1'", op, value));
 }
 
+WeightLoads weight_loads_switch(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_CONV_WEIGHT_RUNS");
+  const std::string_view value = v ? v : "";
+  if (value.empty()) return WeightLoads::kByEstimate;
+  if (value == "0") return WeightLoads::kPerBlock;
+  if (value == "1") return WeightLoads::kByTap;
+  throw CompileError(
+      fmt::format("{}: NPUSIM_CONV_WEIGHT_RUNS='{}' is none of '', '0', '1'", op, value));
+}
+
 double copy_issue_estimate(const ChipConfig& cfg, int64_t runs, int64_t run_bytes,
                            int64_t pitch_bytes) {
   if (cfg.copy_issue_cycles == 0 && cfg.burst_cycles == 0) return 0;

@@ -76,6 +76,13 @@ void check_geometry(const std::string& op, int64_t hv, int64_t wv, int64_t kh, i
 enum class PixelLoads { kByEstimate, kPerPlane, kWholePixels };
 PixelLoads pixel_loads_switch(const std::string& op);
 
+// How kRowsN weights go into L1 (CubeConvTiling::weights_by_tap). NPUSIM_CONV_WEIGHT_RUNS (read
+// at every compile): unset or empty, by tap where the chip prices GM bursts and the estimate
+// (copy_issue_estimate) is lower; "0", one nd2nz per (16 channels, tap); "1", by tap. Anything
+// else is a CompileError naming op.
+enum class WeightLoads { kByEstimate, kPerBlock, kByTap };
+WeightLoads weight_loads_switch(const std::string& op);
+
 // The minimum cycles the DMA spends issuing one GM copy (ChipConfig::copy_issue_cycles +
 // burst_cycles per GM burst; sim/exec/mte_common.h) whose GM ranges are `runs` runs of
 // run_bytes, pitch_bytes apart (one contiguous run where the two are equal); 0 on a chip

@@ -211,14 +211,24 @@ struct Candidate {
   int64_t mmad_steps() const {
     return b_block ? t.kc1 * ceil_div(taps * kBlk, t.tk0) : ceil_div(kchunk, t.tk0);
   }
-  // MTE2's cycles for a chunk of B of n_act columns: its bytes at `rate`, or the DMA's issue
-  // minimum of its kc1 x taps nd2nz where that is more (copy_issue_estimate).
-  double weight_load(const ChipConfig& cfg, double rate, int64_t n_act) const {
-    const double flow = static_cast<double>(kchunk * b_cols(n_act) * 2) / rate;
+  int64_t cg_in = 0;  // input channels per group (B's k rows per tap)
+  // The DMA's issue minimum of a chunk of B of n_act columns (copy_issue_estimate): its kc1 x
+  // taps nd2nz, or by tap (kRowsN, CubeConvTiling::weights_by_tap) its taps nd2nz of n_act
+  // rows of the chunk's channels.
+  double weight_issue(const ChipConfig& cfg, int64_t n_act, bool by_tap) const {
+    if (by_tap)
+      return static_cast<double>(taps) *
+             copy_issue_estimate(cfg, n_act, std::min(t.kc1 * kBlk, cg_in) * isz, b_pitch_bytes);
     const double issue =
         b_rows_k ? copy_issue_estimate(cfg, kBlk, (b_block ? b_block : n_act) * isz, b_pitch_bytes)
                  : copy_issue_estimate(cfg, n_act, kBlk * isz, b_pitch_bytes);
-    return std::max(flow, static_cast<double>(t.kc1 * taps) * issue);
+    return static_cast<double>(t.kc1 * taps) * issue;
+  }
+  // MTE2's cycles for a chunk of B of n_act columns: its bytes at `rate`, or the DMA's issue
+  // minimum where that is more.
+  double weight_load(const ChipConfig& cfg, double rate, int64_t n_act) const {
+    const double flow = static_cast<double>(kchunk * b_cols(n_act) * 2) / rate;
+    return std::max(flow, weight_issue(cfg, n_act, t.weights_by_tap));
   }
 };
 
@@ -423,15 +433,19 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   }
   const double weight_flow = loads_weights ? c.weight_load(cfg, r.l2_rate, n_act) : 0.0;
   s.load = slab_flow + weight_flow + r.gm_lat;
+  // (A load3d and a load2d an mmad step; by tap a load2d per k-block.)
+  const bool b_by_tap = t.weights_by_tap && c.taps > 1;
+  const int64_t b_loads = b_by_tap ? kc1 * c.taps : steps_mmad;
   s.mte1 = static_cast<double>(round_up(g.m_act, kBlk) * c.kchunk * 2) / r.l0a_rate +
            static_cast<double>(c.kchunk * c.b_cols(n_act) * 2) / r.l0b_rate +
-           2.0 * static_cast<double>(steps_mmad) * r.l1_lat;
+           static_cast<double>(steps_mmad + b_loads) * r.l1_lat;
   // Scalar cycles: ~200 a step, ~60 an mmad step, ~18 to 20 per plane and image of a stacked
   // slab (stacked_slab_scalar_per_image), ~15 per k-block of weights loaded.
   ConvStepProgram prog;
   prog.slab_insns = slab_insns;
   prog.slab_flow = slab_flow;
-  prog.weight_insns = loads_weights ? kc1 * c.taps : 0;  // an nd2nz per k-block
+  // an nd2nz per k-block, by tap one per tap
+  prog.weight_insns = loads_weights ? (t.weights_by_tap ? c.taps : kc1 * c.taps) : 0;
   prog.weight_flow = weight_flow;
   prog.latency = r.gm_lat;
   prog.weights_in_load = !t.resident || r.weights_ahead;
@@ -441,7 +455,11 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   prog.scalar_step = 200.0;
   prog.scalar_plane = st > 1 ? stacked_slab_scalar_per_image(st, c.stack_gap) : 0.0;
   prog.scalar_weight_block = 15.0;
-  prog.scalar_mmad_step = 60.0;
+  // By tap: ~10 more per k-block's L0B load (load_b_by_tap). # estimate: its loop's count
+  prog.scalar_mmad_step =
+      60.0 + (b_by_tap ? 10.0 * static_cast<double>(kc1 * c.taps) /
+                             static_cast<double>(std::max<int64_t>(steps_mmad, 1))
+                       : 0.0);
   s.scalar = prog.scalar_step + prog.scalar_mmad_step * static_cast<double>(steps_mmad) +
              prog.scalar_plane * static_cast<double>(kc1 * st) +
              prog.scalar_weight_block * static_cast<double>(prog.weight_insns);
@@ -793,8 +811,9 @@ struct ConvPlanner {
   const CoreKindConfig& core;
   const ConvRates rates;
   const int64_t forced_stack;
-  const bool via_ub;             // tiles leave L0C through the UB: a tile must fit it
-  const PixelLoads pixel_loads;  // NPUSIM_CONV_PIXEL_LOADS
+  const bool via_ub;               // tiles leave L0C through the UB: a tile must fit it
+  const PixelLoads pixel_loads;    // NPUSIM_CONV_PIXEL_LOADS
+  const WeightLoads weight_loads;  // NPUSIM_CONV_WEIGHT_RUNS
   std::vector<CubeConvTiling> plans;
 
   // Every tiling of stack count st that fits, into plans.
@@ -831,6 +850,7 @@ struct ConvPlanner {
           st == 1 && s.x_row == 0 && s.up_h == 1 && s.up_w == 1 && s.ext_h == 0 && s.ext_w == 0;
       c.b_rows_k = s.b_diagonal || s.b_mode == CubeConvSpec::BMode::kRowsK;
       c.b_pitch_bytes = s.b_row * c.isz;
+      c.cg_in = s.cg_in;
       for (int64_t tn : tns) add_width(c, tn);
     }
   }
@@ -911,10 +931,25 @@ struct ConvPlanner {
     // Grouped convolutions read the same rows of x from each group: their x is read from HBM
     // once, by whichever tile comes first (fill_front_time); other convolutions add HBM's
     // time to the busiest core's.
-    const double busiest = busiest_block(cfg, rates, c, s.cg_out);
-    t.est_cycles = groups_share_x(cfg, s) ? fill_front_time(cfg, s, c, busiest)
-                                          : busiest + hbm_time(cfg, s, t);
-    plans.push_back(t);
+    // kRowsN weights per k-block, or by tap (its nd2nz's rows are runs of the chunk's
+    // channels, not 32 bytes; an L0B load per k-block) where forced, or as a plan of its own
+    // where the chip prices GM bursts (with the keys at 0 the presets' kernels stay as they
+    // are). Not with a bias or a strided y where there are several taps (the mmad step's
+    // scalar registers).
+    const bool by_tap_too = !c.b_rows_k && kc1 > 1 &&
+                            (c.taps == 1 || (!s.bias && s.y_strided.run_rows == 0)) &&
+                            (weight_loads == WeightLoads::kByTap ||
+                             (weight_loads == WeightLoads::kByEstimate &&
+                              (cfg.copy_issue_cycles != 0 || cfg.burst_cycles != 0)));
+    for (bool by_tap : {false, true}) {
+      if (by_tap && !by_tap_too) break;
+      if (!by_tap && by_tap_too && weight_loads == WeightLoads::kByTap) continue;
+      t.weights_by_tap = by_tap;
+      const double busiest = busiest_block(cfg, rates, c, s.cg_out);
+      t.est_cycles = groups_share_x(cfg, s) ? fill_front_time(cfg, s, c, busiest)
+                                            : busiest + hbm_time(cfg, s, t);
+      plans.push_back(t);
+    }
   }
 };
 
@@ -969,13 +1004,14 @@ std::string CubeConvTiling::str() const {
   return fmt::format(
       "tiles {}x{} ({} m x {} n per {}/group, {} tiles over {} blocks of {}), "
       "{}k {} per mmad, {} channel blocks per chunk ({} chunk(s){}), slab {} rows "
-      "({} B{}), B {} B, {} L0C buffer(s), ~{:.0f} cycles",
+      "({} B{}), B {} B{}, {} L0C buffer(s), ~{:.0f} cycles",
       tm, tn, m_tiles, n_tiles,
       stack == 1 ? std::string("image")
                  : fmt::format("stack of {} images (period {} rows)", stack, period),
       tiles, block_dim, tiles_per_block, spatial_major ? "position-major, " : "", tk0, kc1, chunks,
       resident ? ", weights resident" : "", slab_rows, slab_bytes,
-      whole_pixels ? ", by whole pixels" : "", b_bytes, l0c_buffers, est_cycles);
+      whole_pixels ? ", by whole pixels" : "", b_bytes, weights_by_tap ? " by tap" : "",
+      l0c_buffers, est_cycles);
 }
 
 bool conv_y_packable(const CubeConvSpec& s) {
@@ -1031,7 +1067,14 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
         "input blocks and whole 16-column output blocks ({} -> {} channels per group)",
         op, s.cg_in, s.cg_out));
   const std::vector<int64_t> tns = tile_widths(s, op);
-  ConvPlanner planner{s, cfg, core, conv_rates(cfg, core, s), stack, via_ub, pixel_loads_switch(op),
+  ConvPlanner planner{s,
+                      cfg,
+                      core,
+                      conv_rates(cfg, core, s),
+                      stack,
+                      via_ub,
+                      pixel_loads_switch(op),
+                      weight_loads_switch(op),
                       {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
   // NPUSIM_CONV_PLAN_RANK (forced_plan_rank): benchmarks/conv_plan_ranks.py.
