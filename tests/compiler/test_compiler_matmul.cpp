@@ -406,7 +406,9 @@ TEST_CASE("MatMul L1 chunks: rows of k of at least a GM burst, whole bursts wher
   // A GM burst is 512 bytes (sim/exec/mte_common.h kGmBurstBytes); the keys are the DataCopy
   // sample's set A (docs/validation.md "What an MTE copy costs per instruction and per GM burst").
   constexpr int64_t kBurst = 512;
-  const ChipConfig presets = load_chip_config("910b");
+  // The 910b without the DMA's issue keys (the 910b preset prices it since 2026-12-06: set B).
+  const ChipConfig unpriced =
+      load_chip_config("910b", {"mte.copy_issue_cycles=0", "mte.burst_cycles=0"});
   const ChipConfig set_a =
       load_chip_config("910b", {"mte.copy_issue_cycles=12.518", "mte.burst_cycles=8.114"});
   struct Shape {
@@ -421,10 +423,10 @@ TEST_CASE("MatMul L1 chunks: rows of k of at least a GM burst, whole bursts wher
   for (const Shape& s : shapes) {
     for (const isa::Dtype dt : {isa::Dtype::F16, isa::Dtype::F32}) {
       const int64_t isz = isa::dtype_size(dt);
-      for (const ChipConfig* cfg : {&presets, &set_a}) {
+      for (const ChipConfig* cfg : {&unpriced, &set_a}) {
         const compiler::ops::MatmulTiling t = compiler::ops::plan_matmul_tiling(
             s.m, s.n, s.k, s.ta, s.tb, dt, dt, *cfg, "MatMul");
-        INFO(t.str() << (cfg == &set_a ? " (set A)" : " (presets)"));
+        INFO(t.str() << (cfg == &set_a ? " (set A)" : " (keys 0)"));
         // The chunk's rows of k (A, and B stored transposed) are at least a burst, or all of k.
         CHECK(t.tk_l1 * isz >= std::min(s.k * isz, kBurst));
         // Where the DMA's issue is priced per burst and both operands' rows run along k (A, B
@@ -433,16 +435,16 @@ TEST_CASE("MatMul L1 chunks: rows of k of at least a GM burst, whole bursts wher
         // the largest chunk: B's rows of n may outweigh A's of k.)
         if (cfg == &set_a && !s.ta && s.tb && t.tk_l1 < s.k) CHECK((t.tk_l1 * isz) % kBurst == 0);
       }
-      // The keys at 0: the plan the largest chunk that fits gives (nothing moves on the presets).
+      // The keys at 0: the plan the largest chunk that fits gives (nothing moves where nothing is priced).
       setenv("NPUSIM_MATMUL_BURST_CHUNKS", "0", 1);
       const compiler::ops::MatmulTiling old = compiler::ops::plan_matmul_tiling(
-          s.m, s.n, s.k, s.ta, s.tb, dt, dt, presets, "MatMul");
+          s.m, s.n, s.k, s.ta, s.tb, dt, dt, unpriced, "MatMul");
       unsetenv("NPUSIM_MATMUL_BURST_CHUNKS");
       const compiler::ops::MatmulTiling now = compiler::ops::plan_matmul_tiling(
-          s.m, s.n, s.k, s.ta, s.tb, dt, dt, presets, "MatMul");
+          s.m, s.n, s.k, s.ta, s.tb, dt, dt, unpriced, "MatMul");
       CHECK(now.str() == old.str());
       // The estimate other kernels' plans are weighed against leaves the issue out (no
-      // convolution's prices it): with set A it is the presets' plan's.
+      // convolution's prices it): with set A it is the unpriced plan's.
       const compiler::ops::MatmulTiling keyed = compiler::ops::plan_matmul_tiling(
           s.m, s.n, s.k, s.ta, s.tb, dt, dt, set_a, "MatMul");
       CHECK(keyed.est_cycles == Approx(now.est_cycles).epsilon(1e-9));

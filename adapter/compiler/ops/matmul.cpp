@@ -195,8 +195,8 @@ struct TileCandidate {
 //   the core's gm->l1 rate, hits at the core's L2 read port, each capped by its share (over the
 //   cores that run) of the sustained HBM or the L2 bandwidth; a chip without an L2 misses all.
 //   Each chunk's load also waits its path's and the memory's access latency, and takes at
-//   least the DMA's issue of its bursts (mte.copy_issue_cycles, mte.burst_cycles; 0 on the
-//   presets).
+//   least the DMA's issue of its bursts (mte.copy_issue_cycles, mte.burst_cycles; the 910b
+//   preset's, 0 on the others).
 // - The cube: per mmad of ks, its latency plus ceil(tm/cube_m) * ceil(tn/cube_n) *
 //   ceil(ks/cube_k) cycles; under it (two L0A and two L0B buffers) MTE1 fills the next mmad's L0A
 //   and L0B: one load2d per 16-row block of A and one per k block of B (MatmulEmitter::load_l0a,
@@ -228,7 +228,7 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
   // hitting share, HBM's for the rest) on top of the gm->l1 path's.
   const double load_latency = cfg.path_latency(Buf::GM, Buf::L1) + rate.access_latency;
   // The DMA's issue of the chunk's two nd2nz (ChipConfig::copy_issue_cycles, burst_cycles: 0
-  // on the presets): MTE2 is held for the longer of it and the flow.
+  // but on the 910b): MTE2 is held for the longer of it and the flow.
   const auto issue = [&](int64_t kc) {
     const double a = c.trans_a ? nd2nz_bursts(kc, c.tm, c.m, c.isz)   // A stored k x m
                                : nd2nz_bursts(c.tm, kc, c.k, c.isz);  // A stored m x k
@@ -296,7 +296,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   const int64_t osz = isa::dtype_size(out_type);
   // The cost of a candidate: the busiest core's cycles (tile_cost_cycles).
   const double cube_div = in_type == Dtype::F32 ? std::max(1, cfg.cube_fp32_rate_divisor) : 1;
-  // Chunks of whole bursts are weighed where the chip prices the DMA's issue (on the presets,
+  // Chunks of whole bursts are weighed where the chip prices the DMA's issue (the 910b preset;
   // where it does not, the largest chunk that fits: fewest instructions, the plans as before).
   const bool burst_chunks =
       burst_chunks_enabled() && (cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0);
