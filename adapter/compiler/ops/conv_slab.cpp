@@ -82,24 +82,31 @@ void check_geometry(const std::string& op, int64_t hv, int64_t wv, int64_t kh, i
     fail(fmt::format("input {}x{} exceeds {} (set_fmatrix)", hv, wv, ru16));
 }
 
-PixelLoads pixel_loads_switch(const std::string& op) {
-  const char* v = std::getenv("NPUSIM_CONV_PIXEL_LOADS");
+namespace {
+
+// A three-way lowering switch: unset (or empty) -> by_estimate, "0" -> off, "1" -> on; any other
+// value is a CompileError naming the op and the variable.
+template <typename Choice>
+Choice three_way_switch(const char* name, const std::string& op, Choice by_estimate, Choice off,
+                        Choice on) {
+  const char* v = std::getenv(name);
   const std::string_view value = v ? v : "";
-  if (value.empty()) return PixelLoads::kByEstimate;
-  if (value == "0") return PixelLoads::kPerPlane;
-  if (value == "1") return PixelLoads::kWholePixels;
-  throw CompileError(
-      fmt::format("{}: NPUSIM_CONV_PIXEL_LOADS='{}' is none of '', '0', '1'", op, value));
+  if (value.empty()) return by_estimate;
+  if (value == "0") return off;
+  if (value == "1") return on;
+  throw CompileError(fmt::format("{}: {}='{}' is none of '', '0', '1'", op, name, value));
+}
+
+}  // namespace
+
+PixelLoads pixel_loads_switch(const std::string& op) {
+  return three_way_switch("NPUSIM_CONV_PIXEL_LOADS", op, PixelLoads::kByEstimate,
+                          PixelLoads::kPerPlane, PixelLoads::kWholePixels);
 }
 
 WeightLoads weight_loads_switch(const std::string& op) {
-  const char* v = std::getenv("NPUSIM_CONV_WEIGHT_RUNS");
-  const std::string_view value = v ? v : "";
-  if (value.empty()) return WeightLoads::kByEstimate;
-  if (value == "0") return WeightLoads::kPerBlock;
-  if (value == "1") return WeightLoads::kByTap;
-  throw CompileError(
-      fmt::format("{}: NPUSIM_CONV_WEIGHT_RUNS='{}' is none of '', '0', '1'", op, value));
+  return three_way_switch("NPUSIM_CONV_WEIGHT_RUNS", op, WeightLoads::kByEstimate,
+                          WeightLoads::kPerBlock, WeightLoads::kByTap);
 }
 
 double copy_issue_estimate(const ChipConfig& cfg, int64_t runs, int64_t run_bytes,
