@@ -442,7 +442,8 @@ void SlabEmitter::load_strided_columns(const SlabArgs& a, Scratch& r) {
 // afterwards), or one nd2nz for all planes where they are whole fractals (planes_at_once).
 void SlabEmitter::load_dense(const SlabArgs& a, Scratch& r) {
   KernelBuilder& b = m_b;
-  if (m_g.whole_pixels) {
+  // r.src: GM address of the slab's first pixel's channel 16 * c1a (r.t: 16 * c1a).
+  const auto first_channel_address = [&] {
     b.mul(r.src, a.img, m_g.hs);
     b.add(r.src, r.src, a.r0);
     b.mul(r.src, r.src, m_g.ws * m_g.cs);
@@ -451,6 +452,9 @@ void SlabEmitter::load_dense(const SlabArgs& a, Scratch& r) {
     b.add(r.src, r.src, r.t);
     b.mul(r.src, r.src, m_isz);
     b.add(r.src, r.src, a.x, "the first pixel's channel 16 * c1a");
+  };
+  if (m_g.whole_pixels) {
+    first_channel_address();
     b.sub(r.t, a.cvalid, r.t);
     b.shl(r.end, a.ncb, 4);
     b.min(r.t, r.t, r.end, "channels of the slab's planes");
@@ -462,14 +466,7 @@ void SlabEmitter::load_dense(const SlabArgs& a, Scratch& r) {
   b.add(rows, r.plane, kBlk - 1);
   b.shr(rows, rows, 4);
   b.shl(rows, rows, 4);
-  b.mul(r.src, a.img, m_g.hs);
-  b.add(r.src, r.src, a.r0);
-  b.mul(r.src, r.src, m_g.ws * m_g.cs);
-  b.add(r.src, r.src, a.cbase);
-  b.mul(r.t, a.c1a, kBlk);
-  b.add(r.src, r.src, r.t);
-  b.mul(r.src, r.src, m_isz);
-  b.add(r.src, r.src, a.x, "source of the first block");
+  first_channel_address();
   Label done;
   if (m_g.planes_at_once) {
     done = b.label("slab_loaded");

@@ -334,16 +334,14 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
       // The L1 chunk: the largest that fits, or (burst_chunks) one of whole GM bursts.
       for (const int64_t tk1 : {tk1_fit, burst_chunks ? burst_chunk_k(tk0, tk1_fit, k, isz) : 0}) {
         if (tk1 == 0) continue;
-        if (burst_chunks && tk1 == tk1_fit)
-          unpriced_best =
-              std::min(unpriced_best,
-                       tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles, blocks,
-                                         l0c_buffers, via_ub, trans_a, trans_b, false, cube_div},
-                                        cfg));
-        const double cost =
-            tile_cost_cycles({m, n, k, batch, tm, tn, tk0, tk1, isz, osz, tiles, blocks,
-                              l0c_buffers, via_ub, trans_a, trans_b, burst_chunks, cube_div},
-                             cfg);
+        TileCandidate candidate{m,           n,      k,       batch,   tm,           tn,
+                                tk0,         tk1,    isz,     osz,     tiles,        blocks,
+                                l0c_buffers, via_ub, trans_a, trans_b, burst_chunks, cube_div};
+        const double cost = tile_cost_cycles(candidate, cfg);
+        if (burst_chunks && tk1 == tk1_fit) {  // the same candidate with its issue unpriced
+          candidate.issue_priced = false;
+          unpriced_best = std::min(unpriced_best, tile_cost_cycles(candidate, cfg));
+        }
         // Ties (within rounding): the larger tile, then the longer L1 chunk (fewer instructions).
         const bool tie = cost <= best_cost * (1 + 1e-9);
         const bool better = cost < best_cost * (1 - 1e-9) ||
