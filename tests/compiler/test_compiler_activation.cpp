@@ -37,6 +37,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -302,6 +303,55 @@ TEST_CASE("GeluGrad: exact (erf) and approximate (tanh)") {
     check_act(c, DataType::F32, {1}, seed++, &op);
     check_act(c, DataType::F32, {0, 7}, seed++, &op);
   }
+}
+
+// Sigmoid's two forms (NPUSIM_SIGMOID_ALTERNATE_BUFFERS, on by default): every step writing a
+// buffer it does not read, or every step but the first in place. The same instructions on the
+// same values: the outputs are the same bits, within the reference's bound (kCases' Sigmoid).
+// On a chip with UB banks the alternating form's f32 kernel meets no bank conflict (its tiles
+// in bank windows of their own), the in-place form's conflicts are a fifth of its vector
+// time at least (two accesses per bank for each of its three in-place steps).
+TEST_CASE("Sigmoid: alternating buffers against in place, the same bits") {
+  const ActCase& sigmoid = kCases[3];
+  REQUIRE(std::string(sigmoid.op) == "Sigmoid");
+  const ChipConfig& cfg = test_sim().config();
+  uint32_t seed = 90;
+  for (DataType dt : {DataType::F32, DataType::F16, DataType::BF16}) {
+    const std::vector<int64_t> shape = {48, 2048};
+    const HostTensor x = random_tensor(dt, shape, sigmoid.lo, sigmoid.hi, seed++);
+    std::vector<double> out[2];
+    uint64_t conflicts[2] = {}, busy[2] = {};
+    for (int alternate : {0, 1}) {
+      INFO(compiler::data_type_name(dt) << " NPUSIM_SIGMOID_ALTERNATE_BUFFERS=" << alternate);
+      setenv("NPUSIM_SIGMOID_ALTERNATE_BUFFERS", alternate ? "1" : "0", 1);
+      check_act(sigmoid, dt, shape, seed++);
+      const auto k = compiler::compile(make_op("Sigmoid", {x.desc}), cfg);
+      const RunResult r = run_compiled(test_sim(), k, {x});
+      out[alternate] = r.outputs[0].values;
+      for (const auto& [name, core] : r.counters.at(0).at("chip").items()) {
+        if (!core.contains("v")) continue;
+        const nlohmann::json& v = core.at("v");
+        busy[alternate] += v.at("busy_cycles").at("value").get<uint64_t>();
+        if (v.contains("stall") && v.at("stall").contains("bank_conflict"))
+          conflicts[alternate] += v.at("stall").at("bank_conflict").at("value").get<uint64_t>();
+      }
+    }
+    unsetenv("NPUSIM_SIGMOID_ALTERNATE_BUFFERS");
+    INFO(compiler::data_type_name(dt) << ": conflict cycles in place " << conflicts[0] << " of "
+                                      << busy[0] << ", alternating " << conflicts[1] << " of "
+                                      << busy[1]);
+    CHECK(out[0] == out[1]);
+    if (cfg.ub_banks > 1) {
+      CHECK(conflicts[0] * 5 > busy[0]);
+      CHECK(conflicts[1] < conflicts[0]);
+      if (dt == DataType::F32) CHECK(conflicts[1] == 0);
+    }
+  }
+  setenv("NPUSIM_SIGMOID_ALTERNATE_BUFFERS", "yes", 1);
+  CHECK_THROWS_WITH(compiler::compile(make_op("Sigmoid", {{DataType::F32, {4}}}), cfg),
+                    Catch::Contains("NPUSIM_SIGMOID_ALTERNATE_BUFFERS='yes'") &&
+                        Catch::Contains("Sigmoid"));
+  unsetenv("NPUSIM_SIGMOID_ALTERNATE_BUFFERS");
 }
 
 TEST_CASE("activations: zero-size, dtype and shape errors") {

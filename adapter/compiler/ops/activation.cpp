@@ -42,9 +42,11 @@
 //   SoftplusGrad g / (exp(-x) + 1)                        (g, x = gradients, features)
 //   L2Loss       sum(x * x) / 2 over all elements (f32 accumulation), a scalar
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <iterator>
 #include <stdexcept>
+#include <string_view>
 #include <variant>
 
 #include <fmt/format.h>
@@ -228,13 +230,6 @@ const ActOp kOps[] = {
        l.cmp(isa::Cmp::LT, l.bits, l.in[0], kZero);
        l.sel(l.out, l.bits, VOperand(l.tmp[0]), VOperand(l.tmp[1]));
      }},
-    {"Sigmoid", 1, false,
-     [](Lanes& l, DataType) {
-       l.muls(l.out, l.in[0], -1);
-       l.un(Opcode::op_vexp, l.out, l.out);
-       l.adds(l.out, l.out, 1);
-       l.un(Opcode::op_vrec, l.out, l.out);
-     }},
     {"Tanh", 1, false, [](Lanes& l, DataType) { tanh_lanes(l, l.out, l.in[0]); }},
     {"Softplus", 1, false,
      [](Lanes& l, DataType dt) {
@@ -353,6 +348,40 @@ const ActOp kOps[] = {
        l.bin(Opcode::op_vdiv, l.out, l.in[0], l.tmp[0]);
      }},
 };
+
+// Sigmoid 1 / (1 + exp(-x)): the four f32 steps of CANN's kernels (ops-nn's Ascend C Sigmoid
+// and the TBE sigmoid.py on the 910B: Muls -1, Exp, Adds 1, then 1 / s; CANN divides a tile of
+// ones, npusim takes vrec, the same quotient), after the widening of f16 / bf16 as theirs.
+// sigmoid_in_place: every step writes the buffer it reads (CANN's kernels do, on one buffer);
+// in the bank model (docs/chip_model.md) such an operand takes two accesses per bank each
+// repeat, doubling the repeat time of every step but the first. sigmoid_alternating: the same
+// instructions on the same values, each writing a buffer it does not read (out and one
+// scratch, in bank windows of their own: act_tile_work), so no repeat meets a conflict;
+// outputs bit-identical.
+void sigmoid_in_place(Lanes& l, DataType) {
+  l.muls(l.out, l.in[0], -1);
+  l.un(Opcode::op_vexp, l.out, l.out);
+  l.adds(l.out, l.out, 1);
+  l.un(Opcode::op_vrec, l.out, l.out);
+}
+
+void sigmoid_alternating(Lanes& l, DataType) {
+  l.muls(l.tmp[0], l.in[0], -1);                 // -x
+  l.un(Opcode::op_vexp, l.out, l.tmp[0]);        // exp(-x)
+  l.adds(l.tmp[0], l.out, 1);                    // 1 + exp(-x)
+  l.un(Opcode::op_vrec, l.out, l.tmp[0]);
+}
+
+// Whether Sigmoid alternates its buffers (sigmoid_alternating): unless
+// NPUSIM_SIGMOID_ALTERNATE_BUFFERS=0 (read at every compile of a Sigmoid; unset, empty or "1" is
+// on, anything else a CompileError naming the op), which gives the in-place steps and the four
+// scratch tiles of before back, for comparison.
+bool sigmoid_alternates(const OpDesc& op) {
+  const char* v = std::getenv("NPUSIM_SIGMOID_ALTERNATE_BUFFERS");
+  if (!v || !*v || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  op.fail(fmt::format("NPUSIM_SIGMOID_ALTERNATE_BUFFERS='{}' is neither '0' nor '1'", v));
+}
 
 // Gelu: attr approximate selects the formula.
 void gelu_exact(Lanes& l, DataType) {
@@ -564,9 +593,14 @@ CompiledKernel compile_activation(const CompileContext& ctx) {
   ActOp gelu_grad{"GeluGrad", 2, false,
                   approximate_attr(op, false) ? gelu_grad_tanh : gelu_grad_exact};
   ActOp geglu{"GeGlu", 2, false, approximate_attr(op, true) ? geglu_tanh : geglu_exact};
+  const ActOp sigmoid =
+      op.type == "Sigmoid" && sigmoid_alternates(op)
+          ? ActOp{"Sigmoid", 1, false, sigmoid_alternating, 1}
+          : ActOp{"Sigmoid", 1, false, sigmoid_in_place};
   const ActOp* kind = op.type == "Gelu"       ? &gelu
                       : op.type == "GeluGrad" ? &gelu_grad
                       : op.type == "GeGlu"    ? &geglu
+                      : op.type == "Sigmoid"  ? &sigmoid
                                               : nullptr;
   for (const ActOp& k : kOps)
     if (op.type == k.tf_op) kind = &k;
