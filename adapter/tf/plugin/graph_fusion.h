@@ -627,6 +627,12 @@ int fold_update_casts(tensorflow::GraphDef& graph, const std::unordered_set<std:
 int group_weight_casts(tensorflow::GraphDef& graph,
                        const std::unordered_set<std::string>& preserve);
 
+// Rewrite 19b (graph_fusion.cpp block_conv_filters: the forward convolutions' filters written
+// blocked by the weights' MultiTensorCast) on `graph` while fusion_enabled() and rewrite 19 and
+// NPUSIM_CONV_WEIGHTS_BLOCKED (default on; "0" turns it off, read once per process) are
+// requested, after group_weight_casts; returns the members written blocked.
+int block_conv_filters(tensorflow::GraphDef& graph);
+
 // The first edge of a graph TensorFlow would refuse when it rebuilds a function's graph from the
 // optimizer's output (a producer's output type that its consumer's op definition does not take
 // there), described; empty if none (graph_optimizer.cpp's is first_type_error, mixed_precision.h).
