@@ -39,11 +39,13 @@ HostTensor to_blocked(const HostTensor& hwio) {
   for (int64_t kh = 0; kh < f[0]; ++kh)
     for (int64_t kw = 0; kw < f[1]; ++kw)
       for (int64_t ci = 0; ci < f[2]; ++ci)
-        for (int64_t co = 0; co < f[3]; ++co) b.values[blocked_index(f, kh, kw, ci, co)] = hwio.values[i++];
+        for (int64_t co = 0; co < f[3]; ++co)
+          b.values[blocked_index(f, kh, kw, ci, co)] = hwio.values[i++];
   return b;
 }
 
-std::map<std::string, compiler::AttrValue> with_layout(std::map<std::string, compiler::AttrValue> a) {
+std::map<std::string, compiler::AttrValue> with_layout(
+    std::map<std::string, compiler::AttrValue> a) {
   a["filter_layout"] = std::string(compiler::ops::kFilterLayoutN16);
   return a;
 }
@@ -88,14 +90,13 @@ TEST_CASE("MultiTensorCast writes its filter_n16 members in blocks of 16 output 
 
 TEST_CASE("MultiTensorCast refuses a filter_n16 member that is not a filter of Cout % 16 == 0") {
   const TensorDesc f{DataType::F32, {3, 3, 16, 24}};
-  CHECK_THROWS_WITH(
-      compiler::compile(make_op("MultiTensorCast", {f},
-                                {{"SrcT", std::string("f32")},
-                                 {"DstT", std::string("f16")},
-                                 {"N", int64_t{1}},
-                                 {"filter_n16", std::vector<int64_t>{0}}}),
-                        test_sim().config()),
-      Catch::Contains("output channels a multiple of 16"));
+  CHECK_THROWS_WITH(compiler::compile(make_op("MultiTensorCast", {f},
+                                              {{"SrcT", std::string("f32")},
+                                               {"DstT", std::string("f16")},
+                                               {"N", int64_t{1}},
+                                               {"filter_n16", std::vector<int64_t>{0}}}),
+                                      test_sim().config()),
+                    Catch::Contains("output channels a multiple of 16"));
 }
 
 TEST_CASE("Conv2D reads a filter in blocks of 16 output channels: the HWIO filter's bits") {
@@ -148,9 +149,9 @@ TEST_CASE("Conv2DBiasAdd reads a filter in blocks of 16 output channels") {
 TEST_CASE("A filter in blocks of 16: what cannot read it says so") {
   const ConvCase c{1, 6, 6, 32, 3, 3, 40};  // 40 output channels: not whole blocks
   const TensorDesc x{DataType::F16, {1, 6, 6, 32}}, f{DataType::F16, filter_shape(c)};
-  CHECK_THROWS_WITH(compiler::compile(make_op("Conv2D", {x, f}, with_layout(c.attrs())),
-                                      test_sim().config()),
-                    Catch::Contains("output channels a multiple of 16"));
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("Conv2D", {x, f}, with_layout(c.attrs())), test_sim().config()),
+      Catch::Contains("output channels a multiple of 16"));
   auto odd = c.attrs();
   odd["filter_layout"] = std::string("OIHW");
   CHECK_THROWS_WITH(compiler::compile(make_op("Conv2D", {x, f}, odd), test_sim().config()),
