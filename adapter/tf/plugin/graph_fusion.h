@@ -629,8 +629,8 @@ int group_weight_casts(tensorflow::GraphDef& graph,
 
 // Rewrite 19b (graph_fusion.cpp block_conv_filters: the forward convolutions' filters written
 // blocked by the weights' MultiTensorCast) on `graph` while fusion_enabled() and rewrite 19 and
-// NPUSIM_CONV_WEIGHTS_BLOCKED (default on; "0" turns it off, read once per process) are
-// requested, after group_weight_casts; returns the members written blocked.
+// NPUSIM_CONV_WEIGHTS_BLOCKED=1 (default off, read once per process) are requested, after
+// group_weight_casts; returns the members written blocked.
 int block_conv_filters(tensorflow::GraphDef& graph);
 
 // The first edge of a graph TensorFlow would refuse when it rebuilds a function's graph from the
