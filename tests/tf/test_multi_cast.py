@@ -12,7 +12,9 @@ that the same graph writes become one node, whose kernel casts each as Cast's ow
   layer's weights cast to float16 at every step's start): the same losses and weights bit for
   bit as with NPUSIM_FUSION_MULTI_CAST=0, fewer launches per step: the weights' Cast launches
   are gone and one MultiTensorCast launch ran, nothing else differs; the step graph has a
-  MultiTensorCast node of those casts.
+  MultiTensorCast node of those casts. With NPUSIM_CONV_WEIGHTS_BLOCKED=1 its convolution's
+  filter is a member written in blocks of 16 output channels (rewrite 19b): the same losses and
+  weights bit for bit.
 Both with the NpuGraph task lists and node by node (NPUSIM_GRAPH=0).
 """
 
@@ -98,10 +100,15 @@ def cnn_run(folder):
             losses.append(float(step(x, y)[0].numpy()))
     recs = npusim.launch_records()
     os.environ.pop("NPUSIM_GRAPH_DUMP")
-    multi = [{"N": n.attr["N"].i, "members": [m.decode() for m in n.attr["_npusim_members"].list.s]}
-             for n in step_graph_nodes(folder) if n.op == "MultiTensorCast"]
+    nodes = step_graph_nodes(folder)
+    multi = [{"N": n.attr["N"].i, "members": [m.decode() for m in n.attr["_npusim_members"].list.s],
+              "n16": list(n.attr["filter_n16"].list.i)}
+             for n in nodes if n.op == "MultiTensorCast"]
+    convs = [{"op": n.op, "filter": n.input[1],
+              "layout": n.attr["_npusim_filter_layout"].s.decode()}
+             for n in nodes if n.op in ("Conv2D", "Conv2DBiasAdd", "Conv2DBNTrainingReduce")]
     return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
-            "launches": launches(recs), "multi": multi}
+            "launches": launches(recs), "multi": multi, "convs": convs}
 
 
 if os.environ["WHAT"] == "variables":
@@ -127,6 +134,11 @@ def runs(tmp_path_factory):
             "on": child_result(CODE, extra_env=dict(cnn, DUMP=str(tmp / "on"))),
             "off": child_result(CODE, extra_env=dict(cnn, DUMP=str(tmp / "off"),
                                                      NPUSIM_FUSION_MULTI_CAST="0")),
+            "n16": child_result(CODE, extra_env=dict(cnn, DUMP=str(tmp / "n16"),
+                                                     NPUSIM_CONV_WEIGHTS_BLOCKED="1")),
+            "n16_alone": child_result(CODE, extra_env=dict(cnn, DUMP=str(tmp / "n16_alone"),
+                                                           NPUSIM_CONV_WEIGHTS_BLOCKED="1",
+                                                           NPUSIM_GRAPH="0")),
             "on_alone": child_result(CODE, extra_env=dict(cnn, DUMP=str(tmp / "on_alone"),
                                                           NPUSIM_GRAPH="0")),
         },
@@ -168,3 +180,29 @@ def test_mixed_precision_weight_casts_in_one_launch(runs):
     assert len(on["multi"]) == 1 and on["multi"][0]["N"] >= 2, on["multi"]
     assert on["multi"][0]["N"] == len(missing), (on["multi"], missing)
     assert alone["losses"] == on["losses"]
+
+
+def test_forward_convolution_filters_blocked(runs):
+    """Rewrite 19b (NPUSIM_CONV_WEIGHTS_BLOCKED=1): the convolution reads its float16 filter
+    from a MultiTensorCast member written in blocks of 16 output channels (filter_n16,
+    _npusim_filter_layout); the losses and weights are those of the HWIO filter (the default)
+    bit for bit, in the task list and node by node, and only MultiTensorCast launches (the
+    relayout) are added."""
+    hwio, n16_run, alone = runs["cnn"]["on"], runs["cnn"]["n16"], runs["cnn"]["n16_alone"]
+    for run in (n16_run, alone):
+        assert run["losses"] == hwio["losses"]
+        assert run["weights"] == hwio["weights"]
+    assert hwio["multi"] and not hwio["multi"][0]["n16"], hwio["multi"]
+    assert all(c["layout"] == "" for c in hwio["convs"]), hwio["convs"]
+    n16 = n16_run["multi"][0]["n16"]
+    assert n16, n16_run["multi"]
+    name = "npusim_multi_cast_0"
+    blocked_outputs = {name if m == 0 else f"{name}:{m}" for m in n16}
+    assert n16_run["convs"], n16_run["convs"]
+    for c in n16_run["convs"]:
+        assert c["layout"] == "N16_HWI16", n16_run["convs"]
+        assert c["filter"] in blocked_outputs, (c, n16)
+    # (op type, node name): the convolution's launches keep their names; the relayout adds
+    # MultiTensorCast launches
+    missing, extra = launch_multiset_diff(hwio["launches"], n16_run["launches"])
+    assert not missing and extra and set(ops(extra)) == {"MultiTensorCast"}, (missing, extra)

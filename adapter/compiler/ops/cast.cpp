@@ -20,12 +20,18 @@
 // SrcT to float type DstT (Truncate as Cast's), output i the cast of input i, each element
 // converted by Cast's own tile work (cast_spec), so bit for bit the Casts' outputs; the tensors
 // are the segments of multi-tensor streams (multi_tensor_launches), a few launches for all.
+// Members named by attribute filter_n16 (graph rewrite 19: filters only forward convolutions
+// read) are written in the convolutions' kFilterLayoutN16 (ops/conv.h): cast as HWIO into the
+// workspace, then one transpose launch each (ops/transpose.h) into the output.
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/cast.h"
+#include "adapter/compiler/ops/compose.h"
+#include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/elementwise.h"
 #include "adapter/compiler/ops/int64.h"
 #include "adapter/compiler/ops/registry.h"
+#include "adapter/compiler/ops/transpose.h"
 #include "isa/layout.h"
 
 namespace npusim::compiler::ops {
@@ -144,7 +150,22 @@ CompiledKernel compile_multi_tensor_cast(const CompileContext& ctx) {
     op.fail(fmt::format("cast {} -> {}: only between float types", data_type_name(src),
                         data_type_name(dst)));
   const bool truncate = op.attr_bool("Truncate", false);
-  CompiledKernel k;
+  // Members written in kFilterLayoutN16 (attribute filter_n16: their indices): cast into a
+  // workspace slice as HWIO, then [KH * KW * Cin][Cout / 16][16] -> [Cout / 16][KH * KW * Cin]
+  // [16] by a transpose of whole 32-byte rows into the output.
+  std::vector<bool> n16(op.inputs.size(), false);
+  for (int64_t m : op.attr_ints("filter_n16")) {
+    if (m < 0 || m >= n)
+      op.invalid(fmt::format("attribute filter_n16 names member {} of {}", m, n));
+    const std::vector<int64_t>& shape = op.inputs[static_cast<size_t>(m)].shape;
+    if (shape.size() != 4 || shape[3] % 16 != 0 || data_type_bytes(dst) != 2)
+      op.invalid(fmt::format(
+          "member {} ({} {} -> {}) cannot be written in {}: it needs a rank-4 HWIO filter of "
+          "output channels a multiple of 16, cast to a 16-bit type",
+          m, data_type_name(src), shape_str(shape), data_type_name(dst), kFilterLayoutN16));
+    n16[static_cast<size_t>(m)] = true;
+  }
+  std::vector<TensorDesc> outputs;
   std::vector<MultiTensorSegment> segments;
   for (size_t i = 0; i < op.inputs.size(); ++i) {
     const TensorDesc& in = op.inputs[i];
@@ -152,15 +173,32 @@ CompiledKernel compile_multi_tensor_cast(const CompileContext& ctx) {
       op.invalid(fmt::format("input {} is {}, attribute SrcT {}", i, data_type_name(in.dtype),
                              data_type_name(src)));
     const TensorDesc out{dst, in.shape};
-    k.outputs.push_back(out);
+    outputs.push_back(out);
     if (out.num_elements() == 0) continue;
     segments.push_back(
         MultiTensorSegment{cast_spec(src, dst, truncate, in.shape), i, in.bytes() + out.bytes()});
   }
-  k.launches = multi_tensor_launches(
+  const std::vector<Launch> casts = multi_tensor_launches(
       op.str(), segments, 1, 1, [](size_t i, size_t) { return static_cast<int>(i); },
       [](size_t i, size_t) { return static_cast<int>(i); }, ctx.cfg);
-  return k;
+  LaunchPlan plan(outputs);
+  std::vector<ArgRef> hwio(op.inputs.size());
+  for (size_t i = 0; i < op.inputs.size(); ++i)
+    hwio[i] = n16[i] && outputs[i].num_elements() > 0 ? plan.workspace(outputs[i].bytes())
+                                                      : LaunchPlan::output(static_cast<int>(i));
+  for (const Launch& l : casts) {
+    std::vector<ArgRef> args = l.args;
+    for (ArgRef& a : args)
+      if (a.kind == ArgRef::Kind::kOutput) a = hwio[static_cast<size_t>(a.index)];
+    plan.add(l, args);
+  }
+  for (size_t i = 0; i < op.inputs.size(); ++i) {
+    if (!n16[i] || outputs[i].num_elements() == 0) continue;
+    const std::vector<int64_t>& f = outputs[i].shape;
+    append_transpose(plan, op.str(), ctx.cfg, dst, {f[0] * f[1] * f[2], f[3] / 16, 16}, {1, 0, 2},
+                     hwio[i], LaunchPlan::output(static_cast<int>(i)));
+  }
+  return std::move(plan).finish();
 }
 
 }  // namespace npusim::compiler::ops

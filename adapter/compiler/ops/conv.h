@@ -55,6 +55,26 @@ ConvWindow conv_window(const OpDesc& op, int64_t in_h, int64_t in_w, int64_t kh,
 
 // ---- the cube convolution kernel ----
 
+// A convolution filter's layout in GM, the op attribute "filter_layout" (the TF plugin's
+// "_npusim_filter_layout" on a forward convolution, written by graph rewrite 19's
+// MultiTensorCast: docs/graph_engine.md "The forward convolutions' weights in blocks of 16
+// output channels"). Absent or "HWIO": TensorFlow's [KH][KW][Cin][Cout]. kFilterLayoutN16:
+// the output channels in blocks of 16, block-major, [Cout/16][KH][KW][Cin][16]: element
+// (kh, kw, ci, co) at ((co / 16) * KH * KW * Cin + (kh * KW + kw) * Cin + ci) * 16 + co % 16,
+// the same bytes as HWIO (Cout a multiple of 16). A core's n tile of weights is then whole
+// 512-byte fractals, a tap's channel blocks one GM run, where HWIO gives it one run per
+// (kh, kw, ci) row of its n-tile width.
+inline constexpr const char* kFilterLayoutN16 = "N16_HWI16";
+// Whether op's attribute "filter_layout" names kFilterLayoutN16 (CompileError naming op for
+// any value but that and "HWIO").
+bool filter_layout_n16(const OpDesc& op);
+// The element offset of filter element (kh, kw, ci, co) of an HWIO-shaped filter `f` in
+// kFilterLayoutN16 (Cout a multiple of 16).
+inline int64_t filter_n16_offset(const std::vector<int64_t>& f, int64_t kh, int64_t kw,
+                                 int64_t ci, int64_t co) {
+  return ((co / 16) * f[0] * f[1] * f[2] + (kh * f[1] + kw) * f[2] + ci) * 16 + co % 16;
+}
+
 // What the kernel computes, for every image i, group g and output position m = oh * OW + ow:
 //   y[i][m][g * cg_out + n] = sum_k img2col(x[i], channels of group g)[m][k] * B_g[k][n]
 // with k = ((c1 * KH + kh) * KW + kw) * 16 + c0 over the group's input channels
@@ -88,6 +108,12 @@ struct CubeConvSpec {
   BMode b_mode = BMode::kRowsK;
   bool b_flip = false;
   int64_t b_group = 0, b_tap = 0, b_row = 0;
+  // kRowsK with B's columns in blocks of 16 (a filter in kFilterLayoutN16): column n at
+  // (n / 16) * b_nblock + n % 16 instead of n, so that one k-block's 16 x 16 fractal of a
+  // column block is 512 contiguous bytes (b_row = 16) and a chunk's channel blocks of one tap
+  // are one run; 0: columns contiguous. Needs one group, no flip, whole 16-column blocks of
+  // n (cy a multiple of 16), no block-diagonal packing (checked by the tiling).
+  int64_t b_nblock = 0;
   // Block-diagonal groups (the depthwise convolutions' several 16-channel groups per step):
   // B_g is zero but for its c1_in() diagonal blocks, block j being channel block j's rows
   // (16 input channels, all taps) by columns [j * bd, (j + 1) * bd), bd = cg_out / c1_in()

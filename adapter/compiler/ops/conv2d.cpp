@@ -1065,6 +1065,22 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   s.b_tap = cin * cout;
   s.b_row = cout;
   fold_width(s, x);
+  if (filter_layout_n16(op)) {
+    // The filter in blocks of 16 output channels (conv.h, kFilterLayoutN16) as the cube reads
+    // it: no cast, fold or packing may read it as HWIO first.
+    // The width fold's view (rows kw * cin + c of a tap row) holds in it too: a tap row's
+    // (kw, ci) rows are contiguous in each column block.
+    if (batch_norm || ct.cast_inputs || groups != 1 || cout % kFold16 != 0)
+      op.fail(fmt::format(
+          "filter_layout {} is read by Conv2D, Conv2DBiasAdd and Conv2DBNTrainingReduce with a "
+          "filter of the cube's 16-bit type, one group and output channels a multiple of 16 "
+          "(filter {} {}, {} groups)",
+          kFilterLayoutN16, data_type_name(op.inputs[1].dtype), shape_str(f), groups));
+    s.b_row = kFold16;
+    s.b_tap = s.cg_in * kFold16;  // cg_in: kw * cin where the width is folded
+    s.b_group = 0;
+    s.b_nblock = f[0] * f[1] * cin * kFold16;
+  }
   // Narrow groups packed into 16-channel blocks: the weights are then the block-diagonal filter
   // (a derived tensor of the filter), and the planner may merge several blocks into a step
   // (merge_diagonal_groups, as the depthwise convolutions: at most one n tile of columns).

@@ -969,6 +969,10 @@ class ConvEmitter {
     Reg t = b.reg("weights: temp");
     if (m_s.b_diagonal) {
       // (the diagonal block's stride is added per channel block below)
+    } else if (m_s.b_nblock > 0) {
+      b.div(t, n0, kBlk);
+      b.mul(t, t, m_s.b_nblock);
+      b.add(base, base, t, "the n tile's first column block");
     } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
       b.add(base, base, n0);
     } else {
@@ -987,6 +991,7 @@ class ConvEmitter {
       round16(b, nrows, n_act);
     b.mov(d, dst);
     if (by_tap()) return load_weights_by_tap(base, d, nrows, n_act, c1a, ncb, cvalid);
+    if (m_s.b_nblock > 0) return load_weights_n16(base, d, nrows, c1a, ncb, t);
     Reg c = b.reg("weights: block"), end = b.reg("weights: end block");
     b.add(end, c1a, ncb);
     b.for_range(c, c1a, end, 1, [&] {
@@ -1029,6 +1034,66 @@ class ConvEmitter {
         b.mul(t, nrows, kBlk * m_isz);
         b.add(d, d, t, "next k-block: nb * 512 bytes");
       });
+    });
+  }
+
+  // kRowsK weights in blocks of 16 columns (CubeConvSpec::b_nblock): k-block (c, tap)'s
+  // fractal of column block j is the rows' 16 columns at base + (j * b_nblock + tap * b_tap +
+  // c * 16 * b_row) * size, 512 contiguous bytes for a whole block, and the chunk's blocks c of
+  // one tap follow each other in GM; so per (j, tap) one copy_gm2l1 of the chunk's whole
+  // blocks' fractals (one GM run) to L1's k-blocks (c - c1a) * taps + tap, taps * nb fractals
+  // apart: the same L1 image as load_weights' nd2nz per k-block. The group's last block, when
+  // cg_in is not a multiple of 16 (a chunk reaching it), is one nd2nz of its rows per (j, tap),
+  // zero-padded to 16.
+  // base, d, nrows and t are the caller's and are clobbered (the mmad step's registers are
+  // live around the load: few of its own).
+  void load_weights_n16(const Reg& base, const Reg& d, const Reg& nrows, const Reg& c1a,
+                        const Reg& ncb, const Reg& t) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "weights in blocks of 16 columns: one copy per (column block, tap)");
+    constexpr int64_t kFrac = kBlkBytes * kBlk;  // one fractal's bytes (16-bit elements)
+    const int64_t whole = m_s.cg_in / kBlk, part_rows = m_s.cg_in % kBlk;
+    const int64_t tap_bytes = m_s.b_tap * m_isz, taps_bytes = m_taps * tap_bytes;
+    const Reg& nb = nrows;
+    Reg j = b.reg("weights: column block"), tap = b.reg("weights: tap"),
+        gap = b.reg("weights: L1 gap"), full = b.reg("weights: whole blocks of the chunk");
+    b.div(nb, nrows, kBlk, "column blocks");
+    b.mul(gap, nb, m_taps * kFrac / 32);
+    b.sub(gap, gap, kFrac / 32, "taps * nb fractals apart, less the one copied (32-byte units)");
+    b.movi(full, whole);
+    b.sub(full, full, c1a);
+    b.min(full, full, ncb, "the chunk's whole blocks (a partial block last)");
+    b.mul(t, c1a, kBlk * m_s.b_row * m_isz);
+    b.add(base, base, t, "the chunk's first channel block");
+    // Per column block j: base at its tap 0 in GM, d at its fractal of k-block 0 in L1; per tap
+    // both advance (tap_bytes, nb fractals) and step back after the last.
+    b.for_range(j, 0, nb, 1, [&] {
+      b.for_range(tap, 0, m_taps, 1, [&] {
+        b.if_(ge(full, 1), [&] {
+          b.emit(Opcode::op_copy_gm2l1, {d, base, full, kFrac / 32, 0, gap},
+                 "the chunk's whole fractals of one (column block, tap)");
+        });
+        if (part_rows > 0)
+          b.if_(lt(full, ncb), [&] {
+            Reg ps = b.reg("weights: partial block source"),
+                pd = b.reg("weights: partial block destination");
+            b.mul(ps, full, kBlk * m_s.b_row * m_isz);
+            b.add(ps, ps, base);
+            b.mul(pd, full, m_taps * kFrac);
+            b.mul(pd, pd, nb);
+            b.add(pd, pd, d);
+            b.emit(Opcode::op_nd2nz, {m_s.in_type, pd, ps, part_rows, kBlk, m_s.b_row, kBlk},
+                   "the group's last block: its rows x 16 columns, zero-padded");
+          });
+        b.add(base, base, tap_bytes, "next tap");
+        b.mul(t, nb, kFrac);
+        b.add(d, d, t, "next tap: nb fractals on");
+      });
+      if (m_s.b_nblock * m_isz != taps_bytes)  // (equal unless the k rows are a view)
+        b.add(base, base, m_s.b_nblock * m_isz - taps_bytes, "next column block's tap 0");
+      b.mul(t, nb, m_taps * kFrac);
+      b.sub(d, d, t);
+      b.add(d, d, kFrac, "next column block's fractal of k-block 0");
     });
   }
 

@@ -205,6 +205,7 @@ struct Candidate {
   // columns (input channels as rows: kRowsK, block-diagonal) or n_act rows of 16 channels.
   bool b_rows_k = true;
   int64_t b_pitch_bytes = 0;
+  bool b_n16 = false;  // kRowsK in blocks of 16 columns (CubeConvSpec::b_nblock)
   // The columns of B one k-block of n_act output columns reaches (loaded, multiplied).
   int64_t b_cols(int64_t n_act) const { return b_block ? b_block : round_up(n_act, kBlk); }
   // The mmad steps of a chunk: a block-diagonal chunk's channel blocks each in their own.
@@ -216,6 +217,11 @@ struct Candidate {
   // taps nd2nz, or by tap (kRowsN, CubeConvTiling::weights_by_tap) its taps nd2nz of n_act
   // rows of the chunk's channels.
   double weight_issue(const ChipConfig& cfg, int64_t n_act, bool by_tap) const {
+    if (b_n16) {  // per column block and tap one run of the chunk's kc1 fractals
+      const int64_t run = std::min(t.kc1 * kBlk, cg_in) * kBlk * isz;
+      return static_cast<double>(ceil_div(n_act, kBlk) * taps) *
+             copy_issue_estimate(cfg, 1, run, run);
+    }
     if (by_tap)
       return static_cast<double>(taps) *
              copy_issue_estimate(cfg, n_act, std::min(t.kc1 * kBlk, cg_in) * isz, b_pitch_bytes);
@@ -850,6 +856,7 @@ struct ConvPlanner {
           st == 1 && s.x_row == 0 && s.up_h == 1 && s.up_w == 1 && s.ext_h == 0 && s.ext_w == 0;
       c.b_rows_k = s.b_diagonal || s.b_mode == CubeConvSpec::BMode::kRowsK;
       c.b_pitch_bytes = s.b_row * c.isz;
+      c.b_n16 = s.b_nblock > 0;
       c.cg_in = s.cg_in;
       for (int64_t tn : tns) add_width(c, tn);
     }
@@ -1066,6 +1073,14 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
         "{}: a block-diagonal B needs kRowsK weights without flip or bias, whole 16-channel "
         "input blocks and whole 16-column output blocks ({} -> {} channels per group)",
         op, s.cg_in, s.cg_out));
+  if (s.b_nblock > 0 &&
+      (s.b_mode != CubeConvSpec::BMode::kRowsK || s.b_flip || s.b_diagonal || s.groups != 1 ||
+       s.cy % kBlk != 0 || s.b_row != kBlk || s.in_type == isa::Dtype::F32))
+    throw CompileError(fmt::format(
+        "{}: weights in blocks of 16 columns need kRowsK rows of 16, one group, no flip or "
+        "block-diagonal packing, whole 16-column blocks of n and a 16-bit cube input "
+        "({} -> {} channels, {} groups)",
+        op, s.cg_in, s.cy, s.groups));
   const std::vector<int64_t> tns = tile_widths(s, op);
   ConvPlanner planner{s,
                       cfg,

@@ -1,5 +1,5 @@
 // Window geometry of the convolution family (ops/conv.h): TF's window attributes resolved for
-// one spatial input size.
+// one spatial input size; and the filter_layout attribute (filter_layout_n16).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -70,6 +70,15 @@ ConvWindow conv_window(const OpDesc& op, int64_t in_h, int64_t in_w, int64_t kh,
   cw.h = dim(in_h, kh, strides[1], dil[1], 1);
   cw.w = dim(in_w, kw, strides[2], dil[2], 2);
   return cw;
+}
+
+bool filter_layout_n16(const OpDesc& op) {
+  const std::string layout = op.attr_string("filter_layout", "HWIO");
+  if (layout == kFilterLayoutN16) return true;
+  if (layout != "HWIO")
+    op.invalid(fmt::format("attribute filter_layout = '{}' is neither 'HWIO' nor '{}'", layout,
+                           kFilterLayoutN16));
+  return false;
 }
 
 }  // namespace npusim::compiler::ops

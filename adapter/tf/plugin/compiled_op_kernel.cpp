@@ -7,6 +7,7 @@
 #include "adapter/tf/plugin/derived_tensor_cache.h"
 #include "adapter/tf/plugin/host_cpu_time.h"
 #include "adapter/tf/plugin/plugin_device.h"
+#include "adapter/tf/plugin/filter_layout.h"
 #include "adapter/tf/plugin/stable_inputs.h"
 
 namespace npusim::tf {
@@ -92,6 +93,12 @@ CompiledOpKernel::CompiledOpKernel(OpKernelConstruction* ctx, const std::vector<
     : m_type(ctx->type_string()), m_host_attrs(std::move(host_attrs)) {
   if (ctx->HasAttr("_npusim_members") && !ctx->GetAttr("_npusim_members", &m_members).ok())
     m_members.clear();  // only names for reports
+  // A forward convolution's filter layout (graph rewrite 19: its filter written blocked by a
+  // MultiTensorCast), the compiler's attribute filter_layout (ops/conv.h).
+  if (ctx->HasAttr(kFilterLayoutAttr)) {
+    std::string layout;
+    if (ctx->GetAttr(kFilterLayoutAttr, &layout).ok()) m_attrs["filter_layout"] = layout;
+  }
   m_stable_inputs.marked = ctx->HasAttr(kStableInputsAttr);
   if (m_stable_inputs.marked && !ctx->GetAttr(kStableInputsAttr, &m_stable_inputs.positions).ok())
     m_stable_inputs = {};  // only a hint

@@ -60,9 +60,12 @@ const std::vector<AttrSpec>& kernel_attrs(TfKernel kernel) {
         {"U", K::kType},
         {"epsilon", K::kFloat},
         {"exponential_avg_factor", K::kFloat},
-        {"is_training", K::kBool}}},
+        {"is_training", K::kBool},
+        {"filter_layout", K::kString}}},  // (from _npusim_filter_layout: filter_layout.h)
       {TfKernel::kFusedInference,
        {{"T", K::kType},
+        {"filter_layout", K::kString},  // (from _npusim_filter_layout: filter_layout.h)
+        {"filter_n16", K::kInts},
         {"epsilon", K::kFloat},
         {"relu", K::kBool},
         {"relu6", K::kBool},

@@ -71,6 +71,7 @@
 #include <vector>
 
 #include "adapter/tf/plugin/compiled_op_table.h"
+#include "adapter/tf/plugin/filter_layout.h"
 #include "adapter/tf/plugin/gen_mask_task.h"
 #include "adapter/tf/plugin/graph_liveness.h"
 #include "adapter/tf/plugin/npu_graph.h"
@@ -840,6 +841,8 @@ bool parse_npu_graph(const std::string& graph, const std::vector<std::string>& o
       node.members.assign(m->second.list().s().begin(), m->second.list().s().end());
     if (const auto t = n.attr().find("_npusim_report_type"); t != n.attr().end())
       node.report_type = t->second.s();
+    if (const auto l = n.attr().find(kFilterLayoutAttr); l != n.attr().end())
+      node.attrs["filter_layout"] = l->second.s();  // as CompiledOpKernel reads it
     for (const auto& [name, value] : n.attr()) {
       if (!name.empty() && name[0] == '_') continue;
       switch (value.value_case()) {

@@ -29,7 +29,9 @@
 #pragma GCC diagnostic pop
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/conv.h"
 #include "adapter/compiler/ops/fused_elementwise.h"
+#include "adapter/tf/plugin/filter_layout.h"
 #include "adapter/tf/plugin/graph_fusion.h"
 #include "adapter/tf/plugin/graph_liveness.h"
 #include "adapter/tf/plugin/graph_view.h"
@@ -5074,6 +5076,105 @@ int group_weight_casts(tfc::GraphDef& graph, const std::unordered_set<std::strin
                                    {"SrcT", "DstT", "Truncate"}, removed);
 }
 
+// The forward convolutions' filters in blocks of 16 output channels (rewrite 19b): each
+// float16 / bfloat16 member of a weights' MultiTensorCast (rewrite 19, above) whose output a
+// forward convolution on the NPU reads as its filter (Conv2D, Conv2DBiasAdd,
+// Conv2DBNTrainingReduce: input 1; NHWC) is written in kFilterLayoutN16 (adapter/compiler/ops/
+// conv.h: [Cout/16][KH][KW][Cin][16]) for those convolutions, each of which gets the
+// attribute kFilterLayoutAttr naming it. Where anything else reads the member too (the input
+// gradient Conv2DBackpropInput, which reads the filter by tap), the member stays HWIO for those
+// readers and a copy of it, one more member of the same input, is written blocked for the
+// convolutions: one more f16 copy of the filter a step, written once and read by the forward
+// convolution. The layout needs Cout a multiple of 16 (the cast refuses the member
+// otherwise; checked here where the graph recorded the ReadVariableOp's _output_shapes) and
+// one group (a grouped Conv2D refuses it: not taken where rewrite 19 runs, allow_mix_precision
+// and mixed_float16 training steps, in the models measured). Returns the members made
+// blocked.
+int block_conv_filters_in(tfc::GraphDef& graph) {
+  const int n_nodes = graph.node_size();
+  const std::unordered_map<std::string, int> index = node_index(graph);
+  // Readers of each (node, port), data edges only: (reader, input position).
+  std::map<std::pair<std::string, int>, std::vector<std::pair<int, int>>> readers;
+  for (int i = 0; i < n_nodes; ++i) {
+    const tfc::NodeDef& n = graph.node(i);
+    for (int j = 0; j < n.input_size(); ++j) {
+      const InputRef r = parse_input(n.input(j));
+      if (!r.control) readers[{r.node, r.port}].push_back({i, j});
+    }
+  }
+  auto forward_conv = [&](int reader, int position) {
+    const tfc::NodeDef& c = graph.node(reader);
+    if (position != 1 || !on_npu(c) || c.attr().count(kFilterLayoutAttr)) return false;
+    if (c.op() != "Conv2D" && c.op() != "Conv2DBiasAdd" && c.op() != "Conv2DBNTrainingReduce")
+      return false;
+    const auto f = c.attr().find("data_format");
+    return f == c.attr().end() || f->second.s() == "NHWC";
+  };
+  // False only where a recorded shape of the filter rules the layout out.
+  auto shape_allows = [&](const std::string& input) {
+    const InputRef r = parse_input(input);
+    const auto p = index.find(r.node);
+    if (p == index.end()) return true;
+    const auto shapes = graph.node(p->second).attr().find("_output_shapes");
+    if (shapes == graph.node(p->second).attr().end() ||
+        shapes->second.list().shape_size() <= r.port)
+      return true;
+    const auto& shape = shapes->second.list().shape(r.port);
+    if (shape.unknown_rank()) return true;
+    return shape.dim_size() == 4 && (shape.dim(3).size() < 0 || shape.dim(3).size() % 16 == 0);
+  };
+  int blocked = 0;
+  for (int i = 0; i < n_nodes; ++i) {
+    tfc::NodeDef& cast = *graph.mutable_node(i);
+    const auto dst = type_attr(cast, "DstT");
+    if (cast.op() != "MultiTensorCast" || (dst != tfc::DT_HALF && dst != tfc::DT_BFLOAT16) ||
+        cast.attr().count("filter_n16"))
+      continue;
+    const int64_t n = cast.attr().at("N").i();
+    std::vector<int64_t> n16;
+    std::vector<std::string> extra_inputs;
+    for (int64_t m = 0; m < n; ++m) {
+      const auto it = readers.find({cast.name(), static_cast<int>(m)});
+      if (it == readers.end() || !shape_allows(cast.input(static_cast<int>(m)))) continue;
+      std::vector<std::pair<int, int>> convs;
+      bool others = false;
+      for (const auto& [reader, position] : it->second) {
+        if (forward_conv(reader, position))
+          convs.emplace_back(reader, position);
+        else
+          others = true;
+      }
+      if (convs.empty()) continue;
+      int64_t member = m;
+      if (others) {  // a blocked copy for the convolutions, the member stays HWIO
+        member = n + static_cast<int64_t>(extra_inputs.size());
+        extra_inputs.push_back(cast.input(static_cast<int>(m)));
+      }
+      for (const auto& [reader, position] : convs) {
+        tfc::NodeDef& c = *graph.mutable_node(reader);
+        c.set_input(position, member == 0 ? cast.name() : cast.name() + ":" + std::to_string(member));
+        (*c.mutable_attr())[kFilterLayoutAttr].set_s(npusim::compiler::ops::kFilterLayoutN16);
+      }
+      n16.push_back(member);
+    }
+    if (n16.empty()) continue;
+    // The copies' inputs after the data inputs, before the control inputs.
+    std::vector<std::string> inputs(cast.input().begin(), cast.input().end());
+    inputs.insert(inputs.begin() + n, extra_inputs.begin(), extra_inputs.end());
+    cast.clear_input();
+    for (const std::string& in : inputs) cast.add_input(in);
+    auto& attrs = *cast.mutable_attr();
+    attrs["N"].set_i(n + static_cast<int64_t>(extra_inputs.size()));
+    const auto members = attrs.find("_npusim_members");
+    for (size_t e = 0; e < extra_inputs.size(); ++e)
+      if (members != attrs.end())
+        members->second.mutable_list()->add_s(parse_input(extra_inputs[e]).node + "/n16");
+    for (int64_t m : n16) attrs["filter_n16"].mutable_list()->add_i(m);
+    blocked += static_cast<int>(n16.size());
+  }
+  return blocked;
+}
+
 // ---- end of rewrite 19 ----
 
 void erase_nodes(tfc::GraphDef& graph, const std::set<std::string>& names) {
@@ -5135,6 +5236,22 @@ bool cast_fusion_requested() {
 bool multi_cast_requested() {
   static const bool on = switch_on("NPUSIM_FUSION_MULTI_CAST");
   return on;
+}
+
+// Off unless NPUSIM_CONV_WEIGHTS_BLOCKED=1: on ResNet-50's mixed step the relayouts' launches
+// (one transpose per filter) cost more than the convolutions gain (docs/graph_engine.md "The
+// forward convolutions' weights in blocks of 16 output channels").
+bool conv_weights_blocked_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("NPUSIM_CONV_WEIGHTS_BLOCKED");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
+int block_conv_filters(tfc::GraphDef& graph) {
+  if (!fusion_enabled() || !multi_cast_requested() || !conv_weights_blocked_requested()) return 0;
+  return block_conv_filters_in(graph);
 }
 
 bool all_finite_fusion_requested() {

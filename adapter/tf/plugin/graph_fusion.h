@@ -438,6 +438,13 @@
 //      the derived-tensor cache leaves out while the variable is unchanged. CANN's graph
 //      engine keeps the float16 copy with the variable instead (the update writing it: "Not
 //      yet" in docs/graph_engine.md). NPUSIM_FUSION_MULTI_CAST=0 turns it alone off.
+//   19b. Opt-in (NPUSIM_CONV_WEIGHTS_BLOCKED=1; block_conv_filters below): a float16 / bfloat16
+//      member of those nodes read as a forward convolution's filter (Conv2D, Conv2DBiasAdd,
+//      Conv2DBNTrainingReduce, input 1, NHWC) is written in blocks of 16 output channels
+//      (attribute filter_n16; the convolution gets _npusim_filter_layout, filter_layout.h), a
+//      blocked copy as one more member where something else (Conv2DBackpropInput) reads it
+//      too. The convolution's weights are then whole 512-byte fractals (adapter/compiler/ops/
+//      conv.h kFilterLayoutN16); the relayout is one transpose launch per filter.
 //   20. A loss scale's overflow check, first (Keras 3's and tf.keras' LossScaleOptimizer under
 //      `mixed_float16`: whether every gradient is finite, before the cond that applies or skips
 //      the step): All(Pack(a_0 .. a_N-1), axes [0] or [-1]) whose Pack (axis 0 or -1) reads
@@ -626,6 +633,12 @@ int fold_update_casts(tensorflow::GraphDef& graph, const std::unordered_set<std:
 // precision pass has inserted the weights' Casts; returns the MultiTensorCast nodes created.
 int group_weight_casts(tensorflow::GraphDef& graph,
                        const std::unordered_set<std::string>& preserve);
+
+// Rewrite 19b (graph_fusion.cpp block_conv_filters: the forward convolutions' filters written
+// blocked by the weights' MultiTensorCast) on `graph` while fusion_enabled() and rewrite 19 and
+// NPUSIM_CONV_WEIGHTS_BLOCKED=1 (default off, read once per process) are requested, after
+// group_weight_casts; returns the members written blocked.
+int block_conv_filters(tensorflow::GraphDef& graph);
 
 // The first edge of a graph TensorFlow would refuse when it rebuilds a function's graph from the
 // optimizer's output (a producer's output type that its consumer's op definition does not take

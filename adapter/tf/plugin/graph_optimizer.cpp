@@ -466,6 +466,12 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
         std::fprintf(stderr, "npusim: fusion in %s: %d MultiTensorCast\n",
                      item_id(item).c_str(), multi_casts);
       changed |= multi_casts > 0;
+      // Their members that forward convolutions read, written blocked (rewrite 19b; opt-in).
+      const int blocked = block_conv_filters(graph);
+      if (std::getenv("NPUSIM_FUSION_LOG") && blocked > 0)
+        std::fprintf(stderr, "npusim: fusion in %s: %d convolution filters blocked\n",
+                     item_id(item).c_str(), blocked);
+      changed |= blocked > 0;
     } catch (const std::exception& e) {
       log_fusion_error(e.what());
     }

@@ -44,7 +44,9 @@
 //   MultiTensorCast(x: N * SrcT) -> y: N * DstT     SrcT, DstT in {float, half, bfloat16};
 //     Truncate: bool; N: int >= 1: y[i] = Cast(x[i]) (Cast's rounding, the same bits), all in a
 //     few multi-tensor launches (adapter/compiler/ops/cast.cpp; graph_fusion.h rewrite 19,
-//     allow_mix_precision's weight casts).
+//     allow_mix_precision's weight casts); filter_n16: the members written in the forward
+//     convolutions' blocked layout [Cout/16][KH][KW][Cin][16] (ops/conv.h kFilterLayoutN16;
+//     rewrite 19, the convolutions' filters, which then carry _npusim_filter_layout).
 //   AllFinite(x: N * T) -> y: bool     T in {float, half, bfloat16}; N: int >= 1; ranks:
 //     list(int): y is true exactly when every element of every x[i] is finite, one launch
 //     (adapter/compiler/ops/all_finite.cpp; graph_fusion.h rewrite 20, a loss scale's check of
@@ -310,7 +312,7 @@ rt::Status register_fused_kernels(const std::vector<TableKernelDef>& compiler_op
        {"x: N * SrcT"},
        {"y: N * DstT"},
        {"SrcT: {float, half, bfloat16}", "DstT: {float, half, bfloat16}",
-        "Truncate: bool = false", "N: int >= 1"},
+        "Truncate: bool = false", "N: int >= 1", "filter_n16: list(int) = []"},
        each_input_shape},
       {"AllFinite",
        {"x: N * T"},

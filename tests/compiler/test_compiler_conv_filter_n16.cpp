@@ -1,0 +1,159 @@
+// Forward convolution filters in blocks of 16 output channels (ops/conv.h kFilterLayoutN16,
+// [Cout/16][KH][KW][Cin][16]): MultiTensorCast's members named by filter_n16 are written in
+// that layout (checked element by element against the cast of each HWIO element, placed by the
+// layout's formula written out here), and Conv2D / Conv2DBiasAdd read such a filter given
+// filter_layout: the same output bits as the HWIO filter's convolution (the kernel's L1 image of
+// B is the same), and within the tolerance of the double reference (conv_reference.h).
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/conv.h"
+#include "sim/config/chip_config.h"
+#include "tests/compiler/compiler_test_util.h"
+#include "tests/compiler/conv_reference.h"
+
+using namespace npusim;
+using namespace npusim::test;
+using namespace npusim::test::conv;
+using compiler::DataType;
+using compiler::TensorDesc;
+
+namespace {
+
+// Element (kh, kw, ci, co) of an HWIO filter of shape f in the blocked layout, written from the
+// layout's definition (not the compiler's helper).
+size_t blocked_index(const std::vector<int64_t>& f, int64_t kh, int64_t kw, int64_t ci,
+                     int64_t co) {
+  const int64_t block = co / 16, lane = co % 16;
+  return static_cast<size_t>((((block * f[0] + kh) * f[1] + kw) * f[2] + ci) * 16 + lane);
+}
+
+// The HWIO tensor's values placed in the blocked layout (same shape, same element count).
+HostTensor to_blocked(const HostTensor& hwio) {
+  const std::vector<int64_t>& f = hwio.desc.shape;
+  HostTensor b = hwio;
+  size_t i = 0;
+  for (int64_t kh = 0; kh < f[0]; ++kh)
+    for (int64_t kw = 0; kw < f[1]; ++kw)
+      for (int64_t ci = 0; ci < f[2]; ++ci)
+        for (int64_t co = 0; co < f[3]; ++co)
+          b.values[blocked_index(f, kh, kw, ci, co)] = hwio.values[i++];
+  return b;
+}
+
+std::map<std::string, compiler::AttrValue> with_layout(
+    std::map<std::string, compiler::AttrValue> a) {
+  a["filter_layout"] = std::string(compiler::ops::kFilterLayoutN16);
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("MultiTensorCast writes its filter_n16 members in blocks of 16 output channels") {
+  const ChipConfig& cfg = test_sim().config();
+  using V = std::vector<int64_t>;
+  // A 3x3 filter of several column blocks, a 7x7 one of 3 input channels, a plain member and
+  // the first filter again written plain (as rewrite 19b keeps one for the input gradient).
+  const std::vector<V> shapes = {V{3, 3, 32, 48}, V{7, 7, 3, 64}, V{5, 33}, V{3, 3, 32, 48}};
+  std::vector<HostTensor> xs;
+  std::vector<TensorDesc> descs;
+  uint32_t seed = 140;
+  for (const V& s : shapes) {
+    xs.push_back(random_tensor(DataType::F32, s, -3, 3, seed++));
+    descs.push_back(xs.back().desc);
+  }
+  xs[3] = HostTensor{xs[0].desc, xs[0].values};
+  for (DataType dst : {DataType::F16, DataType::BF16}) {
+    if (dst == DataType::BF16 && !cfg.vector_bf16_conversion) continue;  // (the cast refuses it)
+    INFO(compiler::data_type_name(dst));
+    const std::map<std::string, compiler::AttrValue> attrs = {
+        {"SrcT", std::string("f32")},
+        {"DstT", std::string(compiler::data_type_name(dst))},
+        {"N", int64_t{4}},
+        {"filter_n16", std::vector<int64_t>{0, 1}}};
+    CompiledKernel k = compiler::compile(make_op("MultiTensorCast", descs, attrs), cfg);
+    for (const compiler::Launch& l : k.launches) UNSCOPED_INFO(l.summary);
+    const RunResult r = run_compiled(test_sim(), k, xs);
+    for (size_t m = 0; m < shapes.size(); ++m) {
+      INFO("member " << m);
+      REQUIRE(r.outputs[m].desc == (TensorDesc{dst, shapes[m]}));
+      std::vector<double> want(xs[m].values.size());
+      for (size_t i = 0; i < want.size(); ++i) want[i] = round_to(dst, xs[m].values[i]);
+      if (m < 2) want = to_blocked(HostTensor{TensorDesc{dst, shapes[m]}, want}).values;
+      CHECK(r.outputs[m].values == want);
+    }
+  }
+}
+
+TEST_CASE("MultiTensorCast refuses a filter_n16 member that is not a filter of Cout % 16 == 0") {
+  const TensorDesc f{DataType::F32, {3, 3, 16, 24}};
+  CHECK_THROWS_WITH(compiler::compile(make_op("MultiTensorCast", {f},
+                                              {{"SrcT", std::string("f32")},
+                                               {"DstT", std::string("f16")},
+                                               {"N", int64_t{1}},
+                                               {"filter_n16", std::vector<int64_t>{0}}}),
+                                      test_sim().config()),
+                    Catch::Contains("output channels a multiple of 16"));
+}
+
+TEST_CASE("Conv2D reads a filter in blocks of 16 output channels: the HWIO filter's bits") {
+  // Several n tiles over a 3x3 window; a 1x1; a 7x7 stride-2 window over 3 channels (the
+  // width fold, a partial channel block); a strided 3x3 of 256 channels (several k chunks).
+  const std::vector<ConvCase> cases = {
+      ConvCase{2, 9, 9, 32, 3, 3, 48},
+      ConvCase{1, 6, 6, 64, 1, 1, 32},
+      ConvCase{1, 20, 20, 3, 7, 7, 64}.window(2, 2, 1, 1, "SAME"),
+      ConvCase{2, 8, 8, 256, 3, 3, 64}.window(2, 2, 1, 1, "SAME"),
+  };
+  uint32_t seed = 150;
+  for (const ConvCase& c : cases) {
+    INFO("x [" << c.n << "," << c.h << "," << c.w << "," << c.c << "] filter " << c.kh << "x"
+               << c.kw << " -> " << c.cout << " stride " << c.sh);
+    const HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, seed++);
+    const HostTensor f = random_tensor(DataType::F16, filter_shape(c), -1, 1, seed++);
+    const CompiledKernel plain =
+        compiler::compile(make_op("Conv2D", {x.desc, f.desc}, c.attrs()), test_sim().config());
+    const CompiledKernel blocked = compiler::compile(
+        make_op("Conv2D", {x.desc, f.desc}, with_layout(c.attrs())), test_sim().config());
+    summarize(blocked);
+    const RunResult want = run_compiled(test_sim(), plain, {x, f});
+    const RunResult got = run_compiled(test_sim(), blocked, {x, to_blocked(f)});
+    CHECK(got.outputs[0].values == want.outputs[0].values);
+    Reference ref = new_reference(want.outputs[0].values.size());
+    for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+      accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+    });
+    check_against(got.outputs[0].values, ref, DataType::F16, false, "y");
+  }
+}
+
+TEST_CASE("Conv2DBiasAdd reads a filter in blocks of 16 output channels") {
+  const ConvCase c{2, 7, 7, 64, 3, 3, 96};
+  const HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, 160);
+  const HostTensor f = random_tensor(DataType::F16, filter_shape(c), -1, 1, 161);
+  const HostTensor bias = random_tensor(DataType::F32, {c.cout}, -1, 1, 162);
+  const auto run = [&](bool n16) {
+    auto a = c.attrs();
+    if (n16) a = with_layout(a);
+    const CompiledKernel k = compiler::compile(
+        make_op("Conv2DBiasAdd", {x.desc, f.desc, bias.desc}, a), test_sim().config());
+    summarize(k);
+    return run_compiled(test_sim(), k, {x, n16 ? to_blocked(f) : f, bias}).outputs[0].values;
+  };
+  CHECK(run(true) == run(false));
+}
+
+TEST_CASE("A filter in blocks of 16: what cannot read it says so") {
+  const ConvCase c{1, 6, 6, 32, 3, 3, 40};  // 40 output channels: not whole blocks
+  const TensorDesc x{DataType::F16, {1, 6, 6, 32}}, f{DataType::F16, filter_shape(c)};
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("Conv2D", {x, f}, with_layout(c.attrs())), test_sim().config()),
+      Catch::Contains("output channels a multiple of 16"));
+  auto odd = c.attrs();
+  odd["filter_layout"] = std::string("OIHW");
+  CHECK_THROWS_WITH(compiler::compile(make_op("Conv2D", {x, f}, odd), test_sim().config()),
+                    Catch::Contains("filter_layout = 'OIHW'"));
+}
