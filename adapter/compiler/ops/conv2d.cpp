@@ -1678,6 +1678,16 @@ PointwiseKernel pointwise_filter_grad_kernel(const OpDesc& op) {
       fmt::format("NPUSIM_FILTER_GRAD_POINTWISE='{}' is none of 'auto', 'matmul', 'fused'", value));
 }
 
+// Whether the pointwise filter gradient weighs the MatMul's estimate with the DMA's issue
+// priced (MatmulTiling::issue_est_cycles) against the fused kernel's, which prices it
+// (filter_grad_tilings); the two are the same where the chip prices no issue.
+// NPUSIM_FILTER_GRAD_ISSUE_CHOICE=0: the MatMul's issue-free estimate, as before. Read at every
+// compile.
+bool filter_grad_issue_choice() {
+  const char* v = std::getenv("NPUSIM_FILTER_GRAD_ISSUE_CHOICE");
+  return !(v && std::string(v) == "0");
+}
+
 // Data inputs: input, out_backprop (filter_sizes as an attribute).
 CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
@@ -1718,14 +1728,15 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   }
   // The product x^T x dy: x [N*H*W][Cin] is img2col(x) (MatMul with transpose_a). Where the
   // fused kernel adds its parts in its own kernel (split chips), it computes the product too:
-  // the one of the lower modelled cycles runs (the MatMul's tiling estimate, with the Sum
-  // launch's where it is split, against the fused kernel's; pointwise_filter_grad_kernel may
+  // the one of the lower modelled cycles runs (the MatMul's tiling estimate with the DMA's issue,
+  // filter_grad_issue_choice, and the Sum launch's where it is split, against the fused
+  // kernel's; pointwise_filter_grad_kernel may
   // name one).
   const int64_t cin = f[2];
   const KSplit split =
       plan_k_split(cin, f[3], positions, device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());
   const double matmul_cycles =
-      split.tiling.est_cycles +
+      (filter_grad_issue_choice() ? split.tiling.issue_est_cycles : split.tiling.est_cycles) +
       (split.parts > 1 ? partial_sum_estimate(ctx.cfg, op.str(), split.parts, cin * f[3]) : 0);
   const PointwiseKernel forced = pointwise_filter_grad_kernel(op);
   if (forced != PointwiseKernel::kMatmul && filter_grad_parts_in_kernel(ctx, ct, dt, cin * f[3])) {

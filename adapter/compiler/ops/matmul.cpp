@@ -144,6 +144,25 @@ double nd2nz_bursts(int64_t rows, int64_t cols, int64_t pitch, int64_t isz) {
   return static_cast<double>(rows * ceil_div(cols * isz, kGmBurstBytes));
 }
 
+// The GM bursts of one nd2nz of a tile's `rows` rows of `cols` elements where the operand's
+// rows of `pitch` elements are cut into column tiles of `cols` (the last one narrower) and each
+// tile is read as often as the others: the mean over the tiles of their bursts, where a row's
+// run starts at its tile's offset within a burst (rows a whole number of bursts apart: the
+// offsets are the same on every row). Where the rows are not whole bursts apart, nd2nz_bursts'
+// estimate. A^T x B products (A stored k x m, x^T x dy of the filter gradients) read both
+// operands by column tiles.
+double column_tile_bursts(int64_t rows, int64_t cols, int64_t pitch, int64_t isz) {
+  if (cols >= pitch || (pitch * isz) % kGmBurstBytes != 0)
+    return nd2nz_bursts(rows, cols, pitch, isz);
+  const int64_t tiles = ceil_div(pitch, cols);
+  int64_t bursts = 0;
+  for (int64_t j = 0; j < tiles; ++j) {
+    const int64_t first = j * cols * isz, bytes = std::min(cols, pitch - j * cols) * isz;
+    bursts += (first + bytes - 1) / kGmBurstBytes - first / kGmBurstBytes + 1;
+  }
+  return static_cast<double>(rows * bursts) / static_cast<double>(tiles);
+}
+
 // The k per mmad (*tk0: two L0A and two L0B buffers) and per L1 chunk (*tk1, a multiple of
 // *tk0: two A and two B chunks, l1_chunks) of a tm x tn tile; false if not even k 16 fits.
 bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int64_t tn, int64_t isz,
@@ -230,10 +249,11 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
   // The DMA's issue of the chunk's two nd2nz (ChipConfig::copy_issue_cycles, burst_cycles: 0
   // but on the 910b): MTE2 is held for the longer of it and the flow.
   const auto issue = [&](int64_t kc) {
-    const double a = c.trans_a ? nd2nz_bursts(kc, c.tm, c.m, c.isz)   // A stored k x m
-                               : nd2nz_bursts(c.tm, kc, c.k, c.isz);  // A stored m x k
-    const double b = c.trans_b ? nd2nz_bursts(c.tn, kc, c.k, c.isz)   // B stored n x k
-                               : nd2nz_bursts(kc, c.tn, c.n, c.isz);  // B stored k x n
+    const double a = c.trans_a ? column_tile_bursts(kc, c.tm, c.m, c.isz)  // A stored k x m
+                               : nd2nz_bursts(c.tm, kc, c.k, c.isz);       // A stored m x k
+    const double b = c.trans_b   ? nd2nz_bursts(c.tn, kc, c.k, c.isz)      // B stored n x k
+                     : c.trans_a ? column_tile_bursts(kc, c.tn, c.n, c.isz)
+                                 : nd2nz_bursts(kc, c.tn, c.n, c.isz);  // B stored k x n
     return c.issue_priced ? 2 * cfg.copy_issue_cycles + cfg.burst_cycles * (a + b) : 0.0;
   };
   const auto load = [&](int64_t kc) {
@@ -375,6 +395,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   // it), near-ties would move work off the MatMul onto kernels whose loads the keys slow more
   // (the ResNet-50 step with set A: a strided input gradient). So the kernel choice stays the
   // issue-free one until the convolutions price the issue too.
+  best.issue_est_cycles = best.est_cycles;
   if (burst_chunks) best.est_cycles = unpriced_best;
   best.m = m;
   best.n = n;
