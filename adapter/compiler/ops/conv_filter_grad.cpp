@@ -606,12 +606,13 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
             return strided_slab_issue(cfg, form, static_cast<int64_t>(std::ceil(mean_rows)), s.w,
                                       t.kc1, s.x_pixel * isz, s.x_row * isz);
           };
-          const double as_before = slab_issue(SlabEmitter::strided_columns(view)
-                                                  ? StridedSlabForm::kColumns
-                                                  : StridedSlabForm::kPlaneRows);
+          const double as_before =
+              slab_issue(SlabEmitter::strided_columns(view) ? StridedSlabForm::kColumns
+                                                            : StridedSlabForm::kPlaneRows);
           const double per_pixel = slab_issue(StridedSlabForm::kPerPixel);
-          t.strided_pixels = SlabEmitter::strided_blocks(view) &&
-                             (strided_loads == StridedSlabLoads::kPerPixel || per_pixel < as_before);
+          t.strided_pixels =
+              SlabEmitter::strided_blocks(view) &&
+              (strided_loads == StridedSlabLoads::kPerPixel || per_pixel < as_before);
           issue += t.strided_pixels ? per_pixel : as_before;
         }
         const double mte2 =
@@ -687,10 +688,11 @@ Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, con
     l.summary += fmt::format("; {} groups of {} -> {} channels", s.groups, s.c, s.cg_out());
   if (s.add_parts) l.summary += "; the parts added by the vector cores";
   if (s.x_row != 0)
-    l.summary += fmt::format("; x viewed with pixels {} and rows {} elements apart{}", s.x_pixel,
-                             s.x_row, t.strided_pixels     ? ", slab loaded per pixel"
-                             : e.slab_by_columns() ? ", slab loaded by columns"
-                                                   : "");
+    l.summary +=
+        fmt::format("; x viewed with pixels {} and rows {} elements apart{}", s.x_pixel, s.x_row,
+                    t.strided_pixels      ? ", slab loaded per pixel"
+                    : e.slab_by_columns() ? ", slab loaded by columns"
+                                          : "");
   return l;
 }
 
