@@ -69,6 +69,8 @@ std::vector<uint64_t> Launch::bind(const std::vector<uint64_t>& inputs,
 }
 
 const std::vector<std::string>& lowering_switches() {
+  // One name a line, in order.
+  // clang-format off
   static const std::vector<std::string> names = {
       "NPUSIM_BN_RAGGED_CHANNELS",
       "NPUSIM_CONV_PIXEL_LOADS",
@@ -97,6 +99,7 @@ const std::vector<std::string>& lowering_switches() {
       "NPUSIM_TRANSPOSE_ROW_GATHER",
       "NPUSIM_VECTOR_MULTIPLY_ACCUMULATE",
   };
+  // clang-format on
   return names;
 }
 
