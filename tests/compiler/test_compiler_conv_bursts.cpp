@@ -199,3 +199,35 @@ TEST_CASE("The filter gradient's strided view per pixel: fewer GM bursts, the sa
     CHECK(times.bursts < static_cast<double>(times.copies) * 1.5);
   }
 }
+
+TEST_CASE("The filter gradient of a stem window over 3 channels: unfolded where bursts cost") {
+  // Conv2DBackpropFilter of 2 images of 21 x 21 x 3 by a 7x7 window of stride 2 into 16
+  // channels. The width-folded view (21 channels a pixel, viewed with pixels 2 x 3 channels = 12
+  // bytes apart) reads a 32-byte run a pixel and plane, a burst each; the dense map's pixels are
+  // one run a slab, a burst per 512 bytes. Where each burst costs 1000 cycles the planner takes the
+  // dense map by its estimate; NPUSIM_FILTER_GRAD_FOLD_ESTIMATE=0 folds as before. Both give the
+  // reference's dW.
+  Simulator& sim = burst_sim();
+  ConvCase cc = ConvCase{2, 21, 21, 3, 7, 7, 16}.window(2, 2, 1, 1, "VALID");
+  HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 351);
+  HostTensor dy = random_tensor(DataType::F16, y_shape(cc), -1, 1, 352);
+  Reference ref = new_reference(static_cast<size_t>(cc.kh * cc.kw * cc.c * cc.cout));
+  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
+  });
+  for (const char* mode : {"", "0"}) {
+    INFO("NPUSIM_FILTER_GRAD_FOLD_ESTIMATE='" << mode << "'");
+    setenv("NPUSIM_FILTER_GRAD_FOLD_ESTIMATE", mode, 1);
+    OpDesc op = make_op("Conv2DBackpropFilter", {x.desc, dy.desc}, cc.attrs());
+    op.attrs["filter_sizes"] = filter_shape(cc);
+    const compiler::CompiledKernel k = compiler::compile(op, sim.config());
+    unsetenv("NPUSIM_FILTER_GRAD_FOLD_ESTIMATE");
+    summarize(k);
+    bool folded = false;
+    for (const compiler::Launch& l : k.launches)
+      folded = folded || l.summary.find("x viewed with pixels") != std::string::npos;
+    CHECK(folded == (std::string(mode) == "0"));
+    RunResult r = run_compiled(sim, k, {x, dy});
+    check_against(r.outputs[0].values, ref, DataType::F16, false, "dW");
+  }
+}

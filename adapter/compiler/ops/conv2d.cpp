@@ -1559,9 +1559,12 @@ struct FusedFilterGradPlan {
   double cycles = 0;
 };
 
-FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const CubeTypes& ct,
-                                           DataType dt, const std::vector<int64_t>& x,
-                                           const std::vector<int64_t>& f, const ConvWindow& cw) {
+// The fused kernel's plan over x as viewed: width-folded where `fold` and it pays
+// (set_image_window), see plan_fused_filter_grad.
+FusedFilterGradPlan plan_fused_filter_grad_view(const CompileContext& ctx, const CubeTypes& ct,
+                                                DataType dt, const std::vector<int64_t>& x,
+                                                const std::vector<int64_t>& f, const ConvWindow& cw,
+                                                bool fold) {
   const std::string op = ctx.op.str();
   FusedFilterGradPlan p;
   FilterGradSpec& s = p.spec;
@@ -1570,7 +1573,7 @@ FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const Cube
   // Grouped (x's channels G times the filter's): dense x, each tile one group's (no width fold
   // or strided view: those view x's channels as one group's).
   s.groups = x[3] / f[2];
-  set_image_window(s, x, cw, s.groups == 1);
+  set_image_window(s, x, cw, fold && s.groups == 1);
   if (s.groups == 1)
     view_strided_rows(s, s.h, s.w, s.c);
   else
@@ -1623,6 +1626,30 @@ FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const Cube
   s.parts = best_parts;
   s.out_type = Dtype::F32;  // append_fused_filter_grad sets dW's type where one part writes it
   return p;
+}
+
+// Whether the fused filter gradient weighs the unfolded x against the width-folded view where
+// the fold applies (width_fold_pays) and the chip prices the DMA's issue: the folded view's
+// pixels overlap in GM (kw * c channels c apart), each a 32-byte run and a burst a plane, where
+// the dense map's pixels are one run (the 7x7 stem over 3 channels). Elsewhere, or with
+// NPUSIM_FILTER_GRAD_FOLD_ESTIMATE=0, the fold wherever it applies, as before. Read at every
+// compile.
+bool filter_grad_fold_by_estimate(const ChipConfig& cfg) {
+  const char* v = std::getenv("NPUSIM_FILTER_GRAD_FOLD_ESTIMATE");
+  return !(v && std::string(v) == "0") && (cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0);
+}
+
+// The fused kernel's plan for dW: over the width-folded view where it applies, or (where
+// filter_grad_fold_by_estimate) over the view of the lower estimate.
+FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const CubeTypes& ct,
+                                           DataType dt, const std::vector<int64_t>& x,
+                                           const std::vector<int64_t>& f, const ConvWindow& cw) {
+  FusedFilterGradPlan folded = plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, true);
+  const bool fold_applies =
+      x[3] == f[2] && width_fold_pays(x[3], cw.w.k, cw.w.before, cw.w.after, cw.w.d);
+  if (!fold_applies || !filter_grad_fold_by_estimate(ctx.cfg)) return folded;
+  FusedFilterGradPlan dense = plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, false);
+  return dense.cycles < folded.cycles ? dense : folded;
 }
 
 // dW by the fused kernel as planned (plan_fused_filter_grad): f32 products of the parts into
