@@ -1757,8 +1757,7 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   // fused kernel adds its parts in its own kernel (split chips), it computes the product too:
   // the one of the lower modelled cycles runs (the MatMul's tiling estimate with the DMA's issue,
   // filter_grad_issue_choice, and the Sum launch's where it is split, against the fused
-  // kernel's; pointwise_filter_grad_kernel may
-  // name one).
+  // kernel's; pointwise_filter_grad_kernel may name one).
   const int64_t cin = f[2];
   const KSplit split =
       plan_k_split(cin, f[3], positions, device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());

@@ -83,13 +83,13 @@ PixelLoads pixel_loads_switch(const std::string& op);
 enum class WeightLoads { kByEstimate, kPerBlock, kByTap };
 WeightLoads weight_loads_switch(const std::string& op);
 
-// How a strided view of x whose slab goes by columns (SlabEmitter::strided_columns: the filter
-// gradient's 1x1 strided windows) goes into L1 (FilterGradTiling::strided_pixels).
-// NPUSIM_FILTER_GRAD_STRIDED_PIXELS (read at every compile): unset or empty, per pixel where the
-// chip prices the DMA's issue and the estimate (strided_slab_issue) is lower; "0", as before
-// (per plane and column where the slab has at least as many rows as planes, else per pixel,
-// decided at run time; no issue in the planner's estimate); "1", per pixel. Anything else is a
-// CompileError naming op.
+// How the fused filter gradient's strided view of x (its 1x1 strided windows, the width fold)
+// goes into L1 (FilterGradTiling::strided_pixels). NPUSIM_FILTER_GRAD_STRIDED_PIXELS (read at
+// every compile): unset or empty, per pixel where it can (SlabEmitter::strided_blocks), the chip
+// prices the DMA's issue and the estimate (strided_slab_issue) is lower, the planner pricing
+// the issue of the form taken; "0", as before (per plane and column, or per plane and row, as
+// SlabEmitter::load_slab decides; no issue in the planner's estimate); "1", per pixel where it
+// can. Anything else is a CompileError naming op.
 enum class StridedSlabLoads { kByEstimate, kAsBefore, kPerPixel };
 StridedSlabLoads strided_slab_switch(const std::string& op);
 
@@ -156,9 +156,9 @@ class SlabEmitter {
     // A dense slab by one nd2nz of whole pixels (SlabLoad::whole_pixels): each pixel's
     // channels of the slab one GM run, the nd2nz's column blocks a plane apart.
     bool whole_pixels = false;
-    // A strided view by columns (strided_columns) per pixel at every slab: one copy of the
-    // pixel's planes (one GM run), not per plane and column where the slab has at least as many
-    // rows as planes (FilterGradTiling::strided_pixels).
+    // A strided view of x (strided_blocks) per pixel at every slab: one copy of the pixel's
+    // planes (one GM run), not per plane and column or per plane and row
+    // (FilterGradTiling::strided_pixels).
     bool strided_by_pixel = false;
   };
 
