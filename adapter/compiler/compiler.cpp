@@ -69,6 +69,8 @@ std::vector<uint64_t> Launch::bind(const std::vector<uint64_t>& inputs,
 }
 
 const std::vector<std::string>& lowering_switches() {
+  // One name a line, in order.
+  // clang-format off
   static const std::vector<std::string> names = {
       "NPUSIM_BN_RAGGED_CHANNELS",
       "NPUSIM_CONV_PIXEL_LOADS",
@@ -77,7 +79,10 @@ const std::vector<std::string>& lowering_switches() {
       "NPUSIM_CONV_STRIDED_INPUT_GRAD",
       "NPUSIM_DEPTHWISE_GROUPS_PER_STEP",
       "NPUSIM_DEPTHWISE_TILE_ORDER",
+      "NPUSIM_FILTER_GRAD_FOLD_ESTIMATE",
+      "NPUSIM_FILTER_GRAD_ISSUE_CHOICE",
       "NPUSIM_FILTER_GRAD_PLAN_RANK",
+      "NPUSIM_FILTER_GRAD_STRIDED_PIXELS",
       "NPUSIM_FILTER_GRAD_POINTWISE",
       "NPUSIM_FUSION_ADD_RELU_CAST",
       "NPUSIM_FUSION_CHANNEL_EPILOGUE",
@@ -85,6 +90,7 @@ const std::vector<std::string>& lowering_switches() {
       "NPUSIM_FUSION_GROUPED_CONV_PACK",
       "NPUSIM_L2_STREAM_POLICY",
       "NPUSIM_MATMUL_BURST_CHUNKS",
+      "NPUSIM_MATMUL_COLUMN_TILE_BURSTS",
       "NPUSIM_MATMUL_CORE_SPLIT",
       "NPUSIM_SIGMOID_ALTERNATE_BUFFERS",
       "NPUSIM_SOFTMAX_RAGGED_RESIDENT",
@@ -95,6 +101,7 @@ const std::vector<std::string>& lowering_switches() {
       "NPUSIM_TRANSPOSE_ROW_GATHER",
       "NPUSIM_VECTOR_MULTIPLY_ACCUMULATE",
   };
+  // clang-format on
   return names;
 }
 

@@ -126,3 +126,108 @@ TEST_CASE("The input gradient's weights by tap: one 1 KiB run a tap, 2 GM bursts
     }
   }
 }
+
+namespace {
+// The MTE2 copy_gm2l1 instructions of a run and MTE2's time on them in thousands of cycles (the
+// GM bursts on burst_sim; the strided view's slab loads: nothing else of the filter gradient
+// uses copy_gm2l1).
+struct CopyTimes : ChipObserver {
+  int64_t copies = 0;
+  double bursts = 0;
+  void on_core(int, const std::string&) override {}
+  void on_kernel_begin(const isa::Program&, int, uint64_t) override {}
+  void on_kernel_end(const isa::Program&, uint64_t, bool) override {}
+  void on_instruction(int, Lane lane, uint64_t start, uint64_t end, uint32_t,
+                      const isa::Instruction& in, const isa::Section&) override {
+    if (lane != Lane::MTE2 || in.op != isa::Opcode::op_copy_gm2l1) return;
+    ++copies;
+    bursts += static_cast<double>(end - start) / 1e6;  // (the other cases' cycles / 1000)
+  }
+  void on_flow_begin(int, Lane, uint64_t, uint64_t) override {}
+  void on_flow_end(int, Lane, uint64_t, uint64_t) override {}
+  void on_hdc(bool, uint64_t, uint64_t, uint64_t) override {}
+};
+}  // namespace
+
+TEST_CASE("The filter gradient's strided view per pixel: fewer GM bursts, the same dW") {
+  // Conv2DBackpropFilter of 2 images of 8 x 8 x 64 by a 1x1 window of stride 2 into 32
+  // channels: x is read as a strided view (every other row and pixel). Per pixel a pixel's
+  // planes (those of its tile's img2col rows, 16 a plane) are one run of at most 128 bytes
+  // within its 256-byte-aligned pixel: one burst a copy. As before (the per plane and column or
+  // per plane and row copies) each plane of a pixel is a 32-byte run of its own, a burst each:
+  // where each burst costs 1000 cycles the planner takes per pixel wherever a tile has more
+  // than one plane (`NPUSIM_FILTER_GRAD_STRIDED_PIXELS` unset; "1": per pixel always, "0": as
+  // before). Every way gives dW = x^T x dy of the strided pixels (the reference).
+  Simulator& sim = burst_sim();
+  ConvCase cc = ConvCase{2, 8, 8, 64, 1, 1, 32}.window(2, 2, 1, 1, "VALID");
+  HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 341);
+  HostTensor dy = random_tensor(DataType::F16, y_shape(cc), -1, 1, 342);
+  Reference ref = new_reference(static_cast<size_t>(cc.kh * cc.kw * cc.c * cc.cout));
+  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
+  });
+  const int64_t pixels = cc.n * 4 * 4;  // the view's pixels, each loaded at least once
+  for (const char* mode : {"", "1", "0"}) {
+    INFO("NPUSIM_FILTER_GRAD_STRIDED_PIXELS='" << mode << "'");
+    setenv("NPUSIM_FILTER_GRAD_STRIDED_PIXELS", mode, 1);
+    OpDesc op = make_op("Conv2DBackpropFilter", {x.desc, dy.desc}, cc.attrs());
+    op.attrs["filter_sizes"] = filter_shape(cc);
+    const compiler::CompiledKernel k = compiler::compile(op, sim.config());
+    unsetenv("NPUSIM_FILTER_GRAD_STRIDED_PIXELS");
+    summarize(k);
+    bool per_pixel = false;
+    int64_t tile_rows = 0;
+    for (const compiler::Launch& l : k.launches) {
+      per_pixel = per_pixel || l.summary.find("slab loaded per pixel") != std::string::npos;
+      const size_t at = l.summary.find("tiles of ");
+      if (at != std::string::npos) tile_rows = std::stoll(l.summary.substr(at + 9));
+    }
+    REQUIRE(tile_rows > 0);
+    const std::string m = mode;
+    if (m == "0") CHECK(!per_pixel);
+    if (m == "1") CHECK(per_pixel);
+    if (m.empty()) CHECK(per_pixel == (tile_rows > 16));
+    CopyTimes times;
+    sim.add_observer(&times);
+    RunResult r = run_compiled(sim, k, {x, dy});
+    sim.remove_observer(&times);
+    check_against(r.outputs[0].values, ref, DataType::F16, false, "dW");
+    if (!per_pixel) continue;
+    // One copy a pixel of a chunk, one burst each (+ its data's few cycles).
+    CHECK(times.copies >= pixels);
+    CHECK(times.bursts >= static_cast<double>(times.copies) - 0.5);
+    CHECK(times.bursts < static_cast<double>(times.copies) * 1.5);
+  }
+}
+
+TEST_CASE("The filter gradient of a stem window over 3 channels: unfolded where bursts cost") {
+  // Conv2DBackpropFilter of 2 images of 21 x 21 x 3 by a 7x7 window of stride 2 into 16
+  // channels. The width-folded view (21 channels a pixel, viewed with pixels 2 x 3 channels = 12
+  // bytes apart) reads a 32-byte run a pixel and plane, a burst each; the dense map's pixels are
+  // one run a slab, a burst per 512 bytes. Where each burst costs 1000 cycles the planner takes the
+  // dense map by its estimate; NPUSIM_FILTER_GRAD_FOLD_ESTIMATE=0 folds as before. Both give the
+  // reference's dW.
+  Simulator& sim = burst_sim();
+  ConvCase cc = ConvCase{2, 21, 21, 3, 7, 7, 16}.window(2, 2, 1, 1, "VALID");
+  HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 351);
+  HostTensor dy = random_tensor(DataType::F16, y_shape(cc), -1, 1, 352);
+  Reference ref = new_reference(static_cast<size_t>(cc.kh * cc.kw * cc.c * cc.cout));
+  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
+  });
+  for (const char* mode : {"", "0"}) {
+    INFO("NPUSIM_FILTER_GRAD_FOLD_ESTIMATE='" << mode << "'");
+    setenv("NPUSIM_FILTER_GRAD_FOLD_ESTIMATE", mode, 1);
+    OpDesc op = make_op("Conv2DBackpropFilter", {x.desc, dy.desc}, cc.attrs());
+    op.attrs["filter_sizes"] = filter_shape(cc);
+    const compiler::CompiledKernel k = compiler::compile(op, sim.config());
+    unsetenv("NPUSIM_FILTER_GRAD_FOLD_ESTIMATE");
+    summarize(k);
+    bool folded = false;
+    for (const compiler::Launch& l : k.launches)
+      folded = folded || l.summary.find("x viewed with pixels") != std::string::npos;
+    CHECK(folded == (std::string(mode) == "0"));
+    RunResult r = run_compiled(sim, k, {x, dy});
+    check_against(r.outputs[0].values, ref, DataType::F16, false, "dW");
+  }
+}

@@ -438,6 +438,9 @@ struct FilterGradTiling {
   int64_t k_tiles = 0, n_tiles = 0, m_tiles = 0, tiles = 0, chunks = 0, per = 0;  // n: per group
   int block_dim = 0, l0c_buffers = 0;
   bool whole_pixels = false;  // the slab by one nd2nz of whole pixels (dense_slab_load)
+  // The strided view of x (SlabEmitter::strided_blocks) loaded per pixel at every chunk
+  // (SlabEmitter::Geometry::strided_by_pixel; strided_slab_switch).
+  bool strided_pixels = false;
   double cycles = 0;
 };
 // Every tiling that fits the cube core, each with its modelled cycles, in the planner's order;

@@ -1575,9 +1575,12 @@ struct FusedFilterGradPlan {
   double cycles = 0;
 };
 
-FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const CubeTypes& ct,
-                                           DataType dt, const std::vector<int64_t>& x,
-                                           const std::vector<int64_t>& f, const ConvWindow& cw) {
+// The fused kernel's plan over x as viewed: width-folded where `fold` and it pays
+// (set_image_window), see plan_fused_filter_grad.
+FusedFilterGradPlan plan_fused_filter_grad_view(const CompileContext& ctx, const CubeTypes& ct,
+                                                DataType dt, const std::vector<int64_t>& x,
+                                                const std::vector<int64_t>& f, const ConvWindow& cw,
+                                                bool fold) {
   const std::string op = ctx.op.str();
   FusedFilterGradPlan p;
   FilterGradSpec& s = p.spec;
@@ -1586,7 +1589,7 @@ FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const Cube
   // Grouped (x's channels G times the filter's): dense x, each tile one group's (no width fold
   // or strided view: those view x's channels as one group's).
   s.groups = x[3] / f[2];
-  set_image_window(s, x, cw, s.groups == 1);
+  set_image_window(s, x, cw, fold && s.groups == 1);
   if (s.groups == 1)
     view_strided_rows(s, s.h, s.w, s.c);
   else
@@ -1639,6 +1642,30 @@ FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const Cube
   s.parts = best_parts;
   s.out_type = Dtype::F32;  // append_fused_filter_grad sets dW's type where one part writes it
   return p;
+}
+
+// Whether the fused filter gradient weighs the unfolded x against the width-folded view where
+// the fold applies (width_fold_pays) and the chip prices the DMA's issue: the folded view's
+// pixels overlap in GM (kw * c channels c apart), each a 32-byte run and a burst a plane, where
+// the dense map's pixels are one run (the 7x7 stem over 3 channels). Elsewhere, or with
+// NPUSIM_FILTER_GRAD_FOLD_ESTIMATE=0, the fold wherever it applies, as before. Read at every
+// compile.
+bool filter_grad_fold_by_estimate(const ChipConfig& cfg) {
+  const char* v = std::getenv("NPUSIM_FILTER_GRAD_FOLD_ESTIMATE");
+  return !(v && std::string(v) == "0") && (cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0);
+}
+
+// The fused kernel's plan for dW: over the width-folded view where it applies, or (where
+// filter_grad_fold_by_estimate) over the view of the lower estimate.
+FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const CubeTypes& ct,
+                                           DataType dt, const std::vector<int64_t>& x,
+                                           const std::vector<int64_t>& f, const ConvWindow& cw) {
+  FusedFilterGradPlan folded = plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, true);
+  const bool fold_applies =
+      x[3] == f[2] && width_fold_pays(x[3], cw.w.k, cw.w.before, cw.w.after, cw.w.d);
+  if (!fold_applies || !filter_grad_fold_by_estimate(ctx.cfg)) return folded;
+  FusedFilterGradPlan dense = plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, false);
+  return dense.cycles < folded.cycles ? dense : folded;
 }
 
 // dW by the fused kernel as planned (plan_fused_filter_grad): f32 products of the parts into
@@ -1694,6 +1721,16 @@ PointwiseKernel pointwise_filter_grad_kernel(const OpDesc& op) {
       fmt::format("NPUSIM_FILTER_GRAD_POINTWISE='{}' is none of 'auto', 'matmul', 'fused'", value));
 }
 
+// Whether the pointwise filter gradient weighs the MatMul's estimate with the DMA's issue
+// priced (MatmulTiling::issue_est_cycles) against the fused kernel's, which prices it
+// (filter_grad_tilings); the two are the same where the chip prices no issue.
+// NPUSIM_FILTER_GRAD_ISSUE_CHOICE=0: the MatMul's issue-free estimate, as before. Read at every
+// compile.
+bool filter_grad_issue_choice() {
+  const char* v = std::getenv("NPUSIM_FILTER_GRAD_ISSUE_CHOICE");
+  return !(v && std::string(v) == "0");
+}
+
 // Data inputs: input, out_backprop (filter_sizes as an attribute).
 CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
@@ -1734,14 +1771,14 @@ CompiledKernel compile_conv2d_backprop_filter(const CompileContext& ctx) {
   }
   // The product x^T x dy: x [N*H*W][Cin] is img2col(x) (MatMul with transpose_a). Where the
   // fused kernel adds its parts in its own kernel (split chips), it computes the product too:
-  // the one of the lower modelled cycles runs (the MatMul's tiling estimate, with the Sum
-  // launch's where it is split, against the fused kernel's; pointwise_filter_grad_kernel may
-  // name one).
+  // the one of the lower modelled cycles runs (the MatMul's tiling estimate with the DMA's issue,
+  // filter_grad_issue_choice, and the Sum launch's where it is split, against the fused
+  // kernel's; pointwise_filter_grad_kernel may name one).
   const int64_t cin = f[2];
   const KSplit split =
       plan_k_split(cin, f[3], positions, device_dtype(ct.cube), ct.fix_out, ctx.cfg, op.str());
   const double matmul_cycles =
-      split.tiling.est_cycles +
+      (filter_grad_issue_choice() ? split.tiling.issue_est_cycles : split.tiling.est_cycles) +
       (split.parts > 1 ? partial_sum_estimate(ctx.cfg, op.str(), split.parts, cin * f[3]) : 0);
   const PointwiseKernel forced = pointwise_filter_grad_kernel(op);
   if (forced != PointwiseKernel::kMatmul && filter_grad_parts_in_kernel(ctx, ct, dt, cin * f[3])) {

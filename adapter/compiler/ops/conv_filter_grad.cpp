@@ -103,11 +103,14 @@ class FilterGradEmitter {
     SlabEmitter::Geometry g = SlabEmitter::image_geometry(s, t.tp);
     g.cs = s.groups * s.c;
     g.whole_pixels = t.whole_pixels;
+    g.strided_by_pixel = t.strided_pixels;
     return g;
   }
 
   // Whether the slab is loaded per plane and column (SlabEmitter::strided_columns).
-  bool slab_by_columns() const { return m_s.x_row != 0 && m_slab.strided_columns(); }
+  bool slab_by_columns() const {
+    return m_s.x_row != 0 && !m_t.strided_pixels && m_slab.strided_columns();
+  }
 
   BuiltKernel emit() {
     cube_section();
@@ -505,6 +508,8 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
   // planner counts them (ops/conv_tiling.cpp).
   const double gm_rate = cfg.path_rate(Buf::GM, Buf::L1), l2_rate = cube_l2_read_rate(cfg, core);
   const PixelLoads pixel_loads = pixel_loads_switch(op);
+  const StridedSlabLoads strided_loads =
+      s.x_row != 0 ? strided_slab_switch(op) : StridedSlabLoads::kAsBefore;
   const double l0a_rate = cfg.path_rate(Buf::L1, Buf::L0A),
                l0b_rate = cfg.path_rate(Buf::L1, Buf::L0B);
   const double l1_lat = cfg.path_latency(Buf::L1, Buf::L0A),
@@ -592,6 +597,23 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
                               t.kc1, s.groups * s.c, isz, l2_rate, gm_rate);
           t.whole_pixels = l.whole_pixels;
           issue += l.issue;
+        } else if (strided_loads != StridedSlabLoads::kAsBefore) {
+          // A strided view (the strided windows of one tap a column): its load as before (by
+          // columns or per plane and row) or per pixel where it can and where forced or its
+          // issue is the lower (both 0 on chips without the keys: the kernel as before).
+          const SlabEmitter::Geometry view = FilterGradEmitter::slab_geometry(s, t);
+          const auto slab_issue = [&](StridedSlabForm form) {
+            return strided_slab_issue(cfg, form, static_cast<int64_t>(std::ceil(mean_rows)), s.w,
+                                      t.kc1, s.x_pixel * isz, s.x_row * isz);
+          };
+          const double as_before =
+              slab_issue(SlabEmitter::strided_columns(view) ? StridedSlabForm::kColumns
+                                                            : StridedSlabForm::kPlaneRows);
+          const double per_pixel = slab_issue(StridedSlabForm::kPerPixel);
+          t.strided_pixels =
+              SlabEmitter::strided_blocks(view) &&
+              (strided_loads == StridedSlabLoads::kPerPixel || per_pixel < as_before);
+          issue += t.strided_pixels ? per_pixel : as_before;
         }
         const double mte2 =
             rate.access_latency + std::max(chunk_bytes * rate.cycles_per_byte, issue);
@@ -666,8 +688,11 @@ Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, con
     l.summary += fmt::format("; {} groups of {} -> {} channels", s.groups, s.c, s.cg_out());
   if (s.add_parts) l.summary += "; the parts added by the vector cores";
   if (s.x_row != 0)
-    l.summary += fmt::format("; x viewed with pixels {} and rows {} elements apart{}", s.x_pixel,
-                             s.x_row, e.slab_by_columns() ? ", slab loaded by columns" : "");
+    l.summary +=
+        fmt::format("; x viewed with pixels {} and rows {} elements apart{}", s.x_pixel, s.x_row,
+                    t.strided_pixels      ? ", slab loaded per pixel"
+                    : e.slab_by_columns() ? ", slab loaded by columns"
+                                          : "");
   return l;
 }
 

@@ -109,6 +109,22 @@ WeightLoads weight_loads_switch(const std::string& op) {
                           WeightLoads::kPerBlock, WeightLoads::kByTap);
 }
 
+StridedSlabLoads strided_slab_switch(const std::string& op) {
+  return three_way_switch("NPUSIM_FILTER_GRAD_STRIDED_PIXELS", op, StridedSlabLoads::kByEstimate,
+                          StridedSlabLoads::kAsBefore, StridedSlabLoads::kPerPixel);
+}
+
+double strided_slab_issue(const ChipConfig& cfg, StridedSlabForm form, int64_t rows, int64_t ws,
+                          int64_t planes, int64_t pixel_bytes, int64_t row_bytes) {
+  if (form == StridedSlabForm::kPlaneRows)
+    return static_cast<double>(planes * rows) *
+           copy_issue_estimate(cfg, ws, kBlkBytes, pixel_bytes);
+  if (form == StridedSlabForm::kColumns && rows >= planes)
+    return static_cast<double>(planes * ws) * copy_issue_estimate(cfg, rows, kBlkBytes, row_bytes);
+  return static_cast<double>(rows * ws) *
+         copy_issue_estimate(cfg, 1, planes * kBlkBytes, planes * kBlkBytes);
+}
+
 double copy_issue_estimate(const ChipConfig& cfg, int64_t runs, int64_t run_bytes,
                            int64_t pitch_bytes) {
   if (cfg.copy_issue_cycles == 0 && cfg.burst_cycles == 0) return 0;
@@ -254,7 +270,7 @@ void SlabEmitter::load_slab(const SlabArgs& a) {
     return;
   }
   Reg uu = b.reg("slab: row");
-  if (m_g.x_row != 0 && strided_columns()) {
+  if (m_g.x_row != 0 && (m_g.strided_by_pixel || strided_columns())) {
     load_strided_columns(a, r);
     return;
   }
@@ -372,12 +388,16 @@ void SlabEmitter::plane_rows(const SlabArgs& a, Scratch& r, const Reg& uu, const
   });
 }
 
-bool SlabEmitter::strided_columns() const {
+bool SlabEmitter::strided_blocks(const Geometry& g) {
   const int64_t field = field_max(isa::FieldKind::RU16);
-  const int64_t row_blocks = m_g.x_row * m_isz / kBlkBytes;
-  return m_g.cs % kBlk == 0 && (m_g.x_pixel * m_isz) % kBlkBytes == 0 &&
-         (m_g.x_row * m_isz) % kBlkBytes == 0 && row_blocks - 1 <= field && wv() - 1 <= field &&
-         m_g.ws < ceil_div(m_g.tm, m_g.ow);
+  const int64_t isz = isa::dtype_size(g.type), wv = (g.ws - 1) * g.up_w + 1 + g.ext_w;
+  const int64_t row_blocks = g.x_row * isz / kBlkBytes;
+  return g.x_row != 0 && g.cs % kBlk == 0 && (g.x_pixel * isz) % kBlkBytes == 0 &&
+         (g.x_row * isz) % kBlkBytes == 0 && row_blocks - 1 <= field && wv - 1 <= field;
+}
+
+bool SlabEmitter::strided_columns(const Geometry& g) {
+  return strided_blocks(g) && g.ws < ceil_div(g.tm, g.ow);
 }
 
 void SlabEmitter::load_strided_columns(const SlabArgs& a, Scratch& r) {
@@ -395,7 +415,7 @@ void SlabEmitter::load_strided_columns(const SlabArgs& a, Scratch& r) {
   Reg col = b.reg("slab: column"), s = b.reg("slab: the column in x"),
       d = b.reg("slab: the column in the slab"), pb = b.reg("slab: plane bytes");
   Label by_columns = b.label("slab_by_columns"), loaded = b.label("slab_loaded");
-  b.branch(ge(a.h, a.ncb), by_columns);
+  if (!m_g.strided_by_pixel) b.branch(ge(a.h, a.ncb), by_columns);
   {
     // Fewer rows than planes: per pixel, its ncb blocks (contiguous in x) to the planes.
     Reg row = b.reg("slab: row");
@@ -412,6 +432,7 @@ void SlabEmitter::load_strided_columns(const SlabArgs& a, Scratch& r) {
       b.add(r.src, r.src, m_g.x_row * m_isz);
       b.add(r.d, r.d, wv() * kBlkBytes);
     });
+    if (m_g.strided_by_pixel) return;
     b.jmp(loaded);
   }
   b.bind(by_columns);

@@ -83,6 +83,28 @@ PixelLoads pixel_loads_switch(const std::string& op);
 enum class WeightLoads { kByEstimate, kPerBlock, kByTap };
 WeightLoads weight_loads_switch(const std::string& op);
 
+// How the fused filter gradient's strided view of x (its 1x1 strided windows, the width fold)
+// goes into L1 (FilterGradTiling::strided_pixels). NPUSIM_FILTER_GRAD_STRIDED_PIXELS (read at
+// every compile): unset or empty, per pixel where it can (SlabEmitter::strided_blocks), the chip
+// prices the DMA's issue and the estimate (strided_slab_issue) is lower, the planner pricing
+// the issue of the form taken; "0", as before (per plane and column, or per plane and row, as
+// SlabEmitter::load_slab decides; no issue in the planner's estimate); "1", per pixel where it
+// can. Anything else is a CompileError naming op.
+enum class StridedSlabLoads { kByEstimate, kAsBefore, kPerPixel };
+StridedSlabLoads strided_slab_switch(const std::string& op);
+
+// The DMA's issue minimum (copy_issue_estimate) of one strided-view slab of `rows` rows of `ws`
+// pixels and `planes` 16-channel planes, x's pixels and rows pixel_bytes and row_bytes apart, as
+// SlabEmitter::load_slab loads it:
+//   kPlaneRows: per plane and row, an nd2nz of the row's pixels, a 32-byte run each;
+//   kColumns: per plane and column, a copy of a 32-byte run a row, where rows >= planes (the
+//     run-time rule of load_strided_columns), else per pixel;
+//   kPerPixel: per pixel, one copy of one run of its planes' blocks.
+// 0 on a chip without the keys.
+enum class StridedSlabForm { kPlaneRows, kColumns, kPerPixel };
+double strided_slab_issue(const ChipConfig& cfg, StridedSlabForm form, int64_t rows, int64_t ws,
+                          int64_t planes, int64_t pixel_bytes, int64_t row_bytes);
+
 // The minimum cycles the DMA spends issuing one GM copy (ChipConfig::copy_issue_cycles +
 // burst_cycles per GM burst; sim/exec/mte_common.h) whose GM ranges are `runs` runs of
 // run_bytes, pitch_bytes apart (one contiguous run where the two are equal); 0 on a chip
@@ -134,6 +156,10 @@ class SlabEmitter {
     // A dense slab by one nd2nz of whole pixels (SlabLoad::whole_pixels): each pixel's
     // channels of the slab one GM run, the nd2nz's column blocks a plane apart.
     bool whole_pixels = false;
+    // A strided view of x (strided_blocks) per pixel at every slab: one copy of the pixel's
+    // planes (one GM run), not per plane and column or per plane and row
+    // (FilterGradTiling::strided_pixels).
+    bool strided_by_pixel = false;
   };
 
   // The window fields (kh .. pr) of a spec with those fields (CubeConvSpec, Img2colSpec).
@@ -210,7 +236,12 @@ class SlabEmitter {
   // plane (nothing past the tensor is read) and it has fewer columns than a slab's usual rows
   // (the filter gradient's 1x1 stride-2 view of 7 or 14 columns over a tall map): fewer
   // instructions for the scalar unit and MTE2's queue.
-  bool strided_columns() const;
+  bool strided_columns() const { return strided_columns(m_g); }
+  static bool strided_columns(const Geometry& g);
+  // Whether a strided view of x can be loaded per pixel (Geometry::strided_by_pixel): the
+  // copies' conditions of strided_columns (whole blocks, the gaps within their fields), any
+  // number of columns.
+  static bool strided_blocks(const Geometry& g);
 
  private:
   struct Scratch;
@@ -218,8 +249,8 @@ class SlabEmitter {
   void load_dense(const SlabArgs& a, Scratch& r);
   void load_zero_inserted(const SlabArgs& a, Scratch& r, const Reg& uu);
   // Per plane and column (strided_columns), one copy_gm2l1 of a block per row; where the slab
-  // has fewer rows than planes (at run time), per pixel instead, one copy_gm2l1 of its ncb
-  // blocks (contiguous in x) to the planes.
+  // has fewer rows than planes (at run time) or Geometry::strided_by_pixel says so, per pixel
+  // instead, one copy_gm2l1 of its ncb blocks (contiguous in x) to the planes.
   void load_strided_columns(const SlabArgs& a, Scratch& r);
   // Per plane, per slab row uu in [u, uend) by `step`: an nd2nz of the row's ws pixels,
   // `pixel` elements apart. source(c) sets r.src to x's address of row uu's block c; it runs

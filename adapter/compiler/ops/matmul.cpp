@@ -144,6 +144,33 @@ double nd2nz_bursts(int64_t rows, int64_t cols, int64_t pitch, int64_t isz) {
   return static_cast<double>(rows * ceil_div(cols * isz, kGmBurstBytes));
 }
 
+// Whether the planner counts an A^T x B product's loads by their column tiles' offsets
+// (column_tile_bursts); NPUSIM_MATMUL_COLUMN_TILE_BURSTS=0: by nd2nz_bursts as before. Read at
+// every compile.
+bool column_tile_bursts_enabled() {
+  const char* v = std::getenv("NPUSIM_MATMUL_COLUMN_TILE_BURSTS");
+  return !(v && std::string(v) == "0");
+}
+
+// The GM bursts of one nd2nz of a tile's `rows` rows of `cols` elements where the operand's
+// rows of `pitch` elements are cut into column tiles of `cols` (the last one narrower) and each
+// tile is read as often as the others: the mean over the tiles of their bursts, where a row's
+// run starts at its tile's offset within a burst (rows a whole number of bursts apart: the
+// offsets are the same on every row). Where the rows are not whole bursts apart, nd2nz_bursts'
+// estimate. A^T x B products (A stored k x m, x^T x dy of the filter gradients) read both
+// operands by column tiles.
+double column_tile_bursts(int64_t rows, int64_t cols, int64_t pitch, int64_t isz) {
+  if (cols >= pitch || (pitch * isz) % kGmBurstBytes != 0)
+    return nd2nz_bursts(rows, cols, pitch, isz);
+  const int64_t tiles = ceil_div(pitch, cols);
+  int64_t bursts = 0;
+  for (int64_t j = 0; j < tiles; ++j) {
+    const int64_t first = j * cols * isz, bytes = std::min(cols, pitch - j * cols) * isz;
+    bursts += (first + bytes - 1) / kGmBurstBytes - first / kGmBurstBytes + 1;
+  }
+  return static_cast<double>(rows * bursts) / static_cast<double>(tiles);
+}
+
 // The k per mmad (*tk0: two L0A and two L0B buffers) and per L1 chunk (*tk1, a multiple of
 // *tk0: two A and two B chunks, l1_chunks) of a tm x tn tile; false if not even k 16 fits.
 bool k_steps(const CoreKindConfig& core, const ChipConfig& cfg, int64_t tm, int64_t tn, int64_t isz,
@@ -185,6 +212,7 @@ struct TileCandidate {
   int l0c_buffers;
   bool via_ub, trans_a, trans_b;
   bool issue_priced;  // the loads' DMA issue in the cost (off: NPUSIM_MATMUL_BURST_CHUNKS=0)
+  bool column_tiles;  // A^T x B: bursts by column tile (NPUSIM_MATMUL_COLUMN_TILE_BURSTS)
   double cube_div;    // the cube's rate divisor for the input type
 };
 
@@ -230,9 +258,12 @@ double tile_cost_cycles(const TileCandidate& c, const ChipConfig& cfg) {
   // The DMA's issue of the chunk's two nd2nz (ChipConfig::copy_issue_cycles, burst_cycles: 0
   // but on the 910b): MTE2 is held for the longer of it and the flow.
   const auto issue = [&](int64_t kc) {
-    const double a = c.trans_a ? nd2nz_bursts(kc, c.tm, c.m, c.isz)   // A stored k x m
-                               : nd2nz_bursts(c.tm, kc, c.k, c.isz);  // A stored m x k
-    const double b = c.trans_b ? nd2nz_bursts(c.tn, kc, c.k, c.isz)   // B stored n x k
+    const bool by_tile = c.trans_a && c.column_tiles;
+    const double a = by_tile     ? column_tile_bursts(kc, c.tm, c.m, c.isz)  // A stored k x m
+                     : c.trans_a ? nd2nz_bursts(kc, c.tm, c.m, c.isz)
+                                 : nd2nz_bursts(c.tm, kc, c.k, c.isz);  // A stored m x k
+    const double b = c.trans_b ? nd2nz_bursts(c.tn, kc, c.k, c.isz)     // B stored n x k
+                     : by_tile ? column_tile_bursts(kc, c.tn, c.n, c.isz)
                                : nd2nz_bursts(kc, c.tn, c.n, c.isz);  // B stored k x n
     return c.issue_priced ? 2 * cfg.copy_issue_cycles + cfg.burst_cycles * (a + b) : 0.0;
   };
@@ -300,6 +331,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   // where it does not, the largest chunk that fits: fewest instructions, the plans as before).
   const bool burst_chunks =
       burst_chunks_enabled() && (cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0);
+  const bool column_tiles = column_tile_bursts_enabled();
   MatmulTiling best;
   double best_cost = std::numeric_limits<double>::infinity();
   // With burst_chunks: the lowest cost of the largest chunks without the issue, the estimate
@@ -336,7 +368,8 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
         if (tk1 == 0) continue;
         TileCandidate candidate{m,           n,      k,       batch,   tm,           tn,
                                 tk0,         tk1,    isz,     osz,     tiles,        blocks,
-                                l0c_buffers, via_ub, trans_a, trans_b, burst_chunks, cube_div};
+                                l0c_buffers, via_ub, trans_a, trans_b, burst_chunks, column_tiles,
+                                cube_div};
         const double cost = tile_cost_cycles(candidate, cfg);
         if (burst_chunks && tk1 == tk1_fit) {  // the same candidate with its issue unpriced
           candidate.issue_priced = false;
@@ -375,6 +408,7 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   // it), near-ties would move work off the MatMul onto kernels whose loads the keys slow more
   // (the ResNet-50 step with set A: a strided input gradient). So the kernel choice stays the
   // issue-free one until the convolutions price the issue too.
+  best.issue_est_cycles = best.est_cycles;
   if (burst_chunks) best.est_cycles = unpriced_best;
   best.m = m;
   best.n = n;

@@ -68,6 +68,11 @@ struct MatmulTiling {
   // in this estimate, as in no other kernel's: it is the issue-free planner's (the largest
   // chunks').
   double est_cycles = 0;
+  // The same with the DMA's issue priced: the cost this tiling was chosen by (est_cycles where
+  // the chip does not price the issue or NPUSIM_MATMUL_BURST_CHUNKS=0). What the pointwise
+  // filter gradient weighs against the fused kernel's estimate, which prices the issue too
+  // (compile_conv2d_backprop_filter).
+  double issue_est_cycles = 0;
   // "128x128x1024 AB f16->f16: tiles 64x128 (2x1 = 2 over 2 blocks), k 128 per mmad, ..."
   std::string str() const;
 };
