@@ -229,13 +229,14 @@ TEST_CASE("fp16 mmad of whole fractals with infinities and NaNs") {
 }
 
 TEST_CASE("fp16 mmad of every row tail with subnormals, infinities and NaNs") {
-  // m from 1 to 24 and 49 (a 7 x 7 map): the last rows of a fractal row that fill no whole
-  // register tile are computed by tiles of just those rows (cube.cpp, tile_rows_fma_avx512 on
-  // AVX-512 hosts, tile_rows_fma_avx2 on AVX2 hosts and under NPUSIM_HOST_SIMD=avx2) when their
-  // columns are whole, by the staging tile otherwise (n = 40); one to six column blocks.
-  // Operands mix normal values with subnormals and signed zeros; one case has infinities of
-  // both signs in A (their sums may give the host's default NaN), the other signalling and quiet NaNs in B, at most one per column (a NaN that meets another
-  // NaN keeps a payload the host's operand order picks). Two mmads: init 0, then init 1.
+  // m from 1 to 24 and 49 (a 7 x 7 map): the last rows of a fractal row that fill no whole register
+  // tile are computed by tiles of just those rows (cube.cpp, tile_rows_fma_avx512 on AVX-512 hosts,
+  // tile_rows_fma_avx2 on AVX2 hosts and under NPUSIM_HOST_SIMD=avx2) when their columns are whole,
+  // by the staging tile otherwise (n = 40); one to six column blocks. Operands mix normal values
+  // with subnormals and signed zeros; one case has infinities of both signs in A (their sums may
+  // give the host's default NaN), the other signalling and quiet NaNs in B, at most one per column
+  // (a NaN that meets another NaN keeps a payload the host's operand order picks). Two mmads: init
+  // 0, then init 1.
   auto value = [](Rand& rnd, int special) -> uint16_t {
     const int pick = rnd.integer(0, 9);
     const uint16_t sign = rnd.integer(0, 1) ? 0x8000 : 0;
