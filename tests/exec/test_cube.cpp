@@ -229,13 +229,14 @@ TEST_CASE("fp16 mmad of whole fractals with infinities and NaNs") {
 }
 
 TEST_CASE("fp16 mmad of every row tail with subnormals, infinities and NaNs") {
-  // m from 1 to 24 and 49 (a 7 x 7 map): the last rows of a fractal row that fill no whole
-  // register tile are computed by tiles of just those rows (cube.cpp, tile_rows_fma_avx512, on
-  // AVX-512 hosts) when their columns are whole, by the staging tile otherwise (n = 40); one or
-  // two column blocks per tile. Operands mix normal values with subnormals and signed zeros;
-  // one case has infinities of both signs in A (their sums may give the host's default NaN),
-  // the other signalling and quiet NaNs in B, at most one per column (a NaN that meets another
-  // NaN keeps a payload the host's operand order picks). Two mmads: init 0, then init 1.
+  // m from 1 to 24 and 49 (a 7 x 7 map): the last rows of a fractal row that fill no whole register
+  // tile are computed by tiles of just those rows (cube.cpp, tile_rows_fma_avx512 on AVX-512 hosts,
+  // tile_rows_fma_avx2 on AVX2 hosts and under NPUSIM_HOST_SIMD=avx2) when their columns are whole,
+  // by the staging tile otherwise (n = 40); one to six column blocks. Operands mix normal values
+  // with subnormals and signed zeros; one case has infinities of both signs in A (their sums may
+  // give the host's default NaN), the other signalling and quiet NaNs in B, at most one per column
+  // (a NaN that meets another NaN keeps a payload the host's operand order picks). Two mmads: init
+  // 0, then init 1.
   auto value = [](Rand& rnd, int special) -> uint16_t {
     const int pick = rnd.integer(0, 9);
     const uint16_t sign = rnd.integer(0, 1) ? 0x8000 : 0;
@@ -246,7 +247,7 @@ TEST_CASE("fp16 mmad of every row tail with subnormals, infinities and NaNs") {
   };
   for (int special : {1, 2})
     for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20, 23, 24, 49})
-      for (int n : {16, 32, 40, 48}) {
+      for (int n : {16, 32, 40, 48, 64, 96}) {
         const int k = 48;
         INFO("m=" << m << " k=" << k << " n=" << n << (special == 1 ? " inf in A" : " NaN in B"));
         Rand rnd(uint32_t(special * 100000 + m * 100 + n));
@@ -289,7 +290,7 @@ TEST_CASE("fp16 mmad with zero columns of A: the same bits as the sum over every
   // (a -0 bias or accumulator, the kept products -0, the left-out ones +0).
   const uint16_t kNegZero = 0x8000;
   for (int m : {20, 49, 64})
-    for (int n : {32, 40}) {
+    for (int n : {32, 40, 64}) {
       const int k = 112;  // 7 taps x 16 channels
       INFO("m=" << m << " k=" << k << " n=" << n);
       Rand rnd(uint32_t(m * 100 + n));
