@@ -26,9 +26,11 @@ const isa::Program& reader() {
   static const isa::Program p = isa::assemble(
       ".arg src\n.arg group\n.section aiv\n"
       "    ldarg x1, src\n    ldarg x4, group\n    get_block_id x3\n    div x3, x3, x4\n"
-      "    movi x5, " + std::to_string(kBytes) + "\n    mul x3, x3, x5\n    add x1, x1, x3\n"
-      "    movi x2, 0\n    copy_gm2ub x2, x1, 1, " + std::to_string(kBytes / 32) +
-          ", 0, 0\n    end\n",
+      "    movi x5, " +
+          std::to_string(kBytes) +
+          "\n    mul x3, x3, x5\n    add x1, x1, x3\n"
+          "    movi x2, 0\n    copy_gm2ub x2, x1, 1, " +
+          std::to_string(kBytes / 32) + ", 0, 0\n    end\n",
       "line_reads.s");
   return p;
 }
@@ -59,9 +61,7 @@ TEST_CASE("L2 same-line serialisation: N readers of one line share its read rate
   REQUIRE(c.core_kind(isa::CoreKind::AIV)->count >= 4);
   REQUIRE(line > port);  // a core alone is not held back by its line
   // n cores at once, each its bytes over its share: k readers of each of its lines.
-  const auto expected = [&](int n, int k) {
-    return kBytes / std::min({port, l2 / n, line / k});
-  };
+  const auto expected = [&](int n, int k) { return kBytes / std::min({port, l2 / n, line / k}); };
 
   SECTION("one core alone: the port's rate") {
     for (double b : mte2_busy(s, 1, 1)) CHECK(b == Approx(expected(1, 1)).margin(1));
