@@ -49,6 +49,13 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
   // write-back flow (memory.hbm.turnaround_loss prices the read/write mix).
   double hbm_write_share = 0;
   double rate = 0;          // current bytes per cycle
+  // Under memory.l2.line_read_bytes_per_cycle, of a read with an L2 phase: the GM lines
+  // (address / l2_line_bytes, ascending, each once) its ranges read and the bytes it reads of
+  // each; whether they count among the lines' readers now (while its L2 phase runs); and the
+  // byte-weighted mean number of transfers reading them, itself included (1: alone).
+  std::vector<std::pair<uint64_t, uint64_t>> read_lines;
+  bool lines_registered = false;
+  double line_readers = 1;
   sc_core::sc_event done;
   // What the initiating process waits on while the transfer flows: `done`, or `abort`, which
   // the memory system registers with the chip's AbortSignal (wake_on_raise) at the transfer's

@@ -144,6 +144,8 @@ void MemorySystem::abort_transfers() {
   m_idle_writeback_flows.clear();
   for (const auto& f : m_writeback_flows) m_idle_writeback_flows.push_back(f.get());
   m_users[kHbm] = m_users[kL2] = 0;
+  m_line_readers.clear();
+  m_line_readers_changed = false;
   m_rate_change.cancel();
 }
 
@@ -217,12 +219,35 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
                                                      static_cast<double>(miss);
   t->port[kL2] =
       capped(t->l2_port_rate > 0 ? t->l2_port_rate : l2_port > 0 ? l2_port : t->port_rate);
+  // Same-line serialisation: the lines a read's L2 phase reads, each once with the bytes of it
+  // read (ranges looked up in the L2; a bypassing range is HBM's alone).
+  const double line_rate = m_cfg.l2_line_read_bytes_per_cycle;
+  t->read_lines.clear();
+  t->lines_registered = false;
+  t->line_readers = 1;
+  if (line_rate > 0 && !write && hit > 0) {
+    const uint64_t line = m_cfg.l2_line_bytes;
+    for (const GmAccess& r : *t->ranges) {
+      if (r.write || r.bytes == 0 || r.l2 == isa::L2Hint::BYPASS) continue;
+      const uint64_t end = r.addr + r.bytes;
+      for (uint64_t l = r.addr / line; l <= (end - 1) / line; ++l)
+        t->read_lines.emplace_back(l, std::min(end, (l + 1) * line) - std::max(r.addr, l * line));
+    }
+    std::sort(t->read_lines.begin(), t->read_lines.end());
+    size_t n = 0;  // merge a line read by several of the ranges
+    for (const auto& lb : t->read_lines) {
+      if (n > 0 && t->read_lines[n - 1].first == lb.first) t->read_lines[n - 1].second += lb.second;
+      else t->read_lines[n++] = lb;
+    }
+    t->read_lines.resize(n);
+  }
   t->alone_cycles = 0;
   for (int r : {kHbm, kL2}) {
     const double bytes = static_cast<double>(r == kHbm ? miss : hit);
     const double bandwidth =
         r == kHbm ? m_cfg.hbm_mixed_bytes_per_cycle(t->hbm_write_share) : m_bandwidth[r];
-    const double alone_rate = t->port[r] > 0 ? std::min(t->port[r], bandwidth) : bandwidth;
+    double alone_rate = t->port[r] > 0 ? std::min(t->port[r], bandwidth) : bandwidth;
+    if (r == kL2 && !t->read_lines.empty()) alone_rate = std::min(alone_rate, line_rate);
     t->alone_cycles += bytes / alone_rate;
   }
   const sc_time start = sc_core::sc_time_stamp();
@@ -271,6 +296,19 @@ void MemorySystem::start_writeback(uint64_t bytes, GmTransfer* evictor) {
   m_active.push_back(f);
 }
 
+void MemorySystem::count_line_reads(GmTransfer* t, bool add) {
+  for (const auto& lb : t->read_lines) {
+    if (add) {
+      ++m_line_readers[lb.first];
+    } else {
+      const auto it = m_line_readers.find(lb.first);
+      if (--it->second == 0) m_line_readers.erase(it);
+    }
+  }
+  t->lines_registered = add;
+  m_line_readers_changed = true;
+}
+
 void MemorySystem::on_rate_change() {
   advance();
   settle();
@@ -296,6 +334,9 @@ void MemorySystem::settle() {
       ++t->phase;
       t->rate = 0;
     }
+    // A read counts among its lines' readers while its L2 phase runs.
+    if (t->lines_registered != (t->phase == kL2 && !t->read_lines.empty()))
+      count_line_reads(t, !t->lines_registered);
     if (t->phase == 2) {
       if (t->writeback_flow) {
         m_idle_writeback_flows.push_back(t);
@@ -329,11 +370,28 @@ void MemorySystem::settle() {
     }
     bandwidth[kHbm] = m_cfg.hbm_mixed_bytes_per_cycle(written / bytes);
   }
+  // Same-line serialisation: a read in its L2 phase reads its lines one after another, each
+  // shared with the other transfers reading it (k of them in all: R / k of the line's R bytes
+  // per cycle), so it moves at R over the byte-weighted mean k of its lines.
+  if (m_line_readers_changed) {
+    for (GmTransfer* t : m_active) {
+      if (!t->lines_registered) continue;
+      double bytes = 0, weighted = 0;
+      for (const auto& lb : t->read_lines) {
+        bytes += static_cast<double>(lb.second);
+        weighted += static_cast<double>(lb.second) * m_line_readers.at(lb.first);
+      }
+      t->line_readers = weighted / bytes;
+    }
+    m_line_readers_changed = false;
+  }
   double next = std::numeric_limits<double>::infinity();
   for (GmTransfer* t : m_active) {
     const double share = bandwidth[t->phase] / m_users[t->phase];
     const double port = t->port[t->phase];
     t->rate = port > 0 ? std::min(port, share) : share;
+    if (t->lines_registered)
+      t->rate = std::min(t->rate, m_cfg.l2_line_read_bytes_per_cycle / t->line_readers);
     next = std::min(next, t->remaining[t->phase] / t->rate);
   }
   m_rate_change.cancel();

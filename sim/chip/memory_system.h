@@ -20,7 +20,10 @@
 //      (GmTransfer::l2_port_rate: a UB -> GM write's l2_ub_write_bytes_per_cycle) or else the
 //      core's L2 port rate for the direction (l2_read/write_bytes_per_cycle; the path rate if 0),
 //      each capped by the instruction's request issue rate (GmTransfer::request_rate: an
-//      nd2nz: its row bytes per mte.nd2nz_row_cycles) where it has one.
+//      nd2nz: its row bytes per mte.nd2nz_row_cycles) where it has one, and, for a read's L2
+//      phase under memory.l2.line_read_bytes_per_cycle (R), by R / k: a line serves the reads
+//      of it one after another at R bytes per cycle, k the byte-weighted mean number of
+//      transfers in their L2 phase reading the transfer's lines (same-line serialisation).
 // Writes are timed like reads (lines present in L2 absorb them at L2 bandwidth; missing lines
 // are written to HBM and allocated), unless the L2 is write-back (memory.l2.write_back): then
 // an allocating write miss is absorbed at L2 bandwidth too, and the dirty lines a transfer's
@@ -37,6 +40,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include <systemc>
@@ -141,6 +145,9 @@ class MemorySystem : public sc_core::sc_module {
   // Adds a write-back flow of `bytes` (dirty lines evicted to HBM) to the active flows; call
   // between advance() and settle(). evictor (may be null): the transfer that waits for it.
   void start_writeback(uint64_t bytes, GmTransfer* evictor);
+  // Same-line serialisation (memory.l2.line_read_bytes_per_cycle): t's read lines start or stop
+  // counting among the lines' readers (its L2 phase starts or ends).
+  void count_line_reads(GmTransfer* t, bool add);
 
   const ChipConfig& m_cfg;
   AbortSignal& m_abort;
@@ -170,6 +177,10 @@ class MemorySystem : public sc_core::sc_module {
   std::vector<GmTransfer*> m_idle_writeback_flows;
   sc_core::sc_time m_writebacks_end;
   int m_users[2] = {0, 0};  // active transfers per resource (as of the last settle)
+  // Same-line serialisation: transfers in their L2 phase reading each GM line (address /
+  // l2_line_bytes), and whether that changed since the readers' means were last computed.
+  std::unordered_map<uint64_t, uint32_t> m_line_readers;
+  bool m_line_readers_changed = false;
   uint64_t m_last_ps = 0;
   sc_core::sc_event m_rate_change;
 

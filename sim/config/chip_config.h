@@ -131,6 +131,11 @@ struct ChipConfig {
   // consecutive lines still spreads as evenly as under modulo (docs/chip_model.md "Memory
   // system").
   bool l2_page_rotation = false;
+  // Bytes per cycle one L2 line serves to the reads of it in flight, shared among them: reads
+  // of one line by several transfers at once are served one after another, so each of k
+  // concurrent readers of a line gets this / k of it (MemorySystem; docs/chip_model.md "Memory
+  // system"). 0: no such limit (every reader at its own port rate).
+  double l2_line_read_bytes_per_cycle = 0;
 
   // MTE2's ND -> NZ loads (nd2nz): the engine issues one GM request per ND row and at most one
   // row every nd2nz_row_cycles cycles, so a row takes max(its bytes at the path's rate,

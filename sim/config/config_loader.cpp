@@ -89,6 +89,7 @@ const char* const kSchemaKeys[] = {
     "memory.l2.write_back",
     "memory.l2.write_back_waits",
     "memory.l2.page_rotation",
+    "memory.l2.line_read_bytes_per_cycle",
     "mte.nd2nz_row_cycles",
     "mte.copy_issue_cycles",
     "mte.burst_cycles",
@@ -422,6 +423,15 @@ void parse_memory(const Reader& r, ChipConfig& c) {
   c.l2_write_back_waits =
       r.has("memory.l2.write_back_waits") && r.get_bool("memory.l2.write_back_waits");
   c.l2_page_rotation = r.has("memory.l2.page_rotation") && r.get_bool("memory.l2.page_rotation");
+  if (r.has("memory.l2.line_read_bytes_per_cycle")) {  // optional: 0 (no limit) without it
+    c.l2_line_read_bytes_per_cycle =
+        r.get_number("memory.l2.line_read_bytes_per_cycle", 0, false, kMaxBytesPerCycle);
+    if (c.l2_line_read_bytes_per_cycle != 0 &&
+        c.l2_line_read_bytes_per_cycle < kMinBytesPerCycle)
+      r.fail("memory.l2.line_read_bytes_per_cycle",
+             fmt::format("expected 0 (no limit) or at least {:g}, got {:g}", kMinBytesPerCycle,
+                         c.l2_line_read_bytes_per_cycle));
+  }
   if (c.l2_bytes > c.hbm_bytes)
     r.fail("memory.l2.bytes", fmt::format("L2 ({} bytes) is larger than memory.hbm.bytes ({})",
                                           c.l2_bytes, c.hbm_bytes));
@@ -611,6 +621,8 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
   if (c.l2_write_back) o << "    write_back: true\n";
   if (c.l2_write_back_waits) o << "    write_back_waits: true\n";
   if (c.l2_page_rotation) o << "    page_rotation: true\n";
+  if (c.l2_line_read_bytes_per_cycle != 0)
+    o << fmt::format("    line_read_bytes_per_cycle: {}\n", c.l2_line_read_bytes_per_cycle);
   if (c.nd2nz_row_cycles != 0 || c.copy_issue_cycles != 0 || c.burst_cycles != 0) {
     o << "mte:\n";  // optional keys, as above
     if (c.nd2nz_row_cycles != 0) o << fmt::format("  nd2nz_row_cycles: {}\n", c.nd2nz_row_cycles);

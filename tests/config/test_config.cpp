@@ -119,6 +119,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.l2_keep_within_graph_run == b.l2_keep_within_graph_run);
   CHECK(a.l2_write_back == b.l2_write_back);
   CHECK(a.l2_write_back_waits == b.l2_write_back_waits);
+  CHECK(a.l2_line_read_bytes_per_cycle == b.l2_line_read_bytes_per_cycle);
   CHECK(a.hdc_gbps == b.hdc_gbps);
   CHECK(a.hdc_latency_us == b.hdc_latency_us);
   CHECK(a.task_dispatch_us == b.task_dispatch_us);
