@@ -90,8 +90,9 @@ TEST_CASE("MultiTensorCast writes its filter_n16 members in blocks of 16 output 
   }
 }
 
-TEST_CASE("MultiTensorCast stores blocked rows from its tiles; a row wider than a tile is "
-          "transposed") {
+TEST_CASE(
+    "MultiTensorCast stores blocked rows from its tiles; a row wider than a tile is "
+    "transposed") {
   const ChipConfig& cfg = test_sim().config();
   using V = std::vector<int64_t>;
   // The widest row a tile of the cast holds (the kernel's UB fit): a filter of a wider Cout is
@@ -115,13 +116,12 @@ TEST_CASE("MultiTensorCast stores blocked rows from its tiles; a row wider than 
       descs.push_back(xs.back().desc);
       members.push_back(static_cast<int64_t>(members.size()));
     }
-    const CompiledKernel k = compiler::compile(
-        make_op("MultiTensorCast", descs,
-                {{"SrcT", std::string("f32")},
-                 {"DstT", std::string("f16")},
-                 {"N", static_cast<int64_t>(shapes.size())},
-                 {"filter_n16", members}}),
-        cfg);
+    const CompiledKernel k = compiler::compile(make_op("MultiTensorCast", descs,
+                                                       {{"SrcT", std::string("f32")},
+                                                        {"DstT", std::string("f16")},
+                                                        {"N", static_cast<int64_t>(shapes.size())},
+                                                        {"filter_n16", members}}),
+                                               cfg);
     int transposes = 0;
     for (const compiler::Launch& l : k.launches) {
       UNSCOPED_INFO(l.summary);

@@ -597,8 +597,7 @@ int64_t StreamEmitter::resident_period() const {
     if (p.access == Access::kResident) period = std::lcm(period, p.period);
   // One stream's blocked rows: tiles and block ranges of whole rows. (Multi-tensor mode rounds
   // each segment's range to its rows instead: emit_segments.)
-  if (m_segments.empty() && m_spec->blocked_row > 0)
-    period = std::lcm(period, m_spec->blocked_row);
+  if (m_segments.empty() && m_spec->blocked_row > 0) period = std::lcm(period, m_spec->blocked_row);
   return period;
 }
 
@@ -609,8 +608,8 @@ int64_t StreamEmitter::blocked_row_max() const {
   for (const StreamSpec* s : specs) {
     if (s->blocked_row <= 0) continue;
     const int size = isa::dtype_size(s->out_type);
-    const int64_t n = std::accumulate(s->out_shape.begin(), s->out_shape.end(), int64_t{1},
-                                      std::multiplies<>());
+    const int64_t n =
+        std::accumulate(s->out_shape.begin(), s->out_shape.end(), int64_t{1}, std::multiplies<>());
     if (!s->more_out_types.empty() || (s->blocked_row * size) % kBlockBytes != 0 ||
         s->blocked_row * size / kBlockBytes > 65536 || n % s->blocked_row != 0)
       m_b.fail(fmt::format(
@@ -679,8 +678,8 @@ void StreamEmitter::plan_tile_once() {
       break;
     }
     if (!longest)  // the period is the blocked rows' (StreamSpec::blocked_row)
-      m_b.fail(fmt::format("a tile of {} elements cannot hold a row of {} (the blocked store)",
-                           fit, m_spec->blocked_row));
+      m_b.fail(fmt::format("a tile of {} elements cannot hold a row of {} (the blocked store)", fit,
+                           m_spec->blocked_row));
     longest->access = Access::kGather;  // its period does not fit a tile: gather it per tile
   }
   if (m_bounds.empty()) {
@@ -1123,8 +1122,8 @@ void StreamEmitter::store_blocked_output(int q) {
   const int64_t rows = std::accumulate(m_spec->out_shape.begin(), m_spec->out_shape.end(),
                                        int64_t{1}, std::multiplies<>()) /
                        row;
-  KernelBuilder::Origin o(m_b, fmt::format("store in {} column blocks of {} rows", col_blocks,
-                                           rows));
+  KernelBuilder::Origin o(m_b,
+                          fmt::format("store in {} column blocks of {} rows", col_blocks, rows));
   Reg dst = m_b.reg("column block's destination");
   Reg src = m_b.reg("column block in the output tile");
   Reg tile_rows = m_b.reg("rows in this tile");
