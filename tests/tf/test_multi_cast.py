@@ -13,7 +13,7 @@ that the same graph writes become one node, whose kernel casts each as Cast's ow
   bit as with NPUSIM_FUSION_MULTI_CAST=0, fewer launches per step: the weights' Cast launches
   are gone and one MultiTensorCast launch ran, nothing else differs; the step graph has a
   MultiTensorCast node of those casts (these runs with NPUSIM_CONV_WEIGHTS_BLOCKED=0). With
-  rewrite 19b (the default) its convolution's filter is a member written in blocks of 16 output
+  rewrite 19b (NPUSIM_CONV_WEIGHTS_BLOCKED=1) its convolution's filter is a member written in blocks of 16 output
   channels by the cast's own store: the same losses and weights bit for bit, no launch added.
 Both with the NpuGraph task lists and node by node (NPUSIM_GRAPH=0).
 """
@@ -124,8 +124,7 @@ def runs(tmp_path_factory):
     # HWIO filters (rewrite 19b off) unless a run says otherwise
     cnn = {"WHAT": "cnn", "NPUSIM_PRECISION_MODE": "allow_mix_precision",
            "TF_ENABLE_ONEDNN_OPTS": "0", "NPUSIM_CONV_WEIGHTS_BLOCKED": "0"}
-    blocked = dict(cnn)
-    del blocked["NPUSIM_CONV_WEIGHTS_BLOCKED"]  # the default: on
+    blocked = dict(cnn, NPUSIM_CONV_WEIGHTS_BLOCKED="1")
     variables = {"WHAT": "variables"}
     return {
         "variables": {
@@ -184,7 +183,7 @@ def test_mixed_precision_weight_casts_in_one_launch(runs):
 
 
 def test_forward_convolution_filters_blocked(runs):
-    """Rewrite 19b (the default): the convolution reads its float16 filter from a
+    """Rewrite 19b (NPUSIM_CONV_WEIGHTS_BLOCKED=1): the convolution reads its float16 filter from a
     MultiTensorCast member written in blocks of 16 output channels (filter_n16,
     _npusim_filter_layout); the losses and weights are those of the HWIO filter
     (NPUSIM_CONV_WEIGHTS_BLOCKED=0) bit for bit, in the task list and node by node, and the

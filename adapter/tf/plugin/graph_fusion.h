@@ -438,7 +438,7 @@
 //      the derived-tensor cache leaves out while the variable is unchanged. CANN's graph
 //      engine keeps the float16 copy with the variable instead (the update writing it: "Not
 //      yet" in docs/graph_engine.md). NPUSIM_FUSION_MULTI_CAST=0 turns it alone off.
-//   19b. (NPUSIM_CONV_WEIGHTS_BLOCKED=0 turns it off; block_conv_filters below) A float16 /
+//   19b. Opt-in (NPUSIM_CONV_WEIGHTS_BLOCKED=1; block_conv_filters below): a float16 /
 //      bfloat16 member of those nodes read as a forward convolution's filter (Conv2D,
 //      Conv2DBiasAdd, Conv2DBNTrainingReduce, input 1, NHWC) is written in blocks of 16 output
 //      channels
@@ -637,7 +637,7 @@ int group_weight_casts(tensorflow::GraphDef& graph,
 
 // Rewrite 19b (graph_fusion.cpp block_conv_filters: the forward convolutions' filters written
 // blocked by the weights' MultiTensorCast) on `graph` while fusion_enabled() and rewrite 19 and
-// NPUSIM_CONV_WEIGHTS_BLOCKED (on unless 0, read once per process) are requested, after
+// NPUSIM_CONV_WEIGHTS_BLOCKED=1 (default off, read once per process) are requested, after
 // group_weight_casts; returns the members written blocked.
 int block_conv_filters(tensorflow::GraphDef& graph);
 
