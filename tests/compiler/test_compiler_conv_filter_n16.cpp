@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/cast.h"
 #include "adapter/compiler/ops/conv.h"
+#include "adapter/compiler/ops/elementwise.h"
 #include "sim/config/chip_config.h"
 #include "tests/compiler/compiler_test_util.h"
 #include "tests/compiler/conv_reference.h"
@@ -84,6 +86,57 @@ TEST_CASE("MultiTensorCast writes its filter_n16 members in blocks of 16 output 
       for (size_t i = 0; i < want.size(); ++i) want[i] = round_to(dst, xs[m].values[i]);
       if (m < 2) want = to_blocked(HostTensor{TensorDesc{dst, shapes[m]}, want}).values;
       CHECK(r.outputs[m].values == want);
+    }
+  }
+}
+
+TEST_CASE(
+    "MultiTensorCast stores blocked rows from its tiles; a row wider than a tile is "
+    "transposed") {
+  const ChipConfig& cfg = test_sim().config();
+  using V = std::vector<int64_t>;
+  // The widest row a tile of the cast holds (the kernel's UB fit): a filter of a wider Cout is
+  // cast as HWIO and transposed by a launch of its own.
+  const int64_t tile = compiler::ops::stream_tile_capacity(
+      compiler::ops::cast_spec(DataType::F32, DataType::F16, false, V{1, 1, 1, 16}), cfg);
+  REQUIRE(tile >= 128);
+  const int64_t wide = (tile / 16 + 1) * 16;
+  // Members above 1,024 elements per vector core each (multi_tensor_launches' large kind):
+  // alone, one stream of whole rows (Cout 96: rows of 6 column blocks); two together, one
+  // multi-tensor launch whose blocks split each member's rows; with a row wider than a tile.
+  const std::vector<std::vector<V>> sets = {
+      {V{3, 3, 64, 96}}, {V{3, 3, 64, 96}, V{3, 3, 64, 112}}, {V{3, 3, 64, 112}, V{1, 1, 2, wide}}};
+  uint32_t seed = 170;
+  for (const std::vector<V>& shapes : sets) {
+    std::vector<HostTensor> xs;
+    std::vector<TensorDesc> descs;
+    std::vector<int64_t> members;
+    for (const V& s : shapes) {
+      xs.push_back(random_tensor(DataType::F32, s, -3, 3, seed++));
+      descs.push_back(xs.back().desc);
+      members.push_back(static_cast<int64_t>(members.size()));
+    }
+    const CompiledKernel k = compiler::compile(make_op("MultiTensorCast", descs,
+                                                       {{"SrcT", std::string("f32")},
+                                                        {"DstT", std::string("f16")},
+                                                        {"N", static_cast<int64_t>(shapes.size())},
+                                                        {"filter_n16", members}}),
+                                               cfg);
+    int transposes = 0;
+    for (const compiler::Launch& l : k.launches) {
+      UNSCOPED_INFO(l.summary);
+      transposes += l.summary.find("Transpose") != std::string::npos;
+    }
+    int want_transposes = 0;
+    for (const V& s : shapes) want_transposes += s[3] > tile;
+    CHECK(transposes == want_transposes);
+    const RunResult r = run_compiled(test_sim(), k, xs);
+    for (size_t m = 0; m < shapes.size(); ++m) {
+      INFO("member " << m << " Cout " << shapes[m][3]);
+      std::vector<double> want(xs[m].values.size());
+      for (size_t i = 0; i < want.size(); ++i) want[i] = round_to(DataType::F16, xs[m].values[i]);
+      CHECK(r.outputs[m].values ==
+            to_blocked(HostTensor{TensorDesc{DataType::F16, shapes[m]}, want}).values);
     }
   }
 }

@@ -20,9 +20,12 @@
 // SrcT to float type DstT (Truncate as Cast's), output i the cast of input i, each element
 // converted by Cast's own tile work (cast_spec), so bit for bit the Casts' outputs; the tensors
 // are the segments of multi-tensor streams (multi_tensor_launches), a few launches for all.
-// Members named by attribute filter_n16 (graph rewrite 19: filters only forward convolutions
-// read) are written in the convolutions' kFilterLayoutN16 (ops/conv.h): cast as HWIO into the
-// workspace, then one transpose launch each (ops/transpose.h) into the output.
+// Members named by attribute filter_n16 (graph rewrite 19b: filters forward convolutions read)
+// are written in the convolutions' kFilterLayoutN16 (ops/conv.h) by the cast's own store: each
+// tile whole (kh, kw, ci) rows of Cout elements, stored one copy per 16-column block into its
+// place (StreamSpec::blocked_row), no launch of their own. A member whose row does not fit a
+// tile (a chip of small UB) is cast as HWIO into the workspace instead, then transposed by a
+// launch of its own (ops/transpose.h) into the output.
 #include <fmt/format.h>
 
 #include "adapter/compiler/ops/cast.h"
@@ -150,10 +153,11 @@ CompiledKernel compile_multi_tensor_cast(const CompileContext& ctx) {
     op.fail(fmt::format("cast {} -> {}: only between float types", data_type_name(src),
                         data_type_name(dst)));
   const bool truncate = op.attr_bool("Truncate", false);
-  // Members written in kFilterLayoutN16 (attribute filter_n16: their indices): cast into a
-  // workspace slice as HWIO, then [KH * KW * Cin][Cout / 16][16] -> [Cout / 16][KH * KW * Cin]
-  // [16] by a transpose of whole 32-byte rows into the output.
-  std::vector<bool> n16(op.inputs.size(), false);
+  // Members written in kFilterLayoutN16 (attribute filter_n16: their indices): stored blocked
+  // by the cast's tiles where a tile holds a row of Cout (blocked_row), else (n16_transposed)
+  // cast into a workspace slice as HWIO, then [KH * KW * Cin][Cout / 16][16] -> [Cout / 16]
+  // [KH * KW * Cin][16] by a transpose of whole 32-byte rows into the output.
+  std::vector<bool> n16(op.inputs.size(), false), n16_transposed(op.inputs.size(), false);
   for (int64_t m : op.attr_ints("filter_n16")) {
     if (m < 0 || m >= n)
       op.invalid(fmt::format("attribute filter_n16 names member {} of {}", m, n));
@@ -175,8 +179,14 @@ CompiledKernel compile_multi_tensor_cast(const CompileContext& ctx) {
     const TensorDesc out{dst, in.shape};
     outputs.push_back(out);
     if (out.num_elements() == 0) continue;
-    segments.push_back(
-        MultiTensorSegment{cast_spec(src, dst, truncate, in.shape), i, in.bytes() + out.bytes()});
+    StreamSpec spec = cast_spec(src, dst, truncate, in.shape);
+    if (n16[i]) {
+      if (in.shape[3] <= stream_tile_capacity(spec, ctx.cfg))
+        spec.blocked_row = in.shape[3];
+      else
+        n16_transposed[i] = true;
+    }
+    segments.push_back(MultiTensorSegment{std::move(spec), i, in.bytes() + out.bytes()});
   }
   const std::vector<Launch> casts = multi_tensor_launches(
       op.str(), segments, 1, 1, [](size_t i, size_t) { return static_cast<int>(i); },
@@ -184,8 +194,8 @@ CompiledKernel compile_multi_tensor_cast(const CompileContext& ctx) {
   LaunchPlan plan(outputs);
   std::vector<ArgRef> hwio(op.inputs.size());
   for (size_t i = 0; i < op.inputs.size(); ++i)
-    hwio[i] = n16[i] && outputs[i].num_elements() > 0 ? plan.workspace(outputs[i].bytes())
-                                                      : LaunchPlan::output(static_cast<int>(i));
+    hwio[i] = n16_transposed[i] ? plan.workspace(outputs[i].bytes())
+                                : LaunchPlan::output(static_cast<int>(i));
   for (const Launch& l : casts) {
     std::vector<ArgRef> args = l.args;
     for (ArgRef& a : args)
@@ -193,7 +203,7 @@ CompiledKernel compile_multi_tensor_cast(const CompileContext& ctx) {
     plan.add(l, args);
   }
   for (size_t i = 0; i < op.inputs.size(); ++i) {
-    if (!n16[i] || outputs[i].num_elements() == 0) continue;
+    if (!n16_transposed[i]) continue;
     const std::vector<int64_t>& f = outputs[i].shape;
     append_transpose(plan, op.str(), ctx.cfg, dst, {f[0] * f[1] * f[2], f[3] / 16, 16}, {1, 0, 2},
                      hwio[i], LaunchPlan::output(static_cast<int>(i)));

@@ -294,6 +294,8 @@ class StreamEmitter {
   Launch build();
   // Plans the inputs' accesses and the tile only; true if every broadcast input stays resident.
   bool keeps_resident();
+  // Plans the inputs' accesses only; the elements a tile holds (fit_tile()).
+  int64_t tile_capacity();
 
  private:
   void plan_inputs();
@@ -348,6 +350,12 @@ class StreamEmitter {
   void add_outer_offsets(const BroadcastView& v, int size, GatherRegs& g);
   void fill_piece(int k, int size, bool contiguous, const Reg& pos, uint64_t buf, GatherRegs& g);
   std::string summary() const;
+  // StreamSpec::blocked_row: the longest row of the spec or of any segment (0: none), checked;
+  // the elements of a tile of the current segment (m_tile, whole rows of its blocked_row);
+  // store_outputs' copies of a blocked output tile.
+  int64_t blocked_row_max() const;
+  int64_t segment_tile() const;
+  void store_blocked_output(int q);
 
   KernelBuilder m_b;
   const StreamSpec* m_spec;  // the segment being emitted (the only one outside multi mode)
@@ -587,7 +595,37 @@ int64_t StreamEmitter::resident_period() const {
   int64_t period = m_granule;
   for (const InputPlan& p : m_in)
     if (p.access == Access::kResident) period = std::lcm(period, p.period);
+  // One stream's blocked rows: tiles and block ranges of whole rows. (Multi-tensor mode rounds
+  // each segment's range to its rows instead: emit_segments.)
+  if (m_segments.empty() && m_spec->blocked_row > 0) period = std::lcm(period, m_spec->blocked_row);
   return period;
+}
+
+int64_t StreamEmitter::blocked_row_max() const {
+  int64_t row = 0;
+  const std::vector<const StreamSpec*> specs =
+      m_segments.empty() ? std::vector<const StreamSpec*>{m_spec} : m_segments;
+  for (const StreamSpec* s : specs) {
+    if (s->blocked_row <= 0) continue;
+    const int size = isa::dtype_size(s->out_type);
+    const int64_t n =
+        std::accumulate(s->out_shape.begin(), s->out_shape.end(), int64_t{1}, std::multiplies<>());
+    if (!s->more_out_types.empty() || (s->blocked_row * size) % kBlockBytes != 0 ||
+        s->blocked_row * size / kBlockBytes > 65536 || n % s->blocked_row != 0)
+      m_b.fail(fmt::format(
+          "internal: {}: blocked store of rows of {} elements of {} over {} elements: it needs "
+          "one output, rows of whole 32-byte blocks (at most 65,536) and whole rows",
+          s->kernel_name, s->blocked_row, isa::dtype_name(s->out_type), n));
+    if (!m_segments.empty() && s->stagger_first_tiles)
+      m_b.fail("internal: a blocked store in a multi-tensor launch with staggered first tiles");
+    row = std::max(row, s->blocked_row);
+  }
+  return row;
+}
+
+int64_t StreamEmitter::segment_tile() const {
+  const int64_t row = m_spec->blocked_row;
+  return row > 0 ? m_tile / row * row : m_tile;
 }
 
 // StreamSpec::work_piece rounded up to whole periods, and to whole bank spans of each flat
@@ -639,6 +677,9 @@ void StreamEmitter::plan_tile_once() {
       m_tile = fit / m_period * m_period;
       break;
     }
+    if (!longest)  // the period is the blocked rows' (StreamSpec::blocked_row)
+      m_b.fail(fmt::format("a tile of {} elements cannot hold a row of {} (the blocked store)", fit,
+                           m_spec->blocked_row));
     longest->access = Access::kGather;  // its period does not fit a tile: gather it per tile
   }
   if (m_bounds.empty()) {
@@ -650,6 +691,9 @@ void StreamEmitter::plan_tile_once() {
       m_per = std::max(m_per, m_bounds[b + 1] - m_bounds[b]);
   }
   m_tile = std::min(m_tile, m_per);
+  // Multi-tensor mode: a tile holds a row of every blocked segment (segment_tile()).
+  const int64_t row = m_segments.empty() ? 0 : blocked_row_max();
+  if (row > 0) m_tile = std::max(m_tile, round_up(row, m_period));
   // Placed buffers (bank windows): the padding depends on where each buffer lands, so the
   // tile's own layout is checked, a period less until it fits.
   const BufferPlan plan = declare_buffers().plan;
@@ -657,6 +701,9 @@ void StreamEmitter::plan_tile_once() {
     const uint64_t align = KernelBuilder::alignment(m_b.config(), isa::Buf::UB);
     while (m_tile > m_period && plan.extent(m_tile, align) > ub) m_tile -= m_period;
   }
+  if (row > 0 && (m_tile < row || m_tile > fit_tile()))
+    m_b.fail(fmt::format("a tile of {} elements cannot hold a row of {} (the blocked store)",
+                         fit_tile(), row));
   m_piece = work_piece() ? std::min(work_piece(), m_tile) : m_tile;
   for (size_t k = 0; k < m_in.size(); ++k) {
     if (m_in[k].access == Access::kFlat)
@@ -920,6 +967,7 @@ void StreamEmitter::store_resident_results() {
 void StreamEmitter::init_stagger() {
   if (!m_spec->stagger_first_tiles || m_block_dim <= 1 || m_tile <= m_period || m_per < 2 * m_tile)
     return;
+  if (!m_segments.empty() && blocked_row_max() > 0) return;  // (refused there: blocked_row_max)
   if (!load_round_trips_idle_hbm(m_b.config(), m_block_dim)) return;
   KernelBuilder::Origin o(m_b, fmt::format("staggered first tile: {} phases", m_block_dim));
   m_tile_limit.emplace(m_b.reg("elements the next tile may hold"));
@@ -942,7 +990,7 @@ void StreamEmitter::emit_tile_loads(int q, const Label& drain) {
     m_b.min(m_cnt, m_cnt, *m_tile_limit, "elements in this tile");
     m_b.movi(*m_tile_limit, m_tile, "the later tiles: whole tiles");
   } else {
-    m_b.min(m_cnt, m_cnt, m_tile, "elements in this tile");
+    m_b.min(m_cnt, m_cnt, segment_tile(), "elements in this tile");
   }
   if (m_any_flat) load_flat_inputs(q);
   for (size_t k = 0; k < m_in.size(); ++k)
@@ -1046,6 +1094,10 @@ void StreamEmitter::compute_resident() {
 }
 
 void StreamEmitter::store_outputs(int q) {
+  if (m_spec->blocked_row > 0) {
+    store_blocked_output(q);
+    return;
+  }
   Reg dst = m_b.reg("output tile destination");
   Reg blocks = m_b.reg("output tile blocks");
   for (size_t j = 0; j < m_out_types.size(); ++j) {
@@ -1058,6 +1110,35 @@ void StreamEmitter::store_outputs(int q) {
     m_b.emit(Opcode::op_copy_ub2gm, {dst, m_out_buf[j][q], 1, blocks, 0, 0, m_out_l2},
              j ? fmt::format("store the out{} tile", j) : "store the output tile");
   }
+}
+
+// The tile holds rows [pos / row, (pos + cnt) / row) of the output's `rows` rows, each row
+// `col_blocks` 32-byte column blocks. Column block c of tile row i is at UB out tile + (i *
+// col_blocks + c) * 32 and goes to GM out + (c * rows + pos / row + i) * 32: per column block one
+// copy of the tile's rows, bursts of one block, src_gap col_blocks - 1, dst_gap 0 (one GM run).
+void StreamEmitter::store_blocked_output(int q) {
+  const int64_t row = m_spec->blocked_row;
+  const int64_t col_blocks = row * isa::dtype_size(m_out_types[0]) / kBlockBytes;
+  const int64_t rows = std::accumulate(m_spec->out_shape.begin(), m_spec->out_shape.end(),
+                                       int64_t{1}, std::multiplies<>()) /
+                       row;
+  KernelBuilder::Origin o(m_b,
+                          fmt::format("store in {} column blocks of {} rows", col_blocks, rows));
+  Reg dst = m_b.reg("column block's destination");
+  Reg src = m_b.reg("column block in the output tile");
+  Reg tile_rows = m_b.reg("rows in this tile");
+  Reg c = m_b.reg("column block");
+  m_b.div(dst, m_pos, row, "the tile's first row");
+  m_b.mul(dst, dst, kBlockBytes);
+  m_b.add(dst, dst, m_out_addr[0], "its block in column block 0");
+  m_b.div(tile_rows, m_cnt, row);
+  m_b.movi(src, static_cast<int64_t>(m_out_buf[0][q]));
+  m_b.for_range(c, 0, col_blocks, 1, [&] {
+    m_b.emit(Opcode::op_copy_ub2gm, {dst, src, tile_rows, 1, col_blocks - 1, 0, m_out_l2},
+             "store a column block of the tile's rows");
+    m_b.add(dst, dst, rows * kBlockBytes, "the next column block's rows");
+    m_b.add(src, src, kBlockBytes);
+  });
 }
 
 void StreamEmitter::emit_drain() {
@@ -1371,6 +1452,15 @@ void StreamEmitter::emit_segments(Launch& launch) {
     m_b.max(m_pos, m_pos, 0, "first element of the segment in this block's range");
     m_b.sub(m_end, last, start);
     m_b.min(m_end, m_end, n, "end of it");
+    if (const int64_t row = m_spec->blocked_row; row > 0) {
+      // Whole rows: each row to the block whose range holds its first element (both ends
+      // rounded up to a row; n is whole rows).
+      for (const Reg* r : {&m_pos, &m_end}) {
+        m_b.add(*r, *r, row - 1);
+        m_b.div(*r, *r, row);
+        m_b.mul(*r, *r, row, "whole rows (blocked store)");
+      }
+    }
     m_b.branch(ge(m_pos, m_end), next);
     for (size_t k = 0; k < n_in; ++k)
       m_b.emit(Opcode::op_ldarg, {m_in_addr[k], static_cast<int64_t>(g * (n_in + n_out) + k)},
@@ -1417,6 +1507,7 @@ bool StreamEmitter::resident_then_flat(size_t g) const {
 }
 
 Launch StreamEmitter::build() {
+  blocked_row_max();  // (checks every StreamSpec::blocked_row)
   if (!m_segments.empty()) {
     plan_segment_inputs();
     plan_tiles();
@@ -1507,6 +1598,15 @@ bool StreamEmitter::keeps_resident() {
   for (const InputPlan& p : m_in)
     if (p.access == Access::kGather) return false;
   return true;
+}
+
+int64_t StreamEmitter::tile_capacity() {
+  plan_inputs();
+  return fit_tile();
+}
+
+int64_t stream_tile_capacity(const StreamSpec& spec, const ChipConfig& cfg) {
+  return StreamEmitter("stream_tile_capacity", spec, cfg).tile_capacity();
 }
 
 bool load_round_trips_idle_hbm(const ChipConfig& cfg, int64_t vector_cores) {

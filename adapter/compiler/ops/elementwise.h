@@ -161,6 +161,17 @@ struct StreamSpec {
   // build_multi_stream_kernel (segment 0's value).
   bool stagger_first_tiles = false;
 
+  // > 0: output 0 (the only output) is stored in column blocks: the flat output, rows of
+  // `blocked_row` elements ([rows][blocked_row]), goes to GM as [blocked_row / C][rows][C], C
+  // the elements of a 32-byte block (16 of a 16-bit type: for an HWIO filter of Cout =
+  // blocked_row, ops/conv.h kFilterLayoutN16). Tiles and block ranges are then whole rows, and
+  // a tile's store is one copy_ub2gm per column block: its rows strided in the UB (src_gap
+  // blocked_row / C - 1 blocks), one contiguous GM run of rows x 32 bytes. blocked_row must be
+  // whole 32-byte blocks, at most 65,536 of them (src_gap is 16 bits), and fit a tile
+  // (stream_tile_capacity); no stagger_first_tiles in a multi-tensor launch (its first tiles
+  // are not whole rows). build_stream_kernel and build_multi_stream_kernel.
+  int64_t blocked_row = 0;
+
   // Temporaries (indices into temps, f32) that compute() adds into over the tiles of a block
   // (e.g. per-position partial sums of a result): set to 0 over a whole tile (or piece) once,
   // before the tile loop (build_stream_kernel only).
@@ -218,6 +229,11 @@ void widen_bf16_tile_work(StreamSpec& spec, size_t inputs,
 // Builds and verifies the kernel. Arguments: in0..in<n-1> (ArgRef kInput i) then out (kOutput 0),
 // out1, out2, ... (kOutput 1, 2, ...), then rout0, rout1, ... (StreamSpec::resident_stores).
 Launch build_stream_kernel(const std::string& op, const StreamSpec& spec, const ChipConfig& cfg);
+
+// The most elements a tile of build_stream_kernel(spec) holds on `cfg` (its UB buffers' fit,
+// whole 128-element quanta, before rounding to periods and block ranges); 0 if none fit. A row
+// of StreamSpec::blocked_row elements must be at most this.
+int64_t stream_tile_capacity(const StreamSpec& spec, const ChipConfig& cfg);
 
 // Whether build_stream_kernel(spec) gathers no input per tile: every broadcast input is a
 // splat or periodic, and no period is too long for a tile (demoted to a gather).

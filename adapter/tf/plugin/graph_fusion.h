@@ -438,13 +438,14 @@
 //      the derived-tensor cache leaves out while the variable is unchanged. CANN's graph
 //      engine keeps the float16 copy with the variable instead (the update writing it: "Not
 //      yet" in docs/graph_engine.md). NPUSIM_FUSION_MULTI_CAST=0 turns it alone off.
-//   19b. Opt-in (NPUSIM_CONV_WEIGHTS_BLOCKED=1; block_conv_filters below): a float16 / bfloat16
-//      member of those nodes read as a forward convolution's filter (Conv2D, Conv2DBiasAdd,
-//      Conv2DBNTrainingReduce, input 1, NHWC) is written in blocks of 16 output channels
+//   19b. Opt-in (NPUSIM_CONV_WEIGHTS_BLOCKED=1; block_conv_filters below): a float16 /
+//      bfloat16 member of those nodes read as a forward convolution's filter (Conv2D,
+//      Conv2DBiasAdd, Conv2DBNTrainingReduce, input 1, NHWC) is written in blocks of 16 output
+//      channels
 //      (attribute filter_n16; the convolution gets _npusim_filter_layout, filter_layout.h), a
 //      blocked copy as one more member where something else (Conv2DBackpropInput) reads it
 //      too. The convolution's weights are then whole 512-byte fractals (adapter/compiler/ops/
-//      conv.h kFilterLayoutN16); the relayout is one transpose launch per filter.
+//      conv.h kFilterLayoutN16), written by the cast's own store (no launch of their own).
 //   20. A loss scale's overflow check, first (Keras 3's and tf.keras' LossScaleOptimizer under
 //      `mixed_float16`: whether every gradient is finite, before the cond that applies or skips
 //      the step): All(Pack(a_0 .. a_N-1), axes [0] or [-1]) whose Pack (axis 0 or -1) reads
