@@ -263,6 +263,17 @@ inline void accumulate(Reference& r, int64_t i, double p) {
   ++r.terms[static_cast<size_t>(i)];
 }
 
+// The filter gradient's reference: dW[filter index] += x[x index] * dy[y index] over the
+// forward's products, in double.
+inline Reference filter_grad_reference(const ConvCase& c, const HostTensor& x,
+                                       const HostTensor& dy) {
+  Reference ref = new_reference(static_cast<size_t>(c.kh * c.kw * (c.c / c.groups) * c.cout));
+  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
+  });
+  return ref;
+}
+
 // Conv2DBackpropInput: dx[x index] += dy[y index] * f[filter index] over the forward's products.
 // TF's full input list (input_sizes, filter, out_backprop) with input_sizes also as an
 // attribute, or (data_only) just filter and out_backprop.
@@ -324,10 +335,8 @@ inline std::vector<std::string> check_conv2d_backprop_filter(
   compiler::CompiledKernel k = compiler::compile(op, test_sim().config(), mode);
   summarize(k);
   RunResult r = run_compiled(test_sim(), k, {x, sizes, dy});
-  Reference ref = new_reference(static_cast<size_t>(k.outputs[0].num_elements()));
-  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
-    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
-  });
+  REQUIRE(k.outputs[0].num_elements() == c.kh * c.kw * (c.c / c.groups) * c.cout);
+  const Reference ref = filter_grad_reference(c, x, dy);
   const DataType rounded =
       dt == DataType::F32 && mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : dt;
   check_against(r.outputs[0].values, ref, rounded, dt == DataType::F32, "dW");

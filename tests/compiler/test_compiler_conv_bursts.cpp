@@ -162,10 +162,7 @@ TEST_CASE("The filter gradient's strided view per pixel: fewer GM bursts, the sa
   ConvCase cc = ConvCase{2, 8, 8, 64, 1, 1, 32}.window(2, 2, 1, 1, "VALID");
   HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 341);
   HostTensor dy = random_tensor(DataType::F16, y_shape(cc), -1, 1, 342);
-  Reference ref = new_reference(static_cast<size_t>(cc.kh * cc.kw * cc.c * cc.cout));
-  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
-    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
-  });
+  const Reference ref = filter_grad_reference(cc, x, dy);
   const int64_t pixels = cc.n * 4 * 4;  // the view's pixels, each loaded at least once
   for (const char* mode : {"", "1", "0"}) {
     INFO("NPUSIM_FILTER_GRAD_STRIDED_PIXELS='" << mode << "'");
@@ -211,10 +208,7 @@ TEST_CASE("The filter gradient of a stem window over 3 channels: unfolded where 
   ConvCase cc = ConvCase{2, 21, 21, 3, 7, 7, 16}.window(2, 2, 1, 1, "VALID");
   HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 351);
   HostTensor dy = random_tensor(DataType::F16, y_shape(cc), -1, 1, 352);
-  Reference ref = new_reference(static_cast<size_t>(cc.kh * cc.kw * cc.c * cc.cout));
-  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
-    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
-  });
+  const Reference ref = filter_grad_reference(cc, x, dy);
   for (const char* mode : {"", "0"}) {
     INFO("NPUSIM_FILTER_GRAD_FOLD_ESTIMATE='" << mode << "'");
     setenv("NPUSIM_FILTER_GRAD_FOLD_ESTIMATE", mode, 1);
