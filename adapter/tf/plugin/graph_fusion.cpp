@@ -5086,8 +5086,9 @@ int group_weight_casts(tfc::GraphDef& graph, const std::unordered_set<std::strin
 // attribute, unless `input_grad` is false (NPUSIM_CONV_WEIGHTS_BLOCKED_INPUT_GRAD=0: it reads
 // HWIO). Where anything else reads the member too, the member stays HWIO for those readers and
 // a copy of it, one more member of the same input, is written blocked for the convolutions:
-// one more f16 copy of the filter a step. The layout needs Cout a multiple of 16 (the cast refuses the member
-// otherwise; checked here where the graph recorded the ReadVariableOp's _output_shapes) and
+// one more f16 copy of the filter a step. The layout needs Cout a multiple of 16 (the cast
+// refuses the member otherwise; checked here where the graph recorded the ReadVariableOp's
+// _output_shapes) and
 // one group (a grouped Conv2D refuses it: not taken where rewrite 19 runs, allow_mix_precision
 // and mixed_float16 training steps, in the models measured). Returns the members made
 // blocked.
