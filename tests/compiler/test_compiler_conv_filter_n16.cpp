@@ -3,7 +3,8 @@
 // that layout (checked element by element against the cast of each HWIO element, placed by the
 // layout's formula written out here), and Conv2D / Conv2DBiasAdd read such a filter given
 // filter_layout: the same output bits as the HWIO filter's convolution (the kernel's L1 image of
-// B is the same), and within the tolerance of the double reference (conv_reference.h).
+// B is the same), and within the tolerance of the double reference (conv_reference.h); so does
+// Conv2DBackpropInput, whose B's k-blocks (16 output channels, one tap) are then one run each.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -209,4 +210,59 @@ TEST_CASE("A filter in blocks of 16: what cannot read it says so") {
   odd["filter_layout"] = std::string("OIHW");
   CHECK_THROWS_WITH(compiler::compile(make_op("Conv2D", {x, f}, odd), test_sim().config()),
                     Catch::Contains("filter_layout = 'OIHW'"));
+}
+
+TEST_CASE("Conv2DBackpropInput reads a filter in blocks of 16 output channels") {
+  // B's k rows are the filter's output channels: several k-blocks (48, 256: several k chunks),
+  // several n tiles (dx's 96 channels), dx's channels not whole blocks (24: the k-block's rows
+  // zero-padded), the zero-inserted stride-2 3x3 and the strided 1x1 (its convolution kernel;
+  // its MatMul reads HWIO only).
+  const std::vector<ConvCase> cases = {
+      ConvCase{2, 9, 9, 32, 3, 3, 48},
+      ConvCase{1, 7, 7, 96, 3, 3, 256},
+      ConvCase{1, 6, 6, 24, 3, 3, 32},
+      ConvCase{2, 8, 8, 32, 3, 3, 64}.window(2, 2, 1, 1, "SAME"),
+      ConvCase{2, 8, 8, 64, 1, 1, 128}.window(2, 2, 1, 1, "VALID"),
+  };
+  uint32_t seed = 190;
+  for (const ConvCase& c : cases) {
+    INFO("dx [" << c.n << "," << c.h << "," << c.w << "," << c.c << "] filter " << c.kh << "x"
+                << c.kw << " -> " << c.cout << " stride " << c.sh);
+    const HostTensor f = random_tensor(DataType::F16, filter_shape(c), -1, 1, seed++);
+    const HostTensor dy = random_tensor(DataType::F16, y_shape(c), -2, 2, seed++);
+    const auto run = [&](bool n16) {
+      auto a = n16 ? with_layout(c.attrs()) : c.attrs();
+      a["input_sizes"] = std::vector<int64_t>{c.n, c.h, c.w, c.c};
+      const CompiledKernel k = compiler::compile(
+          make_op("Conv2DBackpropInput", {f.desc, dy.desc}, a), test_sim().config());
+      summarize(k);
+      return run_compiled(test_sim(), k, {n16 ? to_blocked(f) : f, dy}).outputs[0].values;
+    };
+    const std::vector<double> got = run(true);
+    CHECK(got == run(false));
+    Reference ref = new_reference(got.size());
+    for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+      accumulate(ref, xi, dy.values[static_cast<size_t>(yi)] * f.values[static_cast<size_t>(fi)]);
+    });
+    check_against(got, ref, DataType::F16, false, "dx");
+  }
+}
+
+TEST_CASE("Conv2DBackpropInput on a blocked filter: what cannot read it says so") {
+  const auto compile = [](const ConvCase& c, DataType dt) {
+    auto a = with_layout(c.attrs());
+    a["input_sizes"] = std::vector<int64_t>{c.n, c.h, c.w, c.c};
+    const TensorDesc f{dt, filter_shape(c)}, dy{dt, y_shape(c)};
+    return compiler::compile(make_op("Conv2DBackpropInput", {f, dy}, a), test_sim().config());
+  };
+  // 40 output channels: not whole k-blocks; two groups; an f32 filter (cast to f16 first).
+  CHECK_THROWS_WITH(compile(ConvCase{1, 6, 6, 32, 3, 3, 40}, DataType::F16),
+                    Catch::Contains("Conv2DBackpropInput"));
+  CHECK_THROWS_WITH(compile(ConvCase{1, 6, 6, 32, 3, 3, 40}, DataType::F16),
+                    Catch::Contains("output channels a multiple of 16"));
+  ConvCase grouped{1, 6, 6, 64, 3, 3, 64};
+  grouped.groups = 2;
+  CHECK_THROWS_WITH(compile(grouped, DataType::F16), Catch::Contains("2 groups"));
+  CHECK_THROWS_WITH(compile(ConvCase{1, 6, 6, 32, 3, 3, 32}, DataType::F32),
+                    Catch::Contains("16-bit"));
 }

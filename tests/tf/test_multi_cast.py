@@ -89,10 +89,40 @@ def step_graph_nodes(folder):
     return nodes
 
 
-def cnn_run(folder):
+def two_conv_training(device):
+    """The small CNN with a second, stride-2 convolution: its filter is read by the forward
+    convolution and by the input gradient (Conv2DBackpropInput)."""
+    keras.utils.set_random_seed(0)
+    with tf.device(device):
+        inp = keras.Input((8, 8, 3))
+        h = keras.layers.Conv2D(16, 3, padding="same")(inp)
+        h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+        h = keras.layers.Conv2D(32, 3, strides=2, padding="same")(h)
+        h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(4)(h))
+        opt = keras.optimizers.Adam(0.01)
+        rng = np.random.default_rng(0)
+        x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
+        y = tf.constant(rng.integers(0, 4, 4).astype(np.int32))
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss, tf.reduce_max(tf.abs(logits))
+
+    return model, step, x, y
+
+
+def cnn_run(folder, build):
     os.makedirs(folder, exist_ok=True)
     os.environ["NPUSIM_GRAPH_DUMP"] = folder
-    model, step, x, y = small_cnn_training("/NPU:0")
+    model, step, x, y = build("/NPU:0")
     losses = []
     with tf.device("/NPU:0"):
         for _ in range(3):
@@ -106,15 +136,18 @@ def cnn_run(folder):
              for n in nodes if n.op == "MultiTensorCast"]
     convs = [{"op": n.op, "filter": n.input[1],
               "layout": n.attr["_npusim_filter_layout"].s.decode()}
-             for n in nodes if n.op in ("Conv2D", "Conv2DBiasAdd", "Conv2DBNTrainingReduce")]
+             for n in nodes if n.op in ("Conv2D", "Conv2DBiasAdd", "Conv2DBNTrainingReduce",
+                                        "Conv2DBackpropInput")]
     return {"losses": losses, "weights": [w.numpy().tolist() for w in model.weights],
             "launches": launches(recs), "multi": multi, "convs": convs}
 
 
 if os.environ["WHAT"] == "variables":
     print("RESULT " + json.dumps(variables_run()))
+elif os.environ["WHAT"] == "two_conv":
+    print("RESULT " + json.dumps(cnn_run(os.environ["DUMP"], two_conv_training)))
 else:
-    print("RESULT " + json.dumps(cnn_run(os.environ["DUMP"])))
+    print("RESULT " + json.dumps(cnn_run(os.environ["DUMP"], small_cnn_training)))
 '''
 
 
@@ -126,7 +159,18 @@ def runs(tmp_path_factory):
            "TF_ENABLE_ONEDNN_OPTS": "0", "NPUSIM_CONV_WEIGHTS_BLOCKED": "0"}
     blocked = dict(cnn, NPUSIM_CONV_WEIGHTS_BLOCKED="1")
     variables = {"WHAT": "variables"}
+    two = dict(cnn, WHAT="two_conv")
+    two_blocked = dict(two, NPUSIM_CONV_WEIGHTS_BLOCKED="1")
     return {
+        "two_conv": {
+            "hwio": child_result(CODE, extra_env=dict(two, DUMP=str(tmp / "two_hwio"))),
+            "n16": child_result(CODE, extra_env=dict(two_blocked, DUMP=str(tmp / "two_n16"))),
+            "n16_alone": child_result(CODE, extra_env=dict(two_blocked, NPUSIM_GRAPH="0",
+                                                           DUMP=str(tmp / "two_n16_alone"))),
+            "n16_grad_hwio": child_result(CODE, extra_env=dict(
+                two_blocked, NPUSIM_CONV_WEIGHTS_BLOCKED_INPUT_GRAD="0",
+                DUMP=str(tmp / "two_grad_hwio"))),
+        },
         "variables": {
             "on": child_result(CODE, extra_env=variables),
             "off": child_result(CODE, extra_env=dict(variables, NPUSIM_FUSION_MULTI_CAST="0")),
@@ -206,3 +250,34 @@ def test_forward_convolution_filters_blocked(runs):
     # gradient, so no HWIO member is kept beside the blocked one)
     missing, extra = launch_multiset_diff(hwio["launches"], n16_run["launches"])
     assert not missing and not extra, (missing, extra)
+
+
+def test_input_gradient_reads_the_blocked_filter(runs):
+    """Rewrite 19b with a filter that the input gradient reads too (the second, stride-2
+    convolution of a two-convolution CNN): Conv2DBackpropInput reads the same blocked member as
+    the forward convolution, so the cast writes no HWIO copy beside it (the MultiTensorCast has
+    as many members as with HWIO filters); the same losses and weights bit for bit as with HWIO
+    filters, in the task list and node by node, and the same launches. With
+    NPUSIM_CONV_WEIGHTS_BLOCKED_INPUT_GRAD=0 the input gradient reads HWIO: one more member."""
+    two = runs["two_conv"]
+    hwio, n16_run = two["hwio"], two["n16"]
+    for run in (n16_run, two["n16_alone"], two["n16_grad_hwio"]):
+        assert run["losses"] == hwio["losses"]
+        assert run["weights"] == hwio["weights"]
+    grads = [c for c in hwio["convs"] if c["op"] == "Conv2DBackpropInput"]
+    assert grads and all(c["layout"] == "" for c in hwio["convs"]), hwio["convs"]
+    n16 = n16_run["multi"][0]["n16"]
+    name = "npusim_multi_cast_0"
+    blocked_outputs = {name if m == 0 else f"{name}:{m}" for m in n16}
+    grads = [c for c in n16_run["convs"] if c["op"] == "Conv2DBackpropInput"]
+    assert grads, n16_run["convs"]
+    for c in n16_run["convs"]:
+        assert c["layout"] == "N16_HWI16", n16_run["convs"]
+        assert c["filter"] in blocked_outputs, (c, n16)
+    assert n16_run["multi"][0]["N"] == hwio["multi"][0]["N"], (n16_run["multi"], hwio["multi"])
+    missing, extra = launch_multiset_diff(hwio["launches"], n16_run["launches"])
+    assert not missing and not extra, (missing, extra)
+    # the input gradient on HWIO: its filter's blocked copy is one more member
+    kept = two["n16_grad_hwio"]
+    assert kept["multi"][0]["N"] == hwio["multi"][0]["N"] + 1, kept["multi"]
+    assert all(c["layout"] == "" for c in kept["convs"] if c["op"] == "Conv2DBackpropInput")

@@ -108,11 +108,14 @@ struct CubeConvSpec {
   BMode b_mode = BMode::kRowsK;
   bool b_flip = false;
   int64_t b_group = 0, b_tap = 0, b_row = 0;
-  // kRowsK with B's columns in blocks of 16 (a filter in kFilterLayoutN16): column n at
-  // (n / 16) * b_nblock + n % 16 instead of n, so that one k-block's 16 x 16 fractal of a
-  // column block is 512 contiguous bytes (b_row = 16) and a chunk's channel blocks of one tap
-  // are one run; 0: columns contiguous. Needs one group, no flip, whole 16-column blocks of
-  // n (cy a multiple of 16), no block-diagonal packing (checked by the tiling).
+  // A filter in kFilterLayoutN16: its output channels in blocks of 16, block j at j * b_nblock
+  // (elements), b_row = 16. kRowsK (the forward convolutions): B's column n at (n / 16) *
+  // b_nblock + n % 16 instead of n, so that one k-block's 16 x 16 fractal of a column block is
+  // 512 contiguous bytes and a chunk's channel blocks of one tap are one run; needs no flip and
+  // whole 16-column blocks of n (cy a multiple of 16). kRowsN (the input gradient, flipped): B's
+  // k-block c1 at c1 * b_nblock instead of c1 * 16, so that a k-block's n rows of 16 are one
+  // run of n x 32 bytes; needs whole 16-row k-blocks (cg_in a multiple of 16). Both need one
+  // group and no block-diagonal packing (checked by the tiling). 0: HWIO.
   int64_t b_nblock = 0;
   // Block-diagonal groups (the depthwise convolutions' several 16-channel groups per step):
   // B_g is zero but for its c1_in() diagonal blocks, block j being channel block j's rows

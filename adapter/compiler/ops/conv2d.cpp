@@ -1227,6 +1227,9 @@ bool append_strided_input_grad(CompiledKernel& k, const CompileContext& ctx, con
   };
   MatmulTiling t;
   const double matmul_cycles = estimate(StridedInputGrad::kMatmul, [&] {
+    if (conv.b_nblock > 0)
+      throw CompileError(fmt::format("{}: the strided input gradient's MatMul reads HWIO, not {}",
+                                     op.str(), kFilterLayoutN16));
     t = plan_matmul_tiling(n * dy[1] * dy[2], cin, cout, false, true, device_dtype(ct.cube),
                            ct.fix_out, cfg, op.str(), 1, true);
     return t.est_cycles;
@@ -1314,6 +1317,19 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   s.b_group = f[3] / groups;
   s.b_tap = f[2] * f[3];
   s.b_row = f[3];
+  if (filter_layout_n16(op)) {
+    // The filter in blocks of 16 output channels (conv.h, kFilterLayoutN16): B's k-block c1
+    // (dy's channels [16 c1, 16 c1 + 16)) of a tap is dx's Cin rows of 16, one run.
+    if (ct.cast_inputs || groups != 1 || f[3] % kFold16 != 0)
+      op.fail(fmt::format(
+          "filter_layout {} is read by Conv2DBackpropInput with a filter of the cube's 16-bit "
+          "type, one group and output channels a multiple of 16 (filter {} {}, {} groups)",
+          kFilterLayoutN16, data_type_name(op.inputs[0].dtype), shape_str(f), groups));
+    s.b_row = kFold16;
+    s.b_tap = f[2] * kFold16;
+    s.b_group = 0;
+    s.b_nblock = f[0] * f[1] * f[2] * kFold16;
+  }
   // (the strided kernels multiply all of dy's channels by all of the filter's: one group)
   if (groups == 1 && append_strided_input_grad(k, ctx, ct, cw, dy, s)) return k;
   // Narrow groups packed into 16-channel blocks of dx (narrow_group_packing): B read transposed

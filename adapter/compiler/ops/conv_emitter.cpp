@@ -969,7 +969,7 @@ class ConvEmitter {
     Reg t = b.reg("weights: temp");
     if (m_s.b_diagonal) {
       // (the diagonal block's stride is added per channel block below)
-    } else if (m_s.b_nblock > 0) {
+    } else if (m_s.b_nblock > 0 && m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
       b.div(t, n0, kBlk);
       b.mul(t, t, m_s.b_nblock);
       b.add(base, base, t, "the n tile's first column block");
@@ -991,7 +991,8 @@ class ConvEmitter {
       round16(b, nrows, n_act);
     b.mov(d, dst);
     if (by_tap()) return load_weights_by_tap(base, d, nrows, n_act, c1a, ncb, cvalid);
-    if (m_s.b_nblock > 0) return load_weights_n16(base, d, nrows, c1a, ncb, t);
+    if (m_s.b_nblock > 0 && m_s.b_mode == CubeConvSpec::BMode::kRowsK)
+      return load_weights_n16(base, d, nrows, c1a, ncb, t);
     Reg c = b.reg("weights: block"), end = b.reg("weights: end block");
     b.add(end, c1a, ncb);
     b.for_range(c, c1a, end, 1, [&] {
@@ -1024,7 +1025,8 @@ class ConvEmitter {
           b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, n_act, m_s.b_row, kBlk},
                  "k-block: 16 input channels x n (fractal rows = k)");
         } else {
-          b.mul(t, c, kBlk);
+          // (blocked filter: k-block c at c * b_nblock, its n rows of 16 one run)
+          b.mul(t, c, m_s.b_nblock > 0 ? m_s.b_nblock : kBlk);
           b.add(src, src, t);
           b.mul(src, src, m_isz);
           b.add(src, src, base);

@@ -205,7 +205,7 @@ struct Candidate {
   // columns (input channels as rows: kRowsK, block-diagonal) or n_act rows of 16 channels.
   bool b_rows_k = true;
   int64_t b_pitch_bytes = 0;
-  bool b_n16 = false;  // kRowsK in blocks of 16 columns (CubeConvSpec::b_nblock)
+  bool b_n16 = false;  // a filter in blocks of 16 output channels (CubeConvSpec::b_nblock)
   // The columns of B one k-block of n_act output columns reaches (loaded, multiplied).
   int64_t b_cols(int64_t n_act) const { return b_block ? b_block : round_up(n_act, kBlk); }
   // The mmad steps of a chunk: a block-diagonal chunk's channel blocks each in their own.
@@ -217,6 +217,9 @@ struct Candidate {
   // taps nd2nz, or by tap (kRowsN, CubeConvTiling::weights_by_tap) its taps nd2nz of n_act
   // rows of the chunk's channels.
   double weight_issue(const ChipConfig& cfg, int64_t n_act, bool by_tap) const {
+    if (b_n16 && !b_rows_k)  // per k-block one run of its n_act rows of 16 channels
+      return static_cast<double>(std::min(t.kc1, ceil_div(cg_in, kBlk)) * taps) *
+             copy_issue_estimate(cfg, 1, n_act * kBlk * isz, n_act * kBlk * isz);
     if (b_n16) {  // per column block and tap one run of the chunk's kc1 fractals
       const int64_t run = std::min(t.kc1 * kBlk, cg_in) * kBlk * isz;
       return static_cast<double>(ceil_div(n_act, kBlk) * taps) *
@@ -943,7 +946,8 @@ struct ConvPlanner {
     // where the chip prices GM bursts (with the keys at 0 the presets' kernels stay as they
     // are). Not with a bias or a strided y where there are several taps (the mmad step's
     // scalar registers).
-    const bool by_tap_too = !c.b_rows_k && kc1 > 1 &&
+    // (A blocked filter's k-blocks are a run each: per k-block.)
+    const bool by_tap_too = !c.b_rows_k && !c.b_n16 && kc1 > 1 &&
                             (c.taps == 1 || (!s.bias && s.y_strided.run_rows == 0)) &&
                             (weight_loads == WeightLoads::kByTap ||
                              (weight_loads == WeightLoads::kByEstimate &&
@@ -1073,13 +1077,14 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
         "{}: a block-diagonal B needs kRowsK weights without flip or bias, whole 16-channel "
         "input blocks and whole 16-column output blocks ({} -> {} channels per group)",
         op, s.cg_in, s.cg_out));
+  const bool rows_k = s.b_mode == CubeConvSpec::BMode::kRowsK;
   if (s.b_nblock > 0 &&
-      (s.b_mode != CubeConvSpec::BMode::kRowsK || s.b_flip || s.b_diagonal || s.groups != 1 ||
-       s.cy % kBlk != 0 || s.b_row != kBlk || s.in_type == isa::Dtype::F32))
+      (s.b_diagonal || s.groups != 1 || s.b_row != kBlk || s.in_type == isa::Dtype::F32 ||
+       (rows_k && (s.b_flip || s.cy % kBlk != 0)) || (!rows_k && s.cg_in % kBlk != 0)))
     throw CompileError(fmt::format(
-        "{}: weights in blocks of 16 columns need kRowsK rows of 16, one group, no flip or "
-        "block-diagonal packing, whole 16-column blocks of n and a 16-bit cube input "
-        "({} -> {} channels, {} groups)",
+        "{}: weights in blocks of 16 output channels need rows of 16, one group, no "
+        "block-diagonal packing, a 16-bit cube input, and whole 16-channel blocks of n without "
+        "flip (kRowsK) or of k (kRowsN) ({} -> {} channels, {} groups)",
         op, s.cg_in, s.cy, s.groups));
   const std::vector<int64_t> tns = tile_widths(s, op);
   ConvPlanner planner{s,

@@ -5081,16 +5081,18 @@ int group_weight_casts(tfc::GraphDef& graph, const std::unordered_set<std::strin
 // forward convolution on the NPU reads as its filter (Conv2D, Conv2DBiasAdd,
 // Conv2DBNTrainingReduce: input 1; NHWC) is written in kFilterLayoutN16 (adapter/compiler/ops/
 // conv.h: [Cout/16][KH][KW][Cin][16]) for those convolutions, each of which gets the
-// attribute kFilterLayoutAttr naming it. Where anything else reads the member too (the input
-// gradient Conv2DBackpropInput, which reads the filter by tap), the member stays HWIO for those
-// readers and a copy of it, one more member of the same input, is written blocked for the
-// convolutions: one more f16 copy of the filter a step, written once and read by the forward
-// convolution. The layout needs Cout a multiple of 16 (the cast refuses the member
-// otherwise; checked here where the graph recorded the ReadVariableOp's _output_shapes) and
+// attribute kFilterLayoutAttr naming it. The input gradient Conv2DBackpropInput (input 1,
+// NHWC) of such a member reads it blocked too (one run per k-block of its B) and gets the
+// attribute, unless `input_grad` is false (NPUSIM_CONV_WEIGHTS_BLOCKED_INPUT_GRAD=0: it reads
+// HWIO). Where anything else reads the member too, the member stays HWIO for those readers and
+// a copy of it, one more member of the same input, is written blocked for the convolutions:
+// one more f16 copy of the filter a step. The layout needs Cout a multiple of 16 (the cast
+// refuses the member otherwise; checked here where the graph recorded the ReadVariableOp's
+// _output_shapes) and
 // one group (a grouped Conv2D refuses it: not taken where rewrite 19 runs, allow_mix_precision
 // and mixed_float16 training steps, in the models measured). Returns the members made
 // blocked.
-int block_conv_filters_in(tfc::GraphDef& graph) {
+int block_conv_filters_in(tfc::GraphDef& graph, bool input_grad) {
   const int n_nodes = graph.node_size();
   const std::unordered_map<std::string, int> index = node_index(graph);
   // Readers of each (node, port), data edges only: (reader, input position).
@@ -5143,6 +5145,16 @@ int block_conv_filters_in(tfc::GraphDef& graph) {
     const int64_t x_channels = dim(0, c.input(0), 3), w_channels = dim(1, filter, 2);
     return !(x_channels > 0 && w_channels > 0 && x_channels != w_channels);
   };
+  // Whether `reader` reads the member as an input gradient's filter that may be blocked (one
+  // that a forward convolution of the same member has: its groups are that convolution's).
+  auto input_grad_conv = [&](int reader, int position) {
+    const tfc::NodeDef& c = graph.node(reader);
+    if (!input_grad || position != 1 || !on_npu(c) || c.attr().count(kFilterLayoutAttr) ||
+        c.op() != "Conv2DBackpropInput")
+      return false;
+    const auto f = c.attr().find("data_format");
+    return f == c.attr().end() || f->second.s() == "NHWC";
+  };
   int blocked = 0;
   for (int i = 0; i < n_nodes; ++i) {
     tfc::NodeDef& cast = *graph.mutable_node(i);
@@ -5156,15 +5168,18 @@ int block_conv_filters_in(tfc::GraphDef& graph) {
     for (int64_t m = 0; m < n; ++m) {
       const auto it = readers.find({cast.name(), static_cast<int>(m)});
       if (it == readers.end() || !shape_allows(cast.input(static_cast<int>(m)))) continue;
-      std::vector<std::pair<int, int>> convs;
+      std::vector<std::pair<int, int>> convs, grads;
       bool others = false;
       for (const auto& [reader, position] : it->second) {
         if (forward_conv(reader, position, cast.input(static_cast<int>(m))))
           convs.emplace_back(reader, position);
+        else if (input_grad_conv(reader, position))
+          grads.emplace_back(reader, position);
         else
           others = true;
       }
       if (convs.empty()) continue;
+      convs.insert(convs.end(), grads.begin(), grads.end());
       int64_t member = m;
       if (others) {  // a blocked copy for the convolutions, the member stays HWIO
         member = n + static_cast<int64_t>(extra_inputs.size());
@@ -5273,7 +5288,8 @@ bool conv_weights_blocked_requested() {
 
 int block_conv_filters(tfc::GraphDef& graph) {
   if (!fusion_enabled() || !multi_cast_requested() || !conv_weights_blocked_requested()) return 0;
-  return block_conv_filters_in(graph);
+  static const bool input_grad = switch_on("NPUSIM_CONV_WEIGHTS_BLOCKED_INPUT_GRAD");
+  return block_conv_filters_in(graph, input_grad);
 }
 
 bool all_finite_fusion_requested() {

@@ -442,10 +442,11 @@
 //      bfloat16 member of those nodes read as a forward convolution's filter (Conv2D,
 //      Conv2DBiasAdd, Conv2DBNTrainingReduce, input 1, NHWC) is written in blocks of 16 output
 //      channels
-//      (attribute filter_n16; the convolution gets _npusim_filter_layout, filter_layout.h), a
-//      blocked copy as one more member where something else (Conv2DBackpropInput) reads it
-//      too. The convolution's weights are then whole 512-byte fractals (adapter/compiler/ops/
-//      conv.h kFilterLayoutN16), written by the cast's own store (no launch of their own).
+//      (attribute filter_n16; the convolution gets _npusim_filter_layout, filter_layout.h), and
+//      so does its input gradient Conv2DBackpropInput (NPUSIM_CONV_WEIGHTS_BLOCKED_INPUT_GRAD=0:
+//      it reads HWIO), a blocked copy as one more member where something else reads it too. The
+//      convolution's weights are then whole 512-byte fractals (adapter/compiler/ops/conv.h
+//      kFilterLayoutN16), written by the cast's own store (no launch of their own).
 //   20. A loss scale's overflow check, first (Keras 3's and tf.keras' LossScaleOptimizer under
 //      `mixed_float16`: whether every gradient is finite, before the cond that applies or skips
 //      the step): All(Pack(a_0 .. a_N-1), axes [0] or [-1]) whose Pack (axis 0 or -1) reads
