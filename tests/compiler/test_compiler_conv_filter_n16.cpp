@@ -5,8 +5,12 @@
 // filter_layout: the same output bits as the HWIO filter's convolution (the kernel's L1 image of
 // B is the same), and within the tolerance of the double reference (conv_reference.h); so does
 // Conv2DBackpropInput, whose B's k-blocks (16 output channels, one tap) are then one run each.
+// Grouped filters: groups of whole 16-channel blocks read it in place, others through an HWIO
+// copy (both with the narrow groups' packing on and off); a filter of Cout % 16 != 0 is HWIO in
+// that layout (the cast writes it so, the convolutions read it so).
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -142,15 +146,26 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("MultiTensorCast refuses a filter_n16 member that is not a filter of Cout % 16 == 0") {
-  const TensorDesc f{DataType::F32, {3, 3, 16, 24}};
-  CHECK_THROWS_WITH(compiler::compile(make_op("MultiTensorCast", {f},
+TEST_CASE("MultiTensorCast: a filter_n16 member of Cout % 16 != 0 is HWIO, a non-filter refused") {
+  // 24 output channels: no partial block fits the same bytes, so the layout is HWIO (conv.h).
+  const HostTensor x = random_tensor(DataType::F32, {3, 3, 16, 24}, -3, 3, 145);
+  const CompiledKernel k = compiler::compile(make_op("MultiTensorCast", {x.desc},
+                                                     {{"SrcT", std::string("f32")},
+                                                      {"DstT", std::string("f16")},
+                                                      {"N", int64_t{1}},
+                                                      {"filter_n16", std::vector<int64_t>{0}}}),
+                                             test_sim().config());
+  std::vector<double> want(x.values.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = round_to(DataType::F16, x.values[i]);
+  CHECK(run_compiled(test_sim(), k, {x}).outputs[0].values == want);
+  const TensorDesc rank2{DataType::F32, {5, 32}};
+  CHECK_THROWS_WITH(compiler::compile(make_op("MultiTensorCast", {rank2},
                                               {{"SrcT", std::string("f32")},
                                                {"DstT", std::string("f16")},
                                                {"N", int64_t{1}},
                                                {"filter_n16", std::vector<int64_t>{0}}}),
                                       test_sim().config()),
-                    Catch::Contains("output channels a multiple of 16"));
+                    Catch::Contains("rank-4 HWIO filter"));
 }
 
 TEST_CASE("Conv2D reads a filter in blocks of 16 output channels: the HWIO filter's bits") {
@@ -200,12 +215,77 @@ TEST_CASE("Conv2DBiasAdd reads a filter in blocks of 16 output channels") {
   CHECK(run(true) == run(false));
 }
 
+// The forward convolution of case c in f16 on filter f (HWIO) and on f blocked: the same bits,
+// and within the double reference's tolerance. Returns the blocked kernel's launch summaries.
+std::string check_forward_blocked(const ConvCase& c, uint32_t seed) {
+  INFO("x [" << c.n << "," << c.h << "," << c.w << "," << c.c << "] filter " << c.kh << "x" << c.kw
+             << " -> " << c.cout << " groups " << c.groups);
+  const HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, seed);
+  const HostTensor f = random_tensor(DataType::F16, filter_shape(c), -1, 1, seed + 1);
+  const CompiledKernel plain =
+      compiler::compile(make_op("Conv2D", {x.desc, f.desc}, c.attrs()), test_sim().config());
+  const CompiledKernel blocked = compiler::compile(
+      make_op("Conv2D", {x.desc, f.desc}, with_layout(c.attrs())), test_sim().config());
+  summarize(blocked);
+  const RunResult want = run_compiled(test_sim(), plain, {x, f});
+  const bool whole_blocks = c.cout % 16 == 0;  // else the layout is HWIO (conv.h)
+  const RunResult got = run_compiled(test_sim(), blocked, {x, whole_blocks ? to_blocked(f) : f});
+  CHECK(got.outputs[0].values == want.outputs[0].values);
+  Reference ref = new_reference(want.outputs[0].values.size());
+  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+  });
+  check_against(got.outputs[0].values, ref, DataType::F16, false, "y");
+  std::string summaries;
+  for (const compiler::Launch& l : blocked.launches) summaries += l.summary + "\n";
+  return summaries;
+}
+
+ConvCase grouped(ConvCase c, int64_t groups) {
+  c.groups = groups;
+  return c;
+}
+
+TEST_CASE("Grouped Conv2D reads a filter in blocks of 16 output channels") {
+  // Groups of whole blocks (32 and 16 output channels a group) read it in place; groups that
+  // split a block (8 and 24 a group; 4 input channels a group: the narrow groups' packing,
+  // forced on and off) through an HWIO copy of it, one launch more.
+  struct Case {
+    ConvCase c;
+    bool copied;
+  };
+  const std::vector<Case> cases = {
+      {grouped(ConvCase{2, 7, 7, 64, 3, 3, 64}, 2), false},
+      {grouped(ConvCase{1, 6, 6, 32, 1, 1, 64}, 4), false},
+      {grouped(ConvCase{2, 7, 7, 32, 3, 3, 16}, 2), true},
+      {grouped(ConvCase{1, 6, 6, 48, 3, 3, 48}, 2), true},
+      {grouped(ConvCase{1, 8, 8, 16, 3, 3, 32}, 4), true},
+  };
+  uint32_t seed = 200;
+  for (const char* pack : {"0", "1"}) {
+    setenv("NPUSIM_FUSION_GROUPED_CONV_PACK", pack, 1);
+    for (const Case& k : cases) {
+      INFO("NPUSIM_FUSION_GROUPED_CONV_PACK=" << pack);
+      const std::string summaries = check_forward_blocked(k.c, seed);
+      seed += 2;
+      CHECK((summaries.find("-> HWIO derived") != std::string::npos) == k.copied);
+    }
+  }
+  unsetenv("NPUSIM_FUSION_GROUPED_CONV_PACK");
+}
+
+TEST_CASE("Conv2D on a blocked filter of Cout % 16 != 0 reads HWIO bytes") {
+  check_forward_blocked(ConvCase{1, 6, 6, 32, 3, 3, 40}, 220);
+  check_forward_blocked(grouped(ConvCase{1, 6, 6, 32, 3, 3, 24}, 2), 222);
+}
+
 TEST_CASE("A filter in blocks of 16: what cannot read it says so") {
-  const ConvCase c{1, 6, 6, 32, 3, 3, 40};  // 40 output channels: not whole blocks
+  const ConvCase c{1, 6, 6, 32, 3, 3, 48};
   const TensorDesc x{DataType::F16, {1, 6, 6, 32}}, f{DataType::F16, filter_shape(c)};
+  const TensorDesc f32{DataType::F32, filter_shape(c)}, x32{DataType::F32, {1, 6, 6, 32}};
   CHECK_THROWS_WITH(
-      compiler::compile(make_op("Conv2D", {x, f}, with_layout(c.attrs())), test_sim().config()),
-      Catch::Contains("output channels a multiple of 16"));
+      compiler::compile(make_op("Conv2D", {x32, f32}, with_layout(c.attrs())), test_sim().config()),
+      Catch::Contains("16-bit"));
   auto odd = c.attrs();
   odd["filter_layout"] = std::string("OIHW");
   CHECK_THROWS_WITH(compiler::compile(make_op("Conv2D", {x, f}, odd), test_sim().config()),
@@ -248,21 +328,51 @@ TEST_CASE("Conv2DBackpropInput reads a filter in blocks of 16 output channels") 
   }
 }
 
+TEST_CASE("Grouped Conv2DBackpropInput and Cout % 16 != 0 read a blocked filter") {
+  // Groups of whole blocks of dy's channels (in place), groups splitting a block (an HWIO
+  // copy; 4 dx channels a group: the packing, forced on and off), 40 output channels (HWIO).
+  const std::vector<ConvCase> cases = {
+      grouped(ConvCase{2, 7, 7, 64, 3, 3, 64}, 2), grouped(ConvCase{1, 6, 6, 48, 3, 3, 48}, 2),
+      grouped(ConvCase{1, 8, 8, 16, 3, 3, 32}, 4), ConvCase{1, 6, 6, 32, 3, 3, 40}};
+  uint32_t seed = 230;
+  for (const char* pack : {"0", "1"}) {
+    setenv("NPUSIM_FUSION_GROUPED_CONV_PACK", pack, 1);
+    for (const ConvCase& c : cases) {
+      INFO("NPUSIM_FUSION_GROUPED_CONV_PACK=" << pack << " dx [" << c.n << "," << c.h << "," << c.w
+                                              << "," << c.c << "] -> " << c.cout << " groups "
+                                              << c.groups);
+      const HostTensor f = random_tensor(DataType::F16, filter_shape(c), -1, 1, seed++);
+      const HostTensor dy = random_tensor(DataType::F16, y_shape(c), -2, 2, seed++);
+      const auto run = [&](bool n16) {
+        auto a = n16 ? with_layout(c.attrs()) : c.attrs();
+        a["input_sizes"] = std::vector<int64_t>{c.n, c.h, c.w, c.c};
+        const CompiledKernel k = compiler::compile(
+            make_op("Conv2DBackpropInput", {f.desc, dy.desc}, a), test_sim().config());
+        summarize(k);
+        const bool whole_blocks = c.cout % 16 == 0;
+        return run_compiled(test_sim(), k, {n16 && whole_blocks ? to_blocked(f) : f, dy})
+            .outputs[0]
+            .values;
+      };
+      const std::vector<double> got = run(true);
+      CHECK(got == run(false));
+      Reference ref = new_reference(got.size());
+      for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+        accumulate(ref, xi, dy.values[static_cast<size_t>(yi)] * f.values[static_cast<size_t>(fi)]);
+      });
+      check_against(got, ref, DataType::F16, false, "dx");
+    }
+  }
+  unsetenv("NPUSIM_FUSION_GROUPED_CONV_PACK");
+}
+
 TEST_CASE("Conv2DBackpropInput on a blocked filter: what cannot read it says so") {
-  const auto compile = [](const ConvCase& c, DataType dt) {
-    auto a = with_layout(c.attrs());
-    a["input_sizes"] = std::vector<int64_t>{c.n, c.h, c.w, c.c};
-    const TensorDesc f{dt, filter_shape(c)}, dy{dt, y_shape(c)};
-    return compiler::compile(make_op("Conv2DBackpropInput", {f, dy}, a), test_sim().config());
-  };
-  // 40 output channels: not whole k-blocks; two groups; an f32 filter (cast to f16 first).
-  CHECK_THROWS_WITH(compile(ConvCase{1, 6, 6, 32, 3, 3, 40}, DataType::F16),
-                    Catch::Contains("Conv2DBackpropInput"));
-  CHECK_THROWS_WITH(compile(ConvCase{1, 6, 6, 32, 3, 3, 40}, DataType::F16),
-                    Catch::Contains("output channels a multiple of 16"));
-  ConvCase grouped{1, 6, 6, 64, 3, 3, 64};
-  grouped.groups = 2;
-  CHECK_THROWS_WITH(compile(grouped, DataType::F16), Catch::Contains("2 groups"));
-  CHECK_THROWS_WITH(compile(ConvCase{1, 6, 6, 32, 3, 3, 32}, DataType::F32),
-                    Catch::Contains("16-bit"));
+  const ConvCase c{1, 6, 6, 32, 3, 3, 32};
+  auto a = with_layout(c.attrs());
+  a["input_sizes"] = std::vector<int64_t>{c.n, c.h, c.w, c.c};
+  const TensorDesc f{DataType::F32, filter_shape(c)}, dy{DataType::F32, y_shape(c)};
+  // An f32 filter (cast to f16 first).
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("Conv2DBackpropInput", {f, dy}, a), test_sim().config()),
+      Catch::Contains("16-bit"));
 }

@@ -15,6 +15,11 @@ that the same graph writes become one node, whose kernel casts each as Cast's ow
   MultiTensorCast node of those casts (these runs with NPUSIM_CONV_WEIGHTS_BLOCKED=0). With
   rewrite 19b (NPUSIM_CONV_WEIGHTS_BLOCKED=1) its convolution's filter is a member written in blocks of 16 output
   channels by the cast's own store: the same losses and weights bit for bit, no launch added.
+  Unset, the chip decides: on where its MTE issue keys (mte.copy_issue_cycles, burst_cycles) are
+  > 0, off where they are 0 (the test chip as it is, and with the 910b preset's keys set).
+- A CNN of grouped convolutions (Conv2D(groups=2): groups of whole 16-channel blocks, groups
+  that split a block, and 24 output channels, not whole blocks) with rewrite 19b: the same
+  losses and weights bit for bit as with HWIO filters.
 Both with the NpuGraph task lists and node by node (NPUSIM_GRAPH=0).
 """
 
@@ -28,7 +33,7 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import SMALL_CNN_TRAINING, child_result, launch_multiset_diff  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import SMALL_CNN_TRAINING, chip_config, child_result, launch_multiset_diff  # noqa: E402  pylint: disable=wrong-import-position
 
 CODE = SMALL_CNN_TRAINING + r'''
 import glob, json, os
@@ -119,6 +124,37 @@ def two_conv_training(device):
     return model, step, x, y
 
 
+def grouped_training(device):
+    """Grouped convolutions (two groups each) of 32 output channels a group (whole 16-channel
+    blocks: the filter read in place; the second also by its input gradient), of 24 a group (a
+    group splits a block: an HWIO copy) and of 12 (24 output channels: HWIO bytes)."""
+    keras.utils.set_random_seed(0)
+    with tf.device(device):
+        inp = keras.Input((8, 8, 16))
+        h = inp
+        for filters, size in ((64, 3), (64, 3), (48, 3), (24, 1)):
+            h = keras.layers.Conv2D(filters, size, padding="same", groups=2)(h)
+            h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(4)(h))
+        opt = keras.optimizers.Adam(0.01)
+        rng = np.random.default_rng(1)
+        x = tf.constant(rng.standard_normal((4, 8, 8, 16)).astype(np.float32))
+        y = tf.constant(rng.integers(0, 4, 4).astype(np.int32))
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss, tf.reduce_max(tf.abs(logits))
+
+    return model, step, x, y
+
+
 def cnn_run(folder, build):
     os.makedirs(folder, exist_ok=True)
     os.environ["NPUSIM_GRAPH_DUMP"] = folder
@@ -146,6 +182,8 @@ if os.environ["WHAT"] == "variables":
     print("RESULT " + json.dumps(variables_run()))
 elif os.environ["WHAT"] == "two_conv":
     print("RESULT " + json.dumps(cnn_run(os.environ["DUMP"], two_conv_training)))
+elif os.environ["WHAT"] == "grouped":
+    print("RESULT " + json.dumps(cnn_run(os.environ["DUMP"], grouped_training)))
 else:
     print("RESULT " + json.dumps(cnn_run(os.environ["DUMP"], small_cnn_training)))
 '''
@@ -161,7 +199,27 @@ def runs(tmp_path_factory):
     variables = {"WHAT": "variables"}
     two = dict(cnn, WHAT="two_conv")
     two_blocked = dict(two, NPUSIM_CONV_WEIGHTS_BLOCKED="1")
+    grouped = dict(cnn, WHAT="grouped")
+    # the MTE issue keys of the 910b preset (configs/chips/910b.yaml), set on the test chip
+    priced = "mte.copy_issue_cycles=15.539;mte.burst_cycles=5.093"
     return {
+        "grouped": {
+            "hwio": child_result(CODE, extra_env=dict(grouped, DUMP=str(tmp / "grouped_hwio"))),
+            "n16": child_result(CODE, extra_env=dict(grouped, NPUSIM_CONV_WEIGHTS_BLOCKED="1",
+                                                     DUMP=str(tmp / "grouped_n16"))),
+            "n16_alone": child_result(CODE, extra_env=dict(
+                grouped, NPUSIM_CONV_WEIGHTS_BLOCKED="1", NPUSIM_GRAPH="0",
+                DUMP=str(tmp / "grouped_n16_alone"))),
+        },
+        "default": {
+            "chip": child_result(CODE, extra_env=dict(cnn, NPUSIM_CONV_WEIGHTS_BLOCKED="",
+                                                      DUMP=str(tmp / "default_chip"))),
+            "priced": child_result(CODE, extra_env=dict(
+                cnn, NPUSIM_CONV_WEIGHTS_BLOCKED="", NPUSIM_CHIP_OVERRIDES=priced,
+                DUMP=str(tmp / "default_priced"))),
+            "priced_hwio": child_result(CODE, extra_env=dict(
+                cnn, NPUSIM_CHIP_OVERRIDES=priced, DUMP=str(tmp / "default_priced_hwio"))),
+        },
         "two_conv": {
             "hwio": child_result(CODE, extra_env=dict(two, DUMP=str(tmp / "two_hwio"))),
             "n16": child_result(CODE, extra_env=dict(two_blocked, DUMP=str(tmp / "two_n16"))),
@@ -281,3 +339,45 @@ def test_input_gradient_reads_the_blocked_filter(runs):
     kept = two["n16_grad_hwio"]
     assert kept["multi"][0]["N"] == hwio["multi"][0]["N"] + 1, kept["multi"]
     assert all(c["layout"] == "" for c in kept["convs"] if c["op"] == "Conv2DBackpropInput")
+
+
+def test_grouped_convolutions_read_blocked_filters(runs):
+    """Rewrite 19b on grouped convolutions (whose groups the pass cannot see: the compiler reads
+    any grouped blocked filter): the forward convolutions and input gradients of 16-channel
+    multiples are marked and read blocked members, and the losses and weights are those of
+    HWIO filters bit for bit, in the task list and node by node."""
+    grouped = runs["grouped"]
+    hwio, n16_run = grouped["hwio"], grouped["n16"]
+    for run in (n16_run, grouped["n16_alone"]):
+        assert run["losses"] == hwio["losses"]
+        assert run["weights"] == hwio["weights"]
+    assert hwio["losses"][-1] < hwio["losses"][0]
+    assert all(c["layout"] == "" for c in hwio["convs"]), hwio["convs"]
+    n16 = n16_run["multi"][0]["n16"]
+    name = "npusim_multi_cast_0"
+    blocked_outputs = {name if m == 0 else f"{name}:{m}" for m in n16}
+    marked = [c for c in n16_run["convs"] if c["layout"] == "N16_HWI16"]
+    for c in marked:
+        assert c["filter"] in blocked_outputs, (c, n16)
+    # the three convolutions of 64 and 48 output channels at least, and input gradients
+    forward = [c for c in marked if c["op"] != "Conv2DBackpropInput"]
+    assert len(forward) >= 3, n16_run["convs"]
+    assert any(c["op"] == "Conv2DBackpropInput" for c in marked), n16_run["convs"]
+
+
+def test_blocked_filters_by_default_where_the_chip_prices_the_dma_issue(runs):
+    """NPUSIM_CONV_WEIGHTS_BLOCKED unset: rewrite 19b runs where the chip's MTE issue keys are
+    > 0 and not where they are 0 (the test chip as it is: off on tiny; with the 910b preset's
+    keys set: on); either way the losses and weights are those of HWIO filters."""
+    default = runs["default"]
+    mte = chip_config().get("mte", {})
+    chip_priced = mte.get("copy_issue_cycles", 0) > 0 or mte.get("burst_cycles", 0) > 0
+    # (the keys may move the kernels' tilings: each against HWIO filters on the same keys)
+    for key, on, hwio in (("chip", chip_priced, runs["cnn"]["on"]),
+                          ("priced", True, default["priced_hwio"])):
+        run = default[key]
+        assert run["losses"] == hwio["losses"], key
+        assert run["weights"] == hwio["weights"], key
+        layouts = {c["layout"] for c in run["convs"]}
+        assert layouts == ({"N16_HWI16"} if on else {""}), (key, run["convs"])
+        assert bool(run["multi"][0]["n16"]) == on, (key, run["multi"])

@@ -162,12 +162,13 @@ CompiledKernel compile_multi_tensor_cast(const CompileContext& ctx) {
     if (m < 0 || m >= n)
       op.invalid(fmt::format("attribute filter_n16 names member {} of {}", m, n));
     const std::vector<int64_t>& shape = op.inputs[static_cast<size_t>(m)].shape;
-    if (shape.size() != 4 || shape[3] % 16 != 0 || data_type_bytes(dst) != 2)
+    if (shape.size() != 4 || data_type_bytes(dst) != 2)
       op.invalid(fmt::format(
-          "member {} ({} {} -> {}) cannot be written in {}: it needs a rank-4 HWIO filter of "
-          "output channels a multiple of 16, cast to a 16-bit type",
+          "member {} ({} {} -> {}) cannot be written in {}: it needs a rank-4 HWIO filter "
+          "cast to a 16-bit type",
           m, data_type_name(src), shape_str(shape), data_type_name(dst), kFilterLayoutN16));
-    n16[static_cast<size_t>(m)] = true;
+    // (output channels not a multiple of 16: the layout is HWIO itself, conv.h)
+    n16[static_cast<size_t>(m)] = shape[3] % 16 == 0;
   }
   std::vector<TensorDesc> outputs;
   std::vector<MultiTensorSegment> segments;

@@ -61,9 +61,13 @@ ConvWindow conv_window(const OpDesc& op, int64_t in_h, int64_t in_w, int64_t kh,
 // output channels"). Absent or "HWIO": TensorFlow's [KH][KW][Cin][Cout]. kFilterLayoutN16:
 // the output channels in blocks of 16, block-major, [Cout/16][KH][KW][Cin][16]: element
 // (kh, kw, ci, co) at ((co / 16) * KH * KW * Cin + (kh * KW + kw) * Cin + ci) * 16 + co % 16,
-// the same bytes as HWIO (Cout a multiple of 16). A core's n tile of weights is then whole
-// 512-byte fractals, a tap's channel blocks one GM run, where HWIO gives it one run per
-// (kh, kw, ci) row of its n-tile width.
+// the same bytes as HWIO. A core's n tile of weights is then whole 512-byte fractals, a tap's
+// channel blocks one GM run, where HWIO gives it one run per (kh, kw, ci) row of its n-tile
+// width. For a Cout that is not a multiple of 16 (no partial block fits the same bytes) the
+// layout is HWIO itself: the cast writes such a member as HWIO and the convolutions read it
+// so; the attribute then never needs the filter's shape where it is written (graph rewrite 19b
+// may not know it). Grouped filters: the same layout over the whole Cout (conv2d.cpp
+// n16_filter_read: groups of whole blocks read it in place, others an HWIO copy).
 inline constexpr const char* kFilterLayoutN16 = "N16_HWI16";
 // Whether op's attribute "filter_layout" names kFilterLayoutN16 (CompileError naming op for
 // any value but that and "HWIO").
@@ -114,8 +118,10 @@ struct CubeConvSpec {
   // 512 contiguous bytes and a chunk's channel blocks of one tap are one run; needs no flip and
   // whole 16-column blocks of n (cy a multiple of 16). kRowsN (the input gradient, flipped): B's
   // k-block c1 at c1 * b_nblock instead of c1 * 16, so that a k-block's n rows of 16 are one
-  // run of n x 32 bytes; needs whole 16-row k-blocks (cg_in a multiple of 16). Both need one
-  // group and no block-diagonal packing (checked by the tiling). 0: HWIO.
+  // run of n x 32 bytes; needs whole 16-row k-blocks (cg_in a multiple of 16). Groups: group
+  // g's blocks start at g * b_group, so each group's blocked dimension (kRowsK n: cg_out,
+  // kRowsN k: cg_in) is whole blocks. Neither takes block-diagonal packing (checked by the
+  // tiling). 0: HWIO.
   int64_t b_nblock = 0;
   // Block-diagonal groups (the depthwise convolutions' several 16-channel groups per step):
   // B_g is zero but for its c1_in() diagonal blocks, block j being channel block j's rows

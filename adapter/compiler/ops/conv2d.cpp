@@ -99,6 +99,7 @@
 #include "adapter/compiler/ops/matmul.h"
 #include "adapter/compiler/ops/reduce.h"
 #include "adapter/compiler/ops/registry.h"
+#include "adapter/compiler/ops/transpose.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
 
@@ -696,6 +697,52 @@ ArgRef append_folded_filter(CompiledKernel& k, const CompileContext& ctx, const 
   return derived;
 }
 
+// ---- filters in blocks of 16 output channels ----
+
+// How a convolution reads its filter `f` [KH,KW,Cin,Cout] of G groups that the op's attribute
+// filter_layout names kFilterLayoutN16 (conv.h), Cout / G output channels a group:
+//   kHwio: as HWIO, with no copy: Cout is not a multiple of 16, so the layout is HWIO (conv.h);
+//   kBlocked: in place, blocked (CubeConvSpec::b_nblock): one group, or groups of whole blocks
+//     of 16 output channels (group g's columns are blocks [g * Cout/G / 16, ...));
+//   kCopied: groups that split a block (Cout/G not a multiple of 16: a group's columns start
+//     inside a block, and the narrow groups' block-diagonal packing reads HWIO) read an HWIO
+//     copy of it (append_filter_from_n16).
+enum class FilterRead { kHwio, kBlocked, kCopied };
+FilterRead n16_filter_read(const std::vector<int64_t>& f, int64_t groups) {
+  if (f[3] % kFold16 != 0) return FilterRead::kHwio;
+  return groups == 1 || (f[3] / groups) % kFold16 == 0 ? FilterRead::kBlocked : FilterRead::kCopied;
+}
+
+// Filter input `input` (16-bit, kFilterLayoutN16, Cout a multiple of 16) copied to HWIO: the
+// transpose [Cout/16][KH*KW*Cin][16] -> [KH*KW*Cin][Cout/16][16] of whole 32-byte rows (the
+// cast's n16_transposed in reverse), one launch into a derived tensor of the input (a caller
+// keeps it while the filter is unchanged). Returns the ArgRef that later launches read it by.
+ArgRef append_filter_from_n16(CompiledKernel& k, const CompileContext& ctx, int input) {
+  const TensorDesc& f = ctx.op.inputs[static_cast<size_t>(input)];
+  const int64_t rows = f.shape[0] * f.shape[1] * f.shape[2], blocks = f.shape[3] / kFold16;
+  LaunchPlan plan({f});
+  append_transpose(plan, ctx.op.str(), ctx.cfg, f.dtype, {blocks, rows, kFold16}, {1, 0, 2},
+                   LaunchPlan::input(0), LaunchPlan::output(0));
+  CompiledKernel copy = std::move(plan).finish();
+  if (copy.launches.size() != 1 || copy.workspace_bytes != 0)
+    ctx.op.fail(fmt::format("the {} filter {} -> HWIO took {} launches and {} workspace bytes, "
+                            "not one launch of its own",
+                            kFilterLayoutN16, f.str(), copy.launches.size(),
+                            copy.workspace_bytes));
+  const uint64_t bytes = static_cast<uint64_t>(f.num_elements()) * data_type_bytes(f.dtype);
+  const ArgRef ws = workspace_take(k, bytes);
+  const ArgRef hwio{ArgRef::Kind::kDerived, static_cast<int>(k.derived.size()), ws.value};
+  k.derived.push_back(DerivedTensor{{input}, k.launches.size(), bytes,
+                                    fmt::format("{} filter as HWIO", kFilterLayoutN16)});
+  Launch l = std::move(copy.launches[0]);
+  for (ArgRef& a : l.args)
+    a = a.kind == ArgRef::Kind::kInput ? input_ref(input) : hwio;
+  l.summary = fmt::format("filter {} {} -> HWIO derived at workspace {} ({})", f.str(),
+                          kFilterLayoutN16, ws.value, l.summary);
+  k.launches.push_back(std::move(l));
+  return hwio;
+}
+
 // ---- block-diagonal filters ----
 
 // Groups narrow enough to share a 16-channel block: G groups of cin input channels (16 % cin
@@ -1065,22 +1112,27 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   s.b_tap = cin * cout;
   s.b_row = cout;
   fold_width(s, x);
-  if (filter_layout_n16(op)) {
+  const FilterRead filter_read =
+      filter_layout_n16(op) ? n16_filter_read(f, groups) : FilterRead::kHwio;
+  if (filter_layout_n16(op) && (batch_norm || ct.cast_inputs))
+    op.fail(fmt::format(
+        "filter_layout {} is read by Conv2D, Conv2DBiasAdd and Conv2DBNTrainingReduce with a "
+        "filter of the cube's 16-bit type (filter {} {})",
+        kFilterLayoutN16, data_type_name(op.inputs[1].dtype), shape_str(f)));
+  if (filter_read == FilterRead::kBlocked) {
     // The filter in blocks of 16 output channels (conv.h, kFilterLayoutN16) as the cube reads
-    // it: no cast, fold or packing may read it as HWIO first.
+    // it: no cast, fold or packing may read it as HWIO first (groups of whole blocks are never
+    // packed: narrow_group_packing).
     // The width fold's view (rows kw * cin + c of a tap row) holds in it too: a tap row's
     // (kw, ci) rows are contiguous in each column block.
-    if (batch_norm || ct.cast_inputs || groups != 1 || cout % kFold16 != 0)
-      op.fail(fmt::format(
-          "filter_layout {} is read by Conv2D, Conv2DBiasAdd and Conv2DBNTrainingReduce with a "
-          "filter of the cube's 16-bit type, one group and output channels a multiple of 16 "
-          "(filter {} {}, {} groups)",
-          kFilterLayoutN16, data_type_name(op.inputs[1].dtype), shape_str(f), groups));
     s.b_row = kFold16;
     s.b_tap = s.cg_in * kFold16;  // cg_in: kw * cin where the width is folded
-    s.b_group = 0;
     s.b_nblock = f[0] * f[1] * cin * kFold16;
+    s.b_group = cout / groups / kFold16 * s.b_nblock;  // group g's first column block
   }
+  const std::optional<ArgRef> filter_hwio =
+      filter_read == FilterRead::kCopied ? std::optional<ArgRef>(append_filter_from_n16(k, ctx, 1))
+                                         : std::nullopt;
   // Narrow groups packed into 16-channel blocks: the weights are then the block-diagonal filter
   // (a derived tensor of the filter), and the planner may merge several blocks into a step
   // (merge_diagonal_groups, as the depthwise convolutions: at most one n tile of columns).
@@ -1088,6 +1140,9 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   if (packed) s = pack_groups(s, *packed, f[0] * f[1]);
   const int64_t merge_max = packed ? packed_merge_max(s) : 1;
   const auto weights = [&] {
+    if (filter_hwio)
+      return packed ? append_blockdiag(k, ctx, ct, *filter_hwio, {1}, f[0] * f[1], *packed)
+                    : *filter_hwio;
     return packed ? append_blockdiag(k, ctx, ct, 1, f[0] * f[1], *packed)
                   : cube_operand(k, ctx, ct, 1);
   };
@@ -1317,18 +1372,20 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   s.b_group = f[3] / groups;
   s.b_tap = f[2] * f[3];
   s.b_row = f[3];
-  if (filter_layout_n16(op)) {
+  const FilterRead filter_read =
+      filter_layout_n16(op) ? n16_filter_read(f, groups) : FilterRead::kHwio;
+  if (filter_layout_n16(op) && ct.cast_inputs)
+    op.fail(fmt::format(
+        "filter_layout {} is read by Conv2DBackpropInput with a filter of the cube's 16-bit "
+        "type (filter {} {})",
+        kFilterLayoutN16, data_type_name(op.inputs[0].dtype), shape_str(f)));
+  if (filter_read == FilterRead::kBlocked) {
     // The filter in blocks of 16 output channels (conv.h, kFilterLayoutN16): B's k-block c1
-    // (dy's channels [16 c1, 16 c1 + 16)) of a tap is dx's Cin rows of 16, one run.
-    if (ct.cast_inputs || groups != 1 || f[3] % kFold16 != 0)
-      op.fail(fmt::format(
-          "filter_layout {} is read by Conv2DBackpropInput with a filter of the cube's 16-bit "
-          "type, one group and output channels a multiple of 16 (filter {} {}, {} groups)",
-          kFilterLayoutN16, data_type_name(op.inputs[0].dtype), shape_str(f), groups));
+    // (dy's channels [16 c1, 16 c1 + 16) of the group) of a tap is dx's Cin rows of 16, one run.
     s.b_row = kFold16;
     s.b_tap = f[2] * kFold16;
-    s.b_group = 0;
     s.b_nblock = f[0] * f[1] * f[2] * kFold16;
+    s.b_group = f[3] / groups / kFold16 * s.b_nblock;  // group g's first k-block
   }
   // (the strided kernels multiply all of dy's channels by all of the filter's: one group)
   if (groups == 1 && append_strided_input_grad(k, ctx, ct, cw, dy, s)) return k;
@@ -1337,8 +1394,12 @@ CompiledKernel compile_conv2d_backprop_input(const CompileContext& ctx) {
   const std::optional<BlockDiagShape> packed = narrow_group_packing(ctx, ct, s, f, groups);
   if (packed) s = pack_groups(s, *packed, f[0] * f[1]);
   const ArgRef dyr = cube_operand(k, ctx, ct, 1);
+  const std::optional<ArgRef> filter_hwio =
+      filter_read == FilterRead::kCopied ? std::optional<ArgRef>(append_filter_from_n16(k, ctx, 0))
+                                         : std::nullopt;
+  const ArgRef w = filter_hwio ? *filter_hwio : cube_operand(k, ctx, ct, 0);
   const ArgRef wr =
-      packed ? append_blockdiag(k, ctx, ct, 0, f[0] * f[1], *packed) : cube_operand(k, ctx, ct, 0);
+      packed ? append_blockdiag(k, ctx, ct, w, {0}, f[0] * f[1], *packed) : w;
   append_cube_conv(k, ctx, ct, s, dyr, wr);
   return k;
 }

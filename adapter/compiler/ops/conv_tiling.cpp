@@ -1078,14 +1078,14 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
         "input blocks and whole 16-column output blocks ({} -> {} channels per group)",
         op, s.cg_in, s.cg_out));
   const bool rows_k = s.b_mode == CubeConvSpec::BMode::kRowsK;
-  if (s.b_nblock > 0 &&
-      (s.b_diagonal || s.groups != 1 || s.b_row != kBlk || s.in_type == isa::Dtype::F32 ||
-       (rows_k && (s.b_flip || s.cy % kBlk != 0)) || (!rows_k && s.cg_in % kBlk != 0)))
+  if (s.b_nblock > 0 && (s.b_diagonal || s.b_row != kBlk || s.in_type == isa::Dtype::F32 ||
+                         (rows_k && (s.b_flip || s.cy % kBlk != 0 || s.cg_out % kBlk != 0)) ||
+                         (!rows_k && s.cg_in % kBlk != 0)))
     throw CompileError(fmt::format(
-        "{}: weights in blocks of 16 output channels need rows of 16, one group, no "
-        "block-diagonal packing, a 16-bit cube input, and whole 16-channel blocks of n without "
-        "flip (kRowsK) or of k (kRowsN) ({} -> {} channels, {} groups)",
-        op, s.cg_in, s.cy, s.groups));
+        "{}: weights in blocks of 16 output channels need rows of 16, no block-diagonal "
+        "packing, a 16-bit cube input, and each group's whole 16-channel blocks of n without "
+        "flip (kRowsK) or of k (kRowsN) ({} -> {} channels a group, {} groups)",
+        op, s.cg_in, s.cg_out, s.groups));
   const std::vector<int64_t> tns = tile_widths(s, op);
   ConvPlanner planner{s,
                       cfg,

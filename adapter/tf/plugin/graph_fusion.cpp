@@ -5086,12 +5086,11 @@ int group_weight_casts(tfc::GraphDef& graph, const std::unordered_set<std::strin
 // attribute, unless `input_grad` is false (NPUSIM_CONV_WEIGHTS_BLOCKED_INPUT_GRAD=0: it reads
 // HWIO). Where anything else reads the member too, the member stays HWIO for those readers and
 // a copy of it, one more member of the same input, is written blocked for the convolutions:
-// one more f16 copy of the filter a step. The layout needs Cout a multiple of 16 (the cast
-// refuses the member otherwise; checked here where the graph recorded the ReadVariableOp's
-// _output_shapes) and
-// one group (a grouped Conv2D refuses it: not taken where rewrite 19 runs, allow_mix_precision
-// and mixed_float16 training steps, in the models measured). Returns the members made
-// blocked.
+// one more f16 copy of the filter a step. Any groups (the compiler reads a grouped blocked
+// filter). A filter of Cout not a multiple of 16 is HWIO in that layout (conv.h): where the
+// graph shows its shape (the ReadVariableOp's _output_shapes, else its variable's: VarHandleOp
+// `shape`, a function argument's _handle_shapes) such a member is left alone, elsewhere it is
+// marked and stays HWIO bytes. Returns the members made blocked.
 int block_conv_filters_in(tfc::GraphDef& graph, bool input_grad) {
   const int n_nodes = graph.node_size();
   const std::unordered_map<std::string, int> index = node_index(graph);
@@ -5116,34 +5115,43 @@ int block_conv_filters_in(tfc::GraphDef& graph, bool input_grad) {
     const tfc::TensorShapeProto& shape = shapes->second.list().shape(r.port);
     return shape.unknown_rank() ? nullptr : &shape;
   };
-  // False only where a recorded shape of the filter rules the layout out.
+  // The shape of the variable a ReadVariableOp `input` reads (its handle's VarHandleOp `shape`
+  // or _Arg `_handle_shapes`); null where none is recorded.
+  auto variable_shape = [&](const std::string& input) -> const tfc::TensorShapeProto* {
+    const auto read = index.find(parse_input(input).node);
+    if (read == index.end() || graph.node(read->second).op() != "ReadVariableOp" ||
+        graph.node(read->second).input_size() < 1)
+      return nullptr;
+    const auto handle = index.find(parse_input(graph.node(read->second).input(0)).node);
+    if (handle == index.end()) return nullptr;
+    const tfc::NodeDef& h = graph.node(handle->second);
+    const tfc::TensorShapeProto* shape = nullptr;
+    if (const auto a = h.attr().find("shape"); h.op() == "VarHandleOp" && a != h.attr().end())
+      shape = &a->second.shape();
+    else if (const auto l = h.attr().find("_handle_shapes");
+             l != h.attr().end() && l->second.list().shape_size() == 1)
+      shape = &l->second.list().shape(0);
+    return shape && !shape->unknown_rank() ? shape : nullptr;
+  };
+  // False only where a recorded shape of the filter rules the layout out (Cout not a multiple
+  // of 16: the layout is HWIO, nothing to gain).
   auto shape_allows = [&](const std::string& input) {
     const tfc::TensorShapeProto* shape = recorded_shape(input);
+    if (!shape) shape = variable_shape(input);
     if (!shape) return true;
     return shape->dim_size() == 4 && (shape->dim(3).size() < 0 || shape->dim(3).size() % 16 == 0);
   };
-  // Whether `reader` reads the member (cast from `filter`, node:port) as a forward convolution's
-  // filter that may be blocked.
-  auto forward_conv = [&](int reader, int position, const std::string& filter) {
+  // Whether `reader` reads the member as a forward convolution's filter that may be blocked.
+  auto forward_conv = [&](int reader, int position) {
     const tfc::NodeDef& c = graph.node(reader);
     if (position != 1 || !on_npu(c) || c.attr().count(kFilterLayoutAttr)) return false;
     if (c.op() != "Conv2D" && c.op() != "Conv2DBiasAdd" && c.op() != "Conv2DBNTrainingReduce")
       return false;
     const auto f = c.attr().find("data_format");
     if (f != c.attr().end() && f->second.s() != "NHWC") return false;
-    // One group only (the compiler refuses the layout on a grouped convolution): where the
-    // recorded shapes (the convolution's _input_shapes, else its producers' _output_shapes)
-    // do not show the input's channels other than the filter's input channels.
-    auto dim = [&](int i, const std::string& producer, int d) -> int64_t {
-      const std::vector<int64_t> in = input_shape(c, i);
-      if (in.size() == 4) return in[static_cast<size_t>(d)];
-      const tfc::TensorShapeProto* s = recorded_shape(producer);
-      return s && s->dim_size() == 4 ? s->dim(d).size() : -1;
-    };
-    // (Where nothing is recorded, as in the step graphs seen so far, the pass cannot tell: a
-    // grouped convolution's compile then refuses the layout, hence the rewrite is opt-in.)
-    const int64_t x_channels = dim(0, c.input(0), 3), w_channels = dim(1, filter, 2);
-    return !(x_channels > 0 && w_channels > 0 && x_channels != w_channels);
+    // (Any groups: the convolutions read a grouped blocked filter, in place where a group's
+    // output channels are whole blocks of 16, else through an HWIO copy: conv.h.)
+    return true;
   };
   // Whether `reader` reads the member as an input gradient's filter that may be blocked (one
   // that a forward convolution of the same member has: its groups are that convolution's).
@@ -5171,7 +5179,7 @@ int block_conv_filters_in(tfc::GraphDef& graph, bool input_grad) {
       std::vector<std::pair<int, int>> convs, grads;
       bool others = false;
       for (const auto& [reader, position] : it->second) {
-        if (forward_conv(reader, position, cast.input(static_cast<int>(m))))
+        if (forward_conv(reader, position))
           convs.emplace_back(reader, position);
         else if (input_grad_conv(reader, position))
           grads.emplace_back(reader, position);
@@ -5273,21 +5281,25 @@ bool multi_cast_requested() {
   return on;
 }
 
-// Off unless NPUSIM_CONV_WEIGHTS_BLOCKED=1. With the cast's own store writing the blocked
-// filters, ResNet-50's mixed step on the 910b preset is 1.6 % shorter, but the pass cannot tell
-// a grouped convolution where no shapes are recorded (the compiler refuses the layout there),
-// and without the DMA's issue costs the step is longer (docs/graph_engine.md "The forward
-// convolutions' weights in blocks of 16 output channels").
-bool conv_weights_blocked_requested() {
-  static const bool on = [] {
+// NPUSIM_CONV_WEIGHTS_BLOCKED (read once per process): "1" on, "0" off; unset or empty, the
+// chip's choice (block_conv_filters' `chip_default`). Anything else is off, with a warning.
+std::optional<bool> conv_weights_blocked_forced() {
+  static const std::optional<bool> forced = []() -> std::optional<bool> {
     const char* v = std::getenv("NPUSIM_CONV_WEIGHTS_BLOCKED");
-    return v && std::string(v) == "1";
+    if (!v || !*v) return std::nullopt;
+    if (std::string(v) == "1") return true;
+    if (std::string(v) != "0")
+      std::fprintf(stderr,
+                   "npusim: warning: NPUSIM_CONV_WEIGHTS_BLOCKED='%s' is neither 0 nor 1: off\n", v);
+    return false;
   }();
-  return on;
+  return forced;
 }
 
-int block_conv_filters(tfc::GraphDef& graph) {
-  if (!fusion_enabled() || !multi_cast_requested() || !conv_weights_blocked_requested()) return 0;
+int block_conv_filters(tfc::GraphDef& graph, bool chip_default) {
+  if (!fusion_enabled() || !multi_cast_requested() ||
+      !conv_weights_blocked_forced().value_or(chip_default))
+    return 0;
   static const bool input_grad = switch_on("NPUSIM_CONV_WEIGHTS_BLOCKED_INPUT_GRAD");
   return block_conv_filters_in(graph, input_grad);
 }

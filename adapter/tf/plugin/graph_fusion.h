@@ -438,7 +438,8 @@
 //      the derived-tensor cache leaves out while the variable is unchanged. CANN's graph
 //      engine keeps the float16 copy with the variable instead (the update writing it: "Not
 //      yet" in docs/graph_engine.md). NPUSIM_FUSION_MULTI_CAST=0 turns it alone off.
-//   19b. Opt-in (NPUSIM_CONV_WEIGHTS_BLOCKED=1; block_conv_filters below): a float16 /
+//   19b. On the chips whose MTE issue keys are > 0 (the 910b preset; NPUSIM_CONV_WEIGHTS_BLOCKED
+//      =0 / =1 forces it off / on; block_conv_filters below): a float16 /
 //      bfloat16 member of those nodes read as a forward convolution's filter (Conv2D,
 //      Conv2DBiasAdd, Conv2DBNTrainingReduce, input 1, NHWC) is written in blocks of 16 output
 //      channels
@@ -637,10 +638,12 @@ int group_weight_casts(tensorflow::GraphDef& graph,
                        const std::unordered_set<std::string>& preserve);
 
 // Rewrite 19b (graph_fusion.cpp block_conv_filters: the forward convolutions' filters written
-// blocked by the weights' MultiTensorCast) on `graph` while fusion_enabled() and rewrite 19 and
-// NPUSIM_CONV_WEIGHTS_BLOCKED=1 (default off, read once per process) are requested, after
-// group_weight_casts; returns the members written blocked.
-int block_conv_filters(tensorflow::GraphDef& graph);
+// blocked by the weights' MultiTensorCast) on `graph` while fusion_enabled() and rewrite 19 are
+// requested and NPUSIM_CONV_WEIGHTS_BLOCKED (read once per process) says so: "1" on, "0" off,
+// unset `chip_default` (the caller's choice for the device's chip: graph_optimizer.cpp, on
+// where the chip's MTE issue keys are > 0); after group_weight_casts. Returns the members
+// written blocked.
+int block_conv_filters(tensorflow::GraphDef& graph, bool chip_default);
 
 // The first edge of a graph TensorFlow would refuse when it rebuilds a function's graph from the
 // optimizer's output (a producer's output type that its consumer's op definition does not take

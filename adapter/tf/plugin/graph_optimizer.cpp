@@ -52,6 +52,7 @@
 #include "adapter/tf/plugin/launch_order.h"
 #include "adapter/tf/plugin/mixed_precision.h"
 #include "adapter/tf/plugin/npu_graph.h"
+#include "adapter/tf/plugin/plugin_device.h"
 #include "adapter/tf/plugin/stable_inputs.h"
 #include "adapter/tf/plugin/tf_graph_headers.h"
 
@@ -61,6 +62,26 @@ namespace {
 namespace tfc = ::tensorflow;
 
 bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+// Whether the device's chip prices the DMA's issue (mte.copy_issue_cycles or mte.burst_cycles
+// > 0, the 910b preset): rewrite 19b's default (block_conv_filters), since the blocked filters
+// save the weight loads' issue (whole-fractal runs) while, with the keys at 0, the cast's
+// blocked store costs more than the loads save (docs/graph_engine.md). The open device's
+// config, else the chip the environment names (chip 0's with several); false where that does
+// not load (the device's open then reports it).
+bool chip_prices_dma_issue() {
+  const auto priced = [](const ChipConfig& cfg) {
+    return cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0;
+  };
+  if (const std::shared_ptr<rt::Device> device = device_if_open()) return priced(device->config());
+  PluginSettings s;
+  if (!settings_from_env(&s).ok()) return false;
+  try {
+    return priced(load_chip_config(s.chip, s.overrides));
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 // Assigned devices are full names: "/job:localhost/replica:0/task:0/device:CPU:0".
 bool on_device_type(const std::string& device, const char* type) {
@@ -466,8 +487,9 @@ void optimize(void*, const TF_Buffer* graph_buf, const TF_GrapplerItem* item,
         std::fprintf(stderr, "npusim: fusion in %s: %d MultiTensorCast\n",
                      item_id(item).c_str(), multi_casts);
       changed |= multi_casts > 0;
-      // Their members that forward convolutions read, written blocked (rewrite 19b; opt-in).
-      const int blocked = block_conv_filters(graph);
+      // Their members that forward convolutions read, written blocked (rewrite 19b; by default
+      // where the chip prices the DMA's issue).
+      const int blocked = block_conv_filters(graph, chip_prices_dma_issue());
       if (std::getenv("NPUSIM_FUSION_LOG") && blocked > 0)
         std::fprintf(stderr, "npusim: fusion in %s: %d convolution filters blocked\n",
                      item_id(item).c_str(), blocked);
