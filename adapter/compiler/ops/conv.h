@@ -108,6 +108,13 @@ struct CubeConvSpec {
   BMode b_mode = BMode::kRowsK;
   bool b_flip = false;
   int64_t b_group = 0, b_tap = 0, b_row = 0;
+  // The stride-packed view of ops/conv2d.cpp (kRowsK, no flip, block-diagonal packing or
+  // kFilterLayoutN16): B's taps are not KW * b_tap apart from one row of taps to the next but
+  // b_tap_row (elements): tap (kh, kw) at kh * b_tap_row + kw * b_tap (0: KW * b_tap, the plain
+  // formula above). b_last_col_rows (> 0): the k-blocks of the last column of taps (kw = KW - 1)
+  // hold only their first b_last_col_rows rows (input channels) of B, the rows after them are
+  // zero (not read): the last packed pixel of a window of odd width holds one real tap.
+  int64_t b_tap_row = 0, b_last_col_rows = 0;
   // A filter in kFilterLayoutN16: its output channels in blocks of 16, block j at j * b_nblock
   // (elements), b_row = 16. kRowsK (the forward convolutions): B's column n at (n / 16) *
   // b_nblock + n % 16 instead of n, so that one k-block's 16 x 16 fractal of a column block is

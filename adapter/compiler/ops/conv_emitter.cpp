@@ -1017,6 +1017,8 @@ class ConvEmitter {
           b.add(src, src, base);
           b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, nrows, m_s.b_row, kBlk},
                  "k-block: 16 input channels x their diagonal block's columns");
+        } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK && m_s.b_tap_row != 0) {
+          load_packed_tap(base, d, src, t, tap, c, rows, n_act);
         } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
           b.mul(t, c, kBlk * m_s.b_row);
           b.add(src, src, t);
@@ -1037,6 +1039,38 @@ class ConvEmitter {
         b.add(d, d, t, "next k-block: nb * 512 bytes");
       });
     });
+  }
+
+  // The k-block (c, tap) of the stride-packed view's kRowsK B (CubeConvSpec::b_tap_row) into
+  // L1 at d: its rows at base + ((tap / KW) * b_tap_row + (tap % KW) * b_tap + c * 16 * b_row)
+  // * size, `rows` of them, at most b_last_col_rows in the last column of taps (the rows after
+  // them zero-filled by the nd2nz, as past cvalid). src and t are scratch.
+  void load_packed_tap(const Reg& base, const Reg& d, const Reg& src, const Reg& t,
+                       const Reg& tap, const Reg& c, const Reg& rows, const Reg& n_act) {
+    KernelBuilder& b = m_b;
+    b.div(src, tap, m_s.kw);
+    b.mul(src, src, m_s.b_tap_row, "the tap's row of taps");
+    b.rem(t, tap, m_s.kw);
+    b.mul(t, t, m_s.b_tap);
+    b.add(src, src, t, "and its column");
+    b.mul(t, c, kBlk * m_s.b_row);
+    b.add(src, src, t);
+    b.mul(src, src, m_isz);
+    b.add(src, src, base);
+    const auto emit = [&](const Reg& n_rows) {
+      b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, n_rows, n_act, m_s.b_row, kBlk},
+             "k-block: a packed pixel's channels x n (fractal rows = k)");
+    };
+    if (m_s.b_last_col_rows == 0) return emit(rows);
+    const Label other = b.label("packed_other_column"), done = b.label("packed_tap_done");
+    b.rem(t, tap, m_s.kw);
+    b.branch(ne(t, m_s.kw - 1), other);
+    b.min(t, rows, m_s.b_last_col_rows, "the last column of taps: its real rows");
+    emit(t);
+    b.jmp(done);
+    b.bind(other);
+    emit(rows);
+    b.bind(done);
   }
 
   // kRowsK weights in blocks of 16 columns (CubeConvSpec::b_nblock): k-block (c, tap)'s
