@@ -246,13 +246,14 @@ bool stride_pack_wanted(const OpDesc& op, const ChipConfig& cfg) {
 // stem where the fold has 2 (and the plain map 7). A non-finite value in the pixel right of a
 // window of odd width reaches that window's output through the zero weight (0 * inf): x' reads
 // the pixel, TF's convolution does not.
-// Applies (returns true) where stride_pack_wanted, the filter is HWIO (not kFilterLayoutN16)
-// and the view has fewer k-blocks than the plain map and reads no pixel past a row of x.
+// Applies (returns true) where stride_pack_wanted, the view has fewer k-blocks than the plain
+// map and reads no pixel past a row of x, and a filter in kFilterLayoutN16 has its packed
+// pixel's rows in one block (sw * C < 16: the caller sets b_tap_row for that layout).
 bool pack_stride(CubeConvSpec& s, const std::vector<int64_t>& x, const OpDesc& op,
                  const ChipConfig& cfg, bool filter_n16) {
   const int64_t c = s.cs, kw = s.kw, q = s.sw;
-  if (s.groups != 1 || s.x_row != 0 || filter_n16 || q < 2 || s.up_w != 1 ||
-      !width_fold_pays(c, kw, s.pl, s.pr, s.dw))
+  if (s.groups != 1 || s.x_row != 0 || (filter_n16 && q * c >= kFold16) || q < 2 ||
+      s.up_w != 1 || !width_fold_pays(c, kw, s.pl, s.pr, s.dw))
     return false;
   const int64_t kw_packed = ceil_div(kw, q), ow = s.ow(), w_packed = ow + kw_packed - 1;
   if (ceil_div(q * c, kFold16) * kw_packed >= kw * ceil_div(c, kFold16) || w_packed * q > x[2] ||
@@ -1133,7 +1134,8 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
           "(filter {} {}, {} groups)",
           kFilterLayoutN16, data_type_name(op.inputs[1].dtype), shape_str(f), groups));
     s.b_row = kFold16;
-    s.b_tap = s.cg_in * kFold16;  // cg_in: kw * cin where the width is folded
+    s.b_tap = s.cg_in * kFold16;  // cg_in: kw * cin where the width is folded, sw * cin packed
+    if (s.b_tap_row != 0) s.b_tap_row = f[1] * cin * kFold16;  // packed: a row of taps
     s.b_group = 0;
     s.b_nblock = f[0] * f[1] * cin * kFold16;
   }
