@@ -1047,8 +1047,8 @@ class ConvEmitter {
   // L1 at d: its rows at base + ((tap / KW) * b_tap_row + (tap % KW) * b_tap + c * 16 * b_row)
   // * size, `rows` of them, at most b_last_col_rows in the last column of taps (the rows after
   // them zero-filled by the nd2nz, as past cvalid). src and t are scratch.
-  void load_packed_tap(const Reg& base, const Reg& d, const Reg& src, const Reg& t,
-                       const Reg& tap, const Reg& c, const Reg& rows, const Reg& n_act) {
+  void load_packed_tap(const Reg& base, const Reg& d, const Reg& src, const Reg& t, const Reg& tap,
+                       const Reg& c, const Reg& rows, const Reg& n_act) {
     KernelBuilder& b = m_b;
     b.div(src, tap, m_s.kw);
     b.mul(src, src, m_s.b_tap_row, "the tap's row of taps");
