@@ -161,6 +161,11 @@ TEST_CASE("Conv2D stride-packed view: few input channels, a stride along W (the 
   past.sh = past.sw = 2;
   past.padding = "VALID";
   CHECK_THAT(summary(past), Catch::Contains("2x15x11x21 f16 (5x1 window"));
+  // A packed pixel of more than one channel block (7 channels, stride 3: 21): the fold.
+  ConvCase wide{1, 9, 21, 7, 3, 7, 16};
+  wide.sh = wide.sw = 3;
+  wide.padding = "VALID";
+  CHECK_THAT(summary(wide), Catch::Contains("1x9x15x49 f16 (3x1 window"));
   ConvCase same = stem3;
   same.padding = "SAME";
   CHECK_THAT(summary(same), Catch::Contains("2x13x16x3 f16 (7x7 window"));

@@ -246,19 +246,18 @@ bool stride_pack_wanted(const OpDesc& op, const ChipConfig& cfg) {
 // stem where the fold has 2 (and the plain map 7). A non-finite value in the pixel right of a
 // window of odd width reaches that window's output through the zero weight (0 * inf): x' reads
 // the pixel, TF's convolution does not.
-// Applies (returns true) where stride_pack_wanted, the view has fewer k-blocks than the plain
-// map and reads no pixel past a row of x, and a filter in kFilterLayoutN16 has its packed
-// pixel's rows in one block (sw * C < 16: the caller sets b_tap_row for that layout).
+// Applies (returns true) where stride_pack_wanted, a packed pixel is one channel block (sw * C
+// <= 16: one k-block a tap, fewer than the plain map's KW a row of taps) and the view reads no
+// pixel past a row of x. HWIO strides; a filter in kFilterLayoutN16 gets its own from the
+// caller.
 bool pack_stride(CubeConvSpec& s, const std::vector<int64_t>& x, const OpDesc& op,
-                 const ChipConfig& cfg, bool filter_n16) {
+                 const ChipConfig& cfg) {
   const int64_t c = s.cs, kw = s.kw, q = s.sw;
-  if (s.groups != 1 || s.x_row != 0 || (filter_n16 && q * c >= kFold16) || q < 2 ||
-      s.up_w != 1 || !width_fold_pays(c, kw, s.pl, s.pr, s.dw))
+  if (s.groups != 1 || s.x_row != 0 || q < 2 || q * c > kFold16 || s.up_w != 1 ||
+      !width_fold_pays(c, kw, s.pl, s.pr, s.dw))
     return false;
   const int64_t kw_packed = ceil_div(kw, q), ow = s.ow(), w_packed = ow + kw_packed - 1;
-  if (ceil_div(q * c, kFold16) * kw_packed >= kw * ceil_div(c, kFold16) || w_packed * q > x[2] ||
-      !stride_pack_wanted(op, cfg))
-    return false;
+  if (kw_packed >= kw || w_packed * q > x[2] || !stride_pack_wanted(op, cfg)) return false;
   if (w_packed * q != x[2]) {  // a view of x: the pixels past W' * sw left out
     s.x_pixel = q * c;
     s.x_row = x[2] * c;
@@ -1121,7 +1120,7 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   s.b_group = cout / groups;  // group g's columns start at g * cout / groups
   s.b_tap = cin * cout;
   s.b_row = cout;
-  if (!pack_stride(s, x, op, ctx.cfg, filter_layout_n16(op))) fold_width(s, x);
+  if (!pack_stride(s, x, op, ctx.cfg)) fold_width(s, x);
   if (filter_layout_n16(op)) {
     // The filter in blocks of 16 output channels (conv.h, kFilterLayoutN16) as the cube reads
     // it: no cast, fold or packing may read it as HWIO first.

@@ -1136,7 +1136,7 @@ class ConvEmitter {
   }
 
   // load_weights_n16 for the stride-packed view (CubeConvSpec::b_tap_row; the group's channels
-  // one partial block, cg_in < 16, checked by the tiling): per column block j and tap (kh, kw)
+  // one block, cg_in <= 16, checked by the tiling): per column block j and tap (kh, kw)
   // one nd2nz of the tap's cg_in rows (b_last_col_rows in the last column) x 16 columns at
   // base + (j * b_nblock + kh * b_tap_row + kw * b_tap) * size, zero-padded to 16 rows, to
   // k-block tap's fractal j in L1: d + (tap * nb + j) * 512, the layout of load_weights. The
