@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -118,6 +119,66 @@ TEST_CASE("Conv2D width fold: few input channels, no padding along W (the first 
   same.padding = "SAME";
   k = compiler::compile(make_op("Conv2D", {x, f}, same.attrs()), test_sim().config());
   CHECK_THAT(conv_summary(k), Catch::Contains("2x15x17x3 f16 (5x7 window"));
+}
+
+TEST_CASE("Conv2D stride-packed view: few input channels, a stride along W (the stem)") {
+  // NPUSIM_CONV_STRIDE_PACK=1: the view wherever it applies (unset: only on chips that price
+  // the DMA's issue). x's pixels sw at a time as one pixel of sw * C channels, ceil(KW / sw)
+  // taps wide, stride 1 along W; the last column of taps of an odd window holds one real pixel.
+  auto pack = std::make_unique<ScopedEnv>("NPUSIM_CONV_STRIDE_PACK", "1");
+  const auto summary = [](const ConvCase& c) {
+    const TensorDesc x{DataType::F16, {c.n, c.h, c.w, c.c}};
+    const TensorDesc f{DataType::F16, {c.kh, c.kw, c.c, c.cout}};
+    return conv_summary(
+        compiler::compile(make_op("Conv2D", {x, f}, c.attrs()), test_sim().config()));
+  };
+  // The stem's family: 7x7 stride 2 VALID over 3 and 4 channels, W' * 2 == W (x' dense).
+  ConvCase stem3{2, 13, 16, 3, 7, 7, 24};
+  stem3.sh = stem3.sw = 2;
+  stem3.padding = "VALID";
+  check_conv2d(DataType::F16, stem3, 60);
+  check_conv2d(DataType::F32, stem3, 61);
+  check_conv2d_bias_add(stem3, true, 62, PrecisionMode::kAllowFp32ToFp16, DataType::F16);
+  CHECK_THAT(summary(stem3), Catch::Contains("2x13x8x6 f16 (7x4 window, stride 2x1"));
+  ConvCase stem4{1, 12, 22, 4, 7, 7, 40};
+  stem4.sh = stem4.sw = 2;
+  stem4.padding = "VALID";
+  check_conv2d(DataType::F16, stem4, 63);
+  CHECK_THAT(summary(stem4), Catch::Contains("1x12x11x8 f16 (7x4 window, stride 2x1"));
+  // An even window, W' * 2 < W (x viewed with its row pitch: the last column unread); stride 3.
+  ConvCase even{2, 9, 21, 3, 4, 6, 17};
+  even.sh = even.sw = 2;
+  even.padding = "VALID";
+  check_conv2d(DataType::F16, even, 64);
+  CHECK_THAT(summary(even), Catch::Contains("2x9x10x6 f16 (4x3 window, stride 2x1"));
+  ConvCase three{1, 10, 21, 3, 5, 7, 16};
+  three.sh = three.sw = 3;
+  three.padding = "VALID";
+  check_conv2d(DataType::F16, three, 65);
+  CHECK_THAT(summary(three), Catch::Contains("1x10x7x9 f16 (5x3 window, stride 3x1"));
+  // Where the view would read past a row (W' * sw > W), the width fold; padding along W, neither.
+  ConvCase past{2, 15, 17, 3, 5, 7, 24};
+  past.sh = past.sw = 2;
+  past.padding = "VALID";
+  CHECK_THAT(summary(past), Catch::Contains("2x15x11x21 f16 (5x1 window"));
+  // A packed pixel of more than one channel block (7 channels, stride 3: 21): the fold.
+  ConvCase wide{1, 9, 21, 7, 3, 7, 16};
+  wide.sh = wide.sw = 3;
+  wide.padding = "VALID";
+  CHECK_THAT(summary(wide), Catch::Contains("1x9x15x49 f16 (3x1 window"));
+  ConvCase same = stem3;
+  same.padding = "SAME";
+  CHECK_THAT(summary(same), Catch::Contains("2x13x16x3 f16 (7x7 window"));
+  // "0": the width fold as before; anything else is refused.
+  pack.reset();
+  {
+    ScopedEnv off("NPUSIM_CONV_STRIDE_PACK", "0");
+    CHECK_THAT(summary(stem3), Catch::Contains("2x13x10x21 f16 (7x1 window"));
+  }
+  {
+    ScopedEnv bad("NPUSIM_CONV_STRIDE_PACK", "yes");
+    CHECK_THROWS_WITH(summary(stem3), Catch::Contains("NPUSIM_CONV_STRIDE_PACK='yes'"));
+  }
 }
 
 TEST_CASE("Conv2D f32 under the precision modes, bf16, groups") {

@@ -199,6 +199,41 @@ TEST_CASE("Conv2D reads a filter in blocks of 16 output channels: the HWIO filte
   }
 }
 
+TEST_CASE("Conv2D's stride-packed view reads a filter in blocks of 16 output channels") {
+  // NPUSIM_CONV_STRIDE_PACK=1 (the view wherever it applies): the stem's 7x7 stride-2 VALID
+  // window over 3 and 4 channels, x's pixel pairs one pixel of 6 / 8 channels; the blocked
+  // filter's taps per row and column of taps, the last column's one real pixel.
+  setenv("NPUSIM_CONV_STRIDE_PACK", "1", 1);
+  const std::vector<ConvCase> cases = {
+      ConvCase{2, 13, 16, 3, 7, 7, 32}.window(2, 2, 1, 1, "VALID"),
+      ConvCase{1, 12, 22, 4, 7, 7, 48}.window(2, 2, 1, 1, "VALID"),
+  };
+  const std::vector<std::string> views = {"2x13x8x6 f16 (7x4 window", "1x12x11x8 f16 (7x4 window"};
+  uint32_t seed = 170;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const ConvCase& c = cases[i];
+    INFO("x [" << c.n << "," << c.h << "," << c.w << "," << c.c << "] filter " << c.kh << "x"
+               << c.kw << " -> " << c.cout);
+    const HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, seed++);
+    const HostTensor f = random_tensor(DataType::F16, filter_shape(c), -1, 1, seed++);
+    const CompiledKernel plain =
+        compiler::compile(make_op("Conv2D", {x.desc, f.desc}, c.attrs()), test_sim().config());
+    const CompiledKernel blocked = compiler::compile(
+        make_op("Conv2D", {x.desc, f.desc}, with_layout(c.attrs())), test_sim().config());
+    summarize(blocked);
+    CHECK_THAT(blocked.launches.back().summary, Catch::Contains(views[i]));
+    const RunResult want = run_compiled(test_sim(), plain, {x, f});
+    const RunResult got = run_compiled(test_sim(), blocked, {x, to_blocked(f)});
+    CHECK(got.outputs[0].values == want.outputs[0].values);
+    Reference ref = new_reference(want.outputs[0].values.size());
+    for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+      accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+    });
+    check_against(got.outputs[0].values, ref, DataType::F16, false, "y");
+  }
+  unsetenv("NPUSIM_CONV_STRIDE_PACK");
+}
+
 TEST_CASE("Conv2DBiasAdd reads a filter in blocks of 16 output channels") {
   const ConvCase c{2, 7, 7, 64, 3, 3, 96};
   const HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, 160);

@@ -74,8 +74,8 @@ inline constexpr const char* kFilterLayoutN16 = "N16_HWI16";
 bool filter_layout_n16(const OpDesc& op);
 // The element offset of filter element (kh, kw, ci, co) of an HWIO-shaped filter `f` in
 // kFilterLayoutN16 (Cout a multiple of 16).
-inline int64_t filter_n16_offset(const std::vector<int64_t>& f, int64_t kh, int64_t kw,
-                                 int64_t ci, int64_t co) {
+inline int64_t filter_n16_offset(const std::vector<int64_t>& f, int64_t kh, int64_t kw, int64_t ci,
+                                 int64_t co) {
   return ((co / 16) * f[0] * f[1] * f[2] + (kh * f[1] + kw) * f[2] + ci) * 16 + co % 16;
 }
 
@@ -112,6 +112,14 @@ struct CubeConvSpec {
   BMode b_mode = BMode::kRowsK;
   bool b_flip = false;
   int64_t b_group = 0, b_tap = 0, b_row = 0;
+  // The stride-packed view of ops/conv2d.cpp (kRowsK, no flip or block-diagonal packing,
+  // cg_in <= 16: one k-block a tap): B's taps are not KW * b_tap apart from one row of taps to
+  // the next but b_tap_row (elements): tap (kh, kw) at kh * b_tap_row + kw * b_tap (0: KW *
+  // b_tap, the plain formula above). b_last_col_rows (> 0): the k-blocks of the last column of
+  // taps (kw = KW - 1) hold only their first b_last_col_rows rows (input channels) of B, the
+  // rows after them are zero (not read): the last packed pixel of a window of odd width holds
+  // fewer real taps than sw.
+  int64_t b_tap_row = 0, b_last_col_rows = 0;
   // A filter in kFilterLayoutN16: its output channels in blocks of 16, block j at j * b_nblock
   // (elements), b_row = 16. kRowsK (the forward convolutions): B's column n at (n / 16) *
   // b_nblock + n % 16 instead of n, so that one k-block's 16 x 16 fractal of a column block is
@@ -282,7 +290,7 @@ struct CubeConvTiling {
   // fractal (tap * ncb + c) * nb of its B in L1 and each mmad step loads L0B per k-block
   // (weight_loads_switch, Candidate::weight_load).
   bool weights_by_tap = false;
-  int64_t b_bytes = 0;     // one weight buffer in L1 (resident: one; chunked: two)
+  int64_t b_bytes = 0;  // one weight buffer in L1 (resident: one; chunked: two)
   int l0c_buffers = 1;
   int block_dim = 0;
   int64_t tiles_per_block = 0;  // block b takes tiles [b * per, min(tiles, (b + 1) * per))

@@ -219,6 +219,62 @@ void fold_width(CubeConvSpec& s, const std::vector<int64_t>& x) {
   s.b_tap = s.cs * s.cy;
 }
 
+// NPUSIM_CONV_STRIDE_PACK (read at every compile) for op: unset or empty, the stride-packed
+// view (pack_stride) where it applies and the chip prices the DMA's issue
+// (ChipConfig::copy_issue_cycles or burst_cycles > 0); "0", never (the width fold as before);
+// "1", wherever it applies (a measuring switch). Anything else is a CompileError naming op.
+bool stride_pack_wanted(const OpDesc& op, const ChipConfig& cfg) {
+  const char* v = std::getenv("NPUSIM_CONV_STRIDE_PACK");
+  const std::string_view value = v ? v : "";
+  if (value.empty()) return cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0;
+  if (value == "0" || value == "1") return value == "1";
+  op.fail(fmt::format("NPUSIM_CONV_STRIDE_PACK='{}' is none of '', '0', '1'", value));
+}
+
+// The stride-packed view for inputs of few channels with a stride along W, where the width fold
+// would apply (the first layer's 7x7 stride 2 over 3 channels): without padding or dilation
+// along W, x [N,H,W,C]'s pixels taken sw at a time are one pixel of sw * C channels (contiguous
+// in NHWC), the view x' [N,H,W',sw*C], x'[n][h][j][p*C + c] = x[n][h][j*sw + p][c], W' = OW +
+// KW' - 1, KW' = ceil(KW / sw); the KH x KW convolution of stride (sh, sw) over x is the
+// KH x KW' one of stride (sh, 1) over x', whose filter tap (kh, j) has rows p*C + c = the HWIO
+// rows (kh, j*sw + p, c) where j*sw + p < KW, zero beyond (the last column of taps holds
+// (KW - (KW' - 1) * sw) * C real rows: CubeConvSpec::b_last_col_rows).
+// The width fold's view reads pixels C apart holding KW * C channels: they overlap in GM, so
+// its slab is a GM run per pixel and plane (a burst each where the chip prices them: 420 k
+// cycles for the 910b's 8x230x230x3 stem, 28 k without the DMA's issue). x' does not overlap:
+// a slab row is one run, the slab one where W' * sw == W (then x' is x's own NHWC shape). The
+// cost: the cube pads sw * C to 16 per tap, 4 k-blocks per row of taps for the 7x7 stride-2
+// stem where the fold has 2 (and the plain map 7). A non-finite value in the pixel right of a
+// window of odd width reaches that window's output through the zero weight (0 * inf): x' reads
+// the pixel, TF's convolution does not.
+// Applies (returns true) where stride_pack_wanted, a packed pixel is one channel block (sw * C
+// <= 16: one k-block a tap, fewer than the plain map's KW a row of taps) and the view reads no
+// pixel past a row of x. HWIO strides; a filter in kFilterLayoutN16 gets its own from the
+// caller.
+bool pack_stride(CubeConvSpec& s, const std::vector<int64_t>& x, const OpDesc& op,
+                 const ChipConfig& cfg) {
+  const int64_t c = s.cs, kw = s.kw, q = s.sw;
+  if (s.groups != 1 || s.x_row != 0 || q < 2 || q * c > kFold16 || s.up_w != 1 ||
+      !width_fold_pays(c, kw, s.pl, s.pr, s.dw))
+    return false;
+  const int64_t kw_packed = ceil_div(kw, q), ow = s.ow(), w_packed = ow + kw_packed - 1;
+  if (kw_packed >= kw || w_packed * q > x[2] || !stride_pack_wanted(op, cfg)) return false;
+  if (w_packed * q != x[2]) {  // a view of x: the pixels past W' * sw left out
+    s.x_pixel = q * c;
+    s.x_row = x[2] * c;
+    s.x_image = x[1] * x[2] * c;
+  }
+  const int64_t last_col = (kw - (kw_packed - 1) * q) * c;
+  s.ws = w_packed;
+  s.cs = s.cg_in = q * c;
+  s.kw = kw_packed;
+  s.sw = 1;
+  s.b_tap_row = kw * c * s.cy;  // HWIO: a row of taps kw taps of c rows
+  s.b_tap = q * c * s.cy;       // a packed pixel's sw taps
+  s.b_last_col_rows = last_col < q * c ? last_col : 0;
+  return true;
+}
+
 // A convolution with a batch norm (Conv2DBatchNormInference, DepthwiseConv2dBatchNormInference):
 // the filter (dtype dt) f32, x f32 or f16 (Tx: a fused producer's fp16 hand-off), y f32 or f16
 // (Tout); returns y's type.
@@ -1111,7 +1167,7 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
   s.b_group = cout / groups;  // group g's columns start at g * cout / groups
   s.b_tap = cin * cout;
   s.b_row = cout;
-  fold_width(s, x);
+  if (!pack_stride(s, x, op, ctx.cfg)) fold_width(s, x);
   const FilterRead filter_read =
       filter_layout_n16(op) ? n16_filter_read(f, groups) : FilterRead::kHwio;
   if (filter_layout_n16(op) && (batch_norm || ct.cast_inputs))
@@ -1126,7 +1182,8 @@ CompiledKernel compile_conv2d_forward(const CompileContext& ctx) {
     // The width fold's view (rows kw * cin + c of a tap row) holds in it too: a tap row's
     // (kw, ci) rows are contiguous in each column block.
     s.b_row = kFold16;
-    s.b_tap = s.cg_in * kFold16;  // cg_in: kw * cin where the width is folded
+    s.b_tap = s.cg_in * kFold16;  // cg_in: kw * cin where the width is folded, sw * cin packed
+    if (s.b_tap_row != 0) s.b_tap_row = f[1] * cin * kFold16;  // packed: a row of taps
     s.b_nblock = f[0] * f[1] * cin * kFold16;
     s.b_group = cout / groups / kFold16 * s.b_nblock;  // group g's first column block
   }

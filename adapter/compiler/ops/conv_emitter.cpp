@@ -991,6 +991,8 @@ class ConvEmitter {
       round16(b, nrows, n_act);
     b.mov(d, dst);
     if (by_tap()) return load_weights_by_tap(base, d, nrows, n_act, c1a, ncb, cvalid);
+    if (m_s.b_nblock > 0 && m_s.b_mode == CubeConvSpec::BMode::kRowsK && m_s.b_tap_row != 0)
+      return load_weights_n16_packed(base, d, nrows, t);
     if (m_s.b_nblock > 0 && m_s.b_mode == CubeConvSpec::BMode::kRowsK)
       return load_weights_n16(base, d, nrows, c1a, ncb, t);
     Reg c = b.reg("weights: block"), end = b.reg("weights: end block");
@@ -1017,6 +1019,8 @@ class ConvEmitter {
           b.add(src, src, base);
           b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, nrows, m_s.b_row, kBlk},
                  "k-block: 16 input channels x their diagonal block's columns");
+        } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK && m_s.b_tap_row != 0) {
+          load_packed_tap(base, d, src, t, tap, c, rows, n_act);
         } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
           b.mul(t, c, kBlk * m_s.b_row);
           b.add(src, src, t);
@@ -1037,6 +1041,38 @@ class ConvEmitter {
         b.add(d, d, t, "next k-block: nb * 512 bytes");
       });
     });
+  }
+
+  // The k-block (c, tap) of the stride-packed view's kRowsK B (CubeConvSpec::b_tap_row) into
+  // L1 at d: its rows at base + ((tap / KW) * b_tap_row + (tap % KW) * b_tap + c * 16 * b_row)
+  // * size, `rows` of them, at most b_last_col_rows in the last column of taps (the rows after
+  // them zero-filled by the nd2nz, as past cvalid). src and t are scratch.
+  void load_packed_tap(const Reg& base, const Reg& d, const Reg& src, const Reg& t, const Reg& tap,
+                       const Reg& c, const Reg& rows, const Reg& n_act) {
+    KernelBuilder& b = m_b;
+    b.div(src, tap, m_s.kw);
+    b.mul(src, src, m_s.b_tap_row, "the tap's row of taps");
+    b.rem(t, tap, m_s.kw);
+    b.mul(t, t, m_s.b_tap);
+    b.add(src, src, t, "and its column");
+    b.mul(t, c, kBlk * m_s.b_row);
+    b.add(src, src, t);
+    b.mul(src, src, m_isz);
+    b.add(src, src, base);
+    const auto emit = [&](const Reg& n_rows) {
+      b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, n_rows, n_act, m_s.b_row, kBlk},
+             "k-block: a packed pixel's channels x n (fractal rows = k)");
+    };
+    if (m_s.b_last_col_rows == 0) return emit(rows);
+    const Label other = b.label("packed_other_column"), done = b.label("packed_tap_done");
+    b.rem(t, tap, m_s.kw);
+    b.branch(ne(t, m_s.kw - 1), other);
+    b.min(t, rows, m_s.b_last_col_rows, "the last column of taps: its real rows");
+    emit(t);
+    b.jmp(done);
+    b.bind(other);
+    emit(rows);
+    b.bind(done);
   }
 
   // kRowsK weights in blocks of 16 columns (CubeConvSpec::b_nblock): k-block (c, tap)'s
@@ -1096,6 +1132,40 @@ class ConvEmitter {
       b.mul(t, nb, m_taps * kFrac);
       b.sub(d, d, t);
       b.add(d, d, kFrac, "next column block's fractal of k-block 0");
+    });
+  }
+
+  // load_weights_n16 for the stride-packed view (CubeConvSpec::b_tap_row; the group's channels
+  // one block, cg_in <= 16, checked by the tiling): per column block j and tap (kh, kw)
+  // one nd2nz of the tap's cg_in rows (b_last_col_rows in the last column) x 16 columns at
+  // base + (j * b_nblock + kh * b_tap_row + kw * b_tap) * size, zero-padded to 16 rows, to
+  // k-block tap's fractal j in L1: d + (tap * nb + j) * 512, the layout of load_weights. The
+  // columns of taps unrolled. base, d, nrows and t are the caller's and are clobbered.
+  void load_weights_n16_packed(const Reg& base, const Reg& d, const Reg& nrows, const Reg& t) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "stride-packed weights in blocks of 16 columns: nd2nz per tap");
+    constexpr int64_t kFrac = kBlkBytes * kBlk;  // one fractal's bytes (16-bit elements)
+    const Reg& nb = nrows;
+    Reg j = b.reg("weights: column block"), kh = b.reg("weights: row of taps"),
+        ps = b.reg("weights: source"), pd = b.reg("weights: destination");
+    b.div(nb, nrows, kBlk, "column blocks");
+    b.mul(t, nb, kFrac, "a k-block's nb fractals");
+    b.for_range(j, 0, nb, 1, [&] {
+      b.mul(ps, j, m_s.b_nblock * m_isz);
+      b.add(ps, ps, base, "column block j's tap (0, 0)");
+      b.mul(pd, j, kFrac);
+      b.add(pd, pd, d, "k-block 0's fractal j");
+      b.for_range(kh, 0, m_s.kh, 1, [&] {
+        for (int64_t kw = 0; kw < m_s.kw; ++kw) {
+          const bool last = kw == m_s.kw - 1;
+          const int64_t rows = last && m_s.b_last_col_rows ? m_s.b_last_col_rows : m_s.cg_in;
+          b.emit(Opcode::op_nd2nz, {m_s.in_type, pd, ps, rows, kBlk, m_s.b_row, kBlk},
+                 "a packed pixel's rows x 16 columns, zero-padded");
+          b.add(ps, ps, (last ? m_s.b_tap_row - (m_s.kw - 1) * m_s.b_tap : m_s.b_tap) * m_isz,
+                last ? "next row of taps" : "next column of taps");
+          b.add(pd, pd, t, "next k-block");
+        }
+      });
     });
   }
 

@@ -1086,6 +1086,14 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
         "packing, a 16-bit cube input, and each group's whole 16-channel blocks of n without "
         "flip (kRowsK) or of k (kRowsN) ({} -> {} channels a group, {} groups)",
         op, s.cg_in, s.cg_out, s.groups));
+  if ((s.b_tap_row != 0 || s.b_last_col_rows != 0) &&
+      (!rows_k || s.b_flip || s.b_diagonal || s.cg_in > kBlk || s.b_last_col_rows < 0 ||
+       s.b_last_col_rows >= s.cg_in))
+    throw CompileError(fmt::format(
+        "{}: a stride-packed B (b_tap_row {}, b_last_col_rows {}) needs kRowsK weights without "
+        "flip or block-diagonal packing, at most 16 input channels (one k-block a tap) and "
+        "fewer last-column rows than the {} input channels",
+        op, s.b_tap_row, s.b_last_col_rows, s.cg_in));
   const std::vector<int64_t> tns = tile_widths(s, op);
   ConvPlanner planner{s,
                       cfg,
