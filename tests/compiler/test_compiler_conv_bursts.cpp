@@ -226,16 +226,16 @@ TEST_CASE("The filter gradient of a stem window over 3 channels: unfolded where 
   }
 }
 
-TEST_CASE("The convolution's strided 1x1 view per pixel: one burst a copy, the same y") {
+TEST_CASE("The convolution's strided 1x1 view per pixel: a run a copy, the same y") {
   // Conv2D of 2 images of 8 x 8 x 256 by a 1x1 window of stride 2 into 32 channels: x is read
   // as a strided view (every other row and pixel, the 2 images one tall map of 8 rows of 4
   // pixels). Per pixel a pixel's planes (its chunk's, 16 channels a plane) are one run of at
-  // most 512 bytes: one or two bursts a copy, one copy a pixel of each slab. As before (per plane and row, an nd2nz of the row's pixels, or per plane and
-  // column) each plane of a pixel is a 32-byte run of its own, a burst each; the dense map
-  // (rows and pixels no position reads) is 4 bytes read a byte used. Where each burst costs
-  // 1000 cycles the planner takes per pixel (`NPUSIM_CONV_STRIDED_PIXELS` unset; "1": per
-  // pixel always; "0": as before). Every way gives y = x * f over the strided pixels (the
-  // reference, in double).
+  // most 512 bytes: one or two bursts a copy, one copy a pixel of each slab. As before (per
+  // plane and row, or per plane and column) each plane of a pixel is a 32-byte run of its
+  // own, a burst each; the dense map reads 4 bytes a byte used. Where each burst costs 1000
+  // cycles the planner takes per pixel (NPUSIM_CONV_STRIDED_PIXELS unset; "1": per pixel
+  // always; "0": as before). Every way gives y = x * f over the strided pixels (the reference,
+  // in double).
   Simulator& sim = burst_sim();
   ConvCase cc = ConvCase{2, 8, 8, 256, 1, 1, 32}.window(2, 2, 1, 1, "VALID");
   HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 361);

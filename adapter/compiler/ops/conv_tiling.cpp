@@ -492,7 +492,7 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   prog.mte1 = s.mte1;
   prog.cube = s.cube;
   prog.scalar_step = 200.0;
-  prog.scalar_plane = st > 1                ? stacked_slab_scalar_per_image(st, c.stack_gap)
+  prog.scalar_plane = st > 1             ? stacked_slab_scalar_per_image(st, c.stack_gap)
                       : t.strided_pixels ? 4.0
                                          : 0.0;
   prog.scalar_weight_block = 15.0;
@@ -852,9 +852,9 @@ struct ConvPlanner {
   const CoreKindConfig& core;
   const ConvRates rates;
   const int64_t forced_stack;
-  const bool via_ub;               // tiles leave L0C through the UB: a tile must fit it
-  const PixelLoads pixel_loads;    // NPUSIM_CONV_PIXEL_LOADS
-  const WeightLoads weight_loads;  // NPUSIM_CONV_WEIGHT_RUNS
+  const bool via_ub;                     // tiles leave L0C through the UB: a tile must fit it
+  const PixelLoads pixel_loads;          // NPUSIM_CONV_PIXEL_LOADS
+  const WeightLoads weight_loads;        // NPUSIM_CONV_WEIGHT_RUNS
   const StridedSlabLoads strided_loads;  // NPUSIM_CONV_STRIDED_PIXELS
   std::vector<CubeConvTiling> plans;
 
@@ -898,7 +898,7 @@ struct ConvPlanner {
         const SlabEmitter::Geometry view = conv_slab_geometry(s, c.t);
         c.strided_priced = SlabEmitter::strided_blocks(view);
         c.strided_before = SlabEmitter::strided_columns(view) ? StridedSlabForm::kColumns
-                                                               : StridedSlabForm::kPlaneRows;
+                                                              : StridedSlabForm::kPlaneRows;
         c.x_pixel_bytes = s.x_pixel * c.isz;
         c.x_row_bytes = s.x_row * c.isz;
       }
@@ -1072,8 +1072,10 @@ std::string CubeConvTiling::str() const {
                  : fmt::format("stack of {} images (period {} rows)", stack, period),
       tiles, block_dim, tiles_per_block, spatial_major ? "position-major, " : "", tk0, kc1, chunks,
       resident ? ", weights resident" : "", slab_rows, slab_bytes,
-      whole_pixels ? ", by whole pixels" : strided_pixels ? ", per pixel" : "", b_bytes, weights_by_tap ? " by tap" : "",
-      l0c_buffers, est_cycles);
+      whole_pixels     ? ", by whole pixels"
+      : strided_pixels ? ", per pixel"
+                       : "",
+      b_bytes, weights_by_tap ? " by tap" : "", l0c_buffers, est_cycles);
 }
 
 bool conv_y_packable(const CubeConvSpec& s) {
