@@ -77,6 +77,7 @@ const std::vector<std::string>& lowering_switches() {
       "NPUSIM_CONV_PLAN_RANK",
       "NPUSIM_CONV_WEIGHT_RUNS",
       "NPUSIM_CONV_STRIDED_INPUT_GRAD",
+      "NPUSIM_CONV_STRIDED_PIXELS",
       "NPUSIM_CONV_STRIDE_PACK",
       "NPUSIM_DEPTHWISE_GROUPS_PER_STEP",
       "NPUSIM_DEPTHWISE_TILE_ORDER",

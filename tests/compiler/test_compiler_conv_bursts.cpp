@@ -225,3 +225,47 @@ TEST_CASE("The filter gradient of a stem window over 3 channels: unfolded where 
     check_against(r.outputs[0].values, ref, DataType::F16, false, "dW");
   }
 }
+
+TEST_CASE("The convolution's strided 1x1 view per pixel: a run a copy, the same y") {
+  // Conv2D of 2 images of 8 x 8 x 256 by a 1x1 window of stride 2 into 32 channels: x is read
+  // as a strided view (every other row and pixel, the 2 images one tall map of 8 rows of 4
+  // pixels). Per pixel a pixel's planes (its chunk's, 16 channels a plane) are one run of at
+  // most 512 bytes: one or two bursts a copy, one copy a pixel of each slab. As before (per
+  // plane and row, or per plane and column) each plane of a pixel is a 32-byte run of its
+  // own, a burst each; the dense map reads 4 bytes a byte used. Where each burst costs 1000
+  // cycles the planner takes per pixel (NPUSIM_CONV_STRIDED_PIXELS unset; "1": per pixel
+  // always; "0": as before). Every way gives y = x * f over the strided pixels (the reference,
+  // in double).
+  Simulator& sim = burst_sim();
+  ConvCase cc = ConvCase{2, 8, 8, 256, 1, 1, 32}.window(2, 2, 1, 1, "VALID");
+  HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 361);
+  HostTensor f = random_tensor(DataType::F16, filter_shape(cc), -1, 1, 362);
+  Reference ref = new_reference(static_cast<size_t>(cc.n * 4 * 4 * cc.cout));
+  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+  });
+  const int64_t pixels = cc.n * 4 * 4;  // the view's pixels, each loaded at least once
+  for (const char* mode : {"", "1", "0"}) {
+    INFO("NPUSIM_CONV_STRIDED_PIXELS='" << mode << "'");
+    setenv("NPUSIM_CONV_STRIDED_PIXELS", mode, 1);
+    const compiler::CompiledKernel k =
+        compiler::compile(make_op("Conv2D", {x.desc, f.desc}, cc.attrs()), sim.config());
+    unsetenv("NPUSIM_CONV_STRIDED_PIXELS");
+    summarize(k);
+    bool per_pixel = false;
+    for (const compiler::Launch& l : k.launches)
+      per_pixel = per_pixel || l.summary.find(", per pixel") != std::string::npos;
+    CHECK(per_pixel == (std::string(mode) != "0"));
+    CopyTimes times;
+    sim.add_observer(&times);
+    RunResult r = run_compiled(sim, k, {x, f});
+    sim.remove_observer(&times);
+    check_against(r.outputs[0].values, ref, DataType::F16, false, "y");
+    if (!per_pixel) continue;
+    // One copy a pixel of a slab, one or two bursts each (a run of at most 512 bytes; two
+    // where x's start is not 512-byte aligned) + its data's few cycles; as before 16 a pixel.
+    CHECK(times.copies >= pixels);
+    CHECK(times.bursts >= static_cast<double>(times.copies) - 0.5);
+    CHECK(times.bursts < static_cast<double>(times.copies) * 2.5);
+  }
+}

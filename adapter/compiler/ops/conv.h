@@ -290,7 +290,11 @@ struct CubeConvTiling {
   // fractal (tap * ncb + c) * nb of its B in L1 and each mmad step loads L0B per k-block
   // (weight_loads_switch, Candidate::weight_load).
   bool weights_by_tap = false;
-  int64_t b_bytes = 0;  // one weight buffer in L1 (resident: one; chunked: two)
+  // A strided view of x (CubeConvSpec::x_row, SlabEmitter::strided_blocks) loaded per pixel:
+  // one copy of the pixel's planes (one GM run) instead of per plane and row or per plane and
+  // column (conv_strided_slab_switch, SlabEmitter::Geometry::strided_by_pixel).
+  bool strided_pixels = false;
+  int64_t b_bytes = 0;     // one weight buffer in L1 (resident: one; chunked: two)
   int l0c_buffers = 1;
   int block_dim = 0;
   int64_t tiles_per_block = 0;  // block b takes tiles [b * per, min(tiles, (b + 1) * per))
@@ -315,6 +319,7 @@ CubeConvSpec merge_diagonal_groups(const CubeConvSpec& s, int64_t per, const std
 // k-block of weights and per mmad step (two thirds before MTE1's moves, a third before the mmad).
 struct ConvStepProgram {
   int64_t slab_insns = 0, weight_insns = 0, mmad_steps = 1;
+  int64_t slab_batch = 1;  // the slab's instructions walked as one group (each a transfer of n)
   double slab_flow = 0, weight_flow = 0, latency = 0, mte1 = 0, cube = 0;
   bool weights_in_load = true;
   double scalar_step = 0, scalar_plane = 0, scalar_weight_block = 0, scalar_mmad_step = 0;

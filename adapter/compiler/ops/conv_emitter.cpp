@@ -91,6 +91,7 @@ SlabEmitter::Geometry slab_geometry(const CubeConvSpec& s, const CubeConvTiling&
   g.planes_at_once = s.b_diagonal && t.stack == 1 && s.x_row == 0 && s.up_h == 1 && s.up_w == 1 &&
                      s.ext_h == 0 && s.ext_w == 0;
   g.whole_pixels = t.whole_pixels;
+  g.strided_by_pixel = t.strided_pixels;
   return g;
 }
 
@@ -1691,6 +1692,10 @@ class ConvEmitter {
 };
 
 }  // namespace
+
+SlabEmitter::Geometry conv_slab_geometry(const CubeConvSpec& s, const CubeConvTiling& t) {
+  return slab_geometry(s, t);
+}
 
 Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
                        const std::string& op, int* stats_blocks) {

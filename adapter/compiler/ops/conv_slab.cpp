@@ -114,6 +114,11 @@ StridedSlabLoads strided_slab_switch(const std::string& op) {
                           StridedSlabLoads::kAsBefore, StridedSlabLoads::kPerPixel);
 }
 
+StridedSlabLoads conv_strided_slab_switch(const std::string& op) {
+  return three_way_switch("NPUSIM_CONV_STRIDED_PIXELS", op, StridedSlabLoads::kByEstimate,
+                          StridedSlabLoads::kAsBefore, StridedSlabLoads::kPerPixel);
+}
+
 double strided_slab_issue(const ChipConfig& cfg, StridedSlabForm form, int64_t rows, int64_t ws,
                           int64_t planes, int64_t pixel_bytes, int64_t row_bytes) {
   if (form == StridedSlabForm::kPlaneRows)

@@ -92,6 +92,14 @@ WeightLoads weight_loads_switch(const std::string& op);
 // can. Anything else is a CompileError naming op.
 enum class StridedSlabLoads { kByEstimate, kAsBefore, kPerPixel };
 StridedSlabLoads strided_slab_switch(const std::string& op);
+// The same choice for the convolution's strided view of x (its 1x1 strided windows, the
+// stride-2 1x1 layers: CubeConvTiling::strided_pixels). NPUSIM_CONV_STRIDED_PIXELS (read at
+// every compile): unset or empty, per pixel where it can (SlabEmitter::strided_blocks) as a
+// plan of its own where the chip prices the DMA's issue, taken where the planner's estimate
+// (which then prices the issue of either form, strided_slab_issue) is the lower; "0", as before
+// (no issue in the view's estimate); "1", per pixel where it can. Anything else is a
+// CompileError naming op.
+StridedSlabLoads conv_strided_slab_switch(const std::string& op);
 
 // The DMA's issue minimum (copy_issue_estimate) of one strided-view slab of `rows` rows of `ws`
 // pixels and `planes` 16-channel planes, x's pixels and rows pixel_bytes and row_bytes apart, as
@@ -158,7 +166,7 @@ class SlabEmitter {
     bool whole_pixels = false;
     // A strided view of x (strided_blocks) per pixel at every slab: one copy of the pixel's
     // planes (one GM run), not per plane and column or per plane and row
-    // (FilterGradTiling::strided_pixels).
+    // (FilterGradTiling::strided_pixels, CubeConvTiling::strided_pixels).
     bool strided_by_pixel = false;
   };
 
@@ -269,5 +277,9 @@ class SlabEmitter {
   int64_t m_isz;
   std::set<std::pair<int64_t, int64_t>> m_pads;  // (top, bottom) slab paddings of the m tiles
 };
+
+// The slab's geometry of the cube convolution of spec s and tiling t (conv_emitter.cpp: what
+// its kernel loads; the planner asks it whether a strided view can go per pixel).
+SlabEmitter::Geometry conv_slab_geometry(const CubeConvSpec& s, const CubeConvTiling& t);
 
 }  // namespace npusim::compiler::ops

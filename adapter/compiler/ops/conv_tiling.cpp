@@ -206,6 +206,13 @@ struct Candidate {
   bool b_rows_k = true;
   int64_t b_pitch_bytes = 0;
   bool b_n16 = false;  // a filter in blocks of 16 output channels (CubeConvSpec::b_nblock)
+  // A strided view of x (one image a map) whose slab can go per pixel
+  // (SlabEmitter::strided_blocks) and whose issue the planner prices
+  // (conv_strided_slab_switch not "0"): the view's form as before (per plane and column or per
+  // plane and row, SlabEmitter::load_slab), x's pixels and rows apart in bytes.
+  bool strided_priced = false;
+  StridedSlabForm strided_before = StridedSlabForm::kPlaneRows;
+  int64_t x_pixel_bytes = 0, x_row_bytes = 0;
   // The columns of B one k-block of n_act output columns reaches (loaded, multiplied).
   int64_t b_cols(int64_t n_act) const { return b_block ? b_block : round_up(n_act, kBlk); }
   // The mmad steps of a chunk: a block-diagonal chunk's channel blocks each in their own.
@@ -329,8 +336,8 @@ double conv_step_period(const ChipConfig& cfg, const ConvStepProgram& p) {
     pipe_free[pipe] = start + duration;
     return start;
   };
-  auto transfer = [&](double cycles, double flow) {
-    issue(kMte2, cycles, 0, flow);
+  auto transfer = [&](double cycles, double flow, int64_t insns = 1) {
+    issue(kMte2, cycles, 0, flow, insns);
     landed = std::max(landed, pipe_free[kMte2] + p.latency);
   };
   // MTE2's set_flag: the flag's time.
@@ -354,9 +361,13 @@ double conv_step_period(const ChipConfig& cfg, const ConvStepProgram& p) {
     if (t < kSteps) {  // load(t)
       const int q = t & 1;
       issue(kMte2, p.scalar_step / 2, l1_free[q], 0);
-      for (int64_t i = 0; i < p.slab_insns; ++i)
-        transfer(p.scalar_plane,
-                 p.slab_flow / static_cast<double>(std::max<int64_t>(p.slab_insns, 1)));
+      const double slab_insn_flow =
+          p.slab_flow / static_cast<double>(std::max<int64_t>(p.slab_insns, 1));
+      for (int64_t i = 0; i < p.slab_insns; i += p.slab_batch) {
+        const int64_t n = std::min(p.slab_batch, p.slab_insns - i);
+        transfer(p.scalar_plane * static_cast<double>(n), slab_insn_flow * static_cast<double>(n),
+                 n);
+      }
       double unused = 0;
       if (p.weight_insns > 0 && p.weights_in_load) weights(unused);
       l1_full[q] = set_landed();
@@ -388,10 +399,11 @@ namespace {
 // is every input the period depends on: the program and the chip's queue depth and set_flag
 // rule. The table is emptied when it grows past kMaxRemembered entries.
 double remembered_step_period(const ChipConfig& cfg, const ConvStepProgram& p) {
-  using Key = std::array<double, 15>;
+  using Key = std::array<double, 16>;
   constexpr size_t kMaxRemembered = 1 << 16;
   thread_local std::map<Key, double> periods;
   const Key key = {static_cast<double>(p.slab_insns),
+                   static_cast<double>(p.slab_batch),
                    static_cast<double>(p.weight_insns),
                    static_cast<double>(p.mmad_steps),
                    p.slab_flow,
@@ -439,7 +451,24 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
                         g.h * c.wv, kc1, c.cs, c.isz, r.l2_rate, r.gm_rate);
     slab_flow = l.cycles;
     slab_insns = l.insns;
+  } else if (c.strided_priced) {
+    // A strided view: per pixel a copy of one run of the chunk's planes, its data at the GM
+    // path's rate (each run's lines misses, as whole pixels in dense_slab_load); as before
+    // its data at the L2's rate. Either at least its DMA's issue (0 without the keys).
+    const StridedSlabForm form = t.strided_pixels ? StridedSlabForm::kPerPixel : c.strided_before;
+    const double issue =
+        strided_slab_issue(cfg, form, g.h, c.wv, kc1, c.x_pixel_bytes, c.x_row_bytes);
+    if (t.strided_pixels) {
+      slab_flow = static_cast<double>(kc1 * g.h * c.wv * kBlkBytes) / r.gm_rate;
+      slab_insns = g.h * c.wv;
+    }
+    slab_flow = std::max(slab_flow, issue);
   }
+  // The per-pixel copies in at most kPixelCopyGroups groups (conv_step_period walks each
+  // group, not each copy: the planner's time), ~4 scalar cycles a copy (its loop's two
+  // address additions, count and branch; # estimate).
+  constexpr int64_t kPixelCopyGroups = 16;
+  const int64_t slab_batch = t.strided_pixels ? ceil_div(slab_insns, kPixelCopyGroups) : 1;
   const double weight_flow = loads_weights ? c.weight_load(cfg, r.l2_rate, n_act) : 0.0;
   s.load = slab_flow + weight_flow + r.gm_lat;
   // (A load3d and a load2d an mmad step; by tap a load2d per k-block.)
@@ -452,6 +481,7 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   // slab (stacked_slab_scalar_per_image), ~15 per k-block of weights loaded.
   ConvStepProgram prog;
   prog.slab_insns = slab_insns;
+  prog.slab_batch = slab_batch;
   prog.slab_flow = slab_flow;
   // an nd2nz per k-block, by tap one per tap
   prog.weight_insns = loads_weights ? (t.weights_by_tap ? c.taps : kc1 * c.taps) : 0;
@@ -462,7 +492,9 @@ StepStages step_stages(const ChipConfig& cfg, const ConvRates& r, const Candidat
   prog.mte1 = s.mte1;
   prog.cube = s.cube;
   prog.scalar_step = 200.0;
-  prog.scalar_plane = st > 1 ? stacked_slab_scalar_per_image(st, c.stack_gap) : 0.0;
+  prog.scalar_plane = st > 1             ? stacked_slab_scalar_per_image(st, c.stack_gap)
+                      : t.strided_pixels ? 4.0
+                                         : 0.0;
   prog.scalar_weight_block = 15.0;
   // By tap: ~10 more per k-block's L0B load (load_b_by_tap). # estimate: its loop's count
   prog.scalar_mmad_step =
@@ -820,9 +852,10 @@ struct ConvPlanner {
   const CoreKindConfig& core;
   const ConvRates rates;
   const int64_t forced_stack;
-  const bool via_ub;               // tiles leave L0C through the UB: a tile must fit it
-  const PixelLoads pixel_loads;    // NPUSIM_CONV_PIXEL_LOADS
-  const WeightLoads weight_loads;  // NPUSIM_CONV_WEIGHT_RUNS
+  const bool via_ub;                     // tiles leave L0C through the UB: a tile must fit it
+  const PixelLoads pixel_loads;          // NPUSIM_CONV_PIXEL_LOADS
+  const WeightLoads weight_loads;        // NPUSIM_CONV_WEIGHT_RUNS
+  const StridedSlabLoads strided_loads;  // NPUSIM_CONV_STRIDED_PIXELS
   std::vector<CubeConvTiling> plans;
 
   // Every tiling of stack count st that fits, into plans.
@@ -861,6 +894,14 @@ struct ConvPlanner {
       c.b_pitch_bytes = s.b_row * c.isz;
       c.b_n16 = s.b_nblock > 0;
       c.cg_in = s.cg_in;
+      if (st == 1 && s.x_row != 0 && strided_loads != StridedSlabLoads::kAsBefore) {
+        const SlabEmitter::Geometry view = conv_slab_geometry(s, c.t);
+        c.strided_priced = SlabEmitter::strided_blocks(view);
+        c.strided_before = SlabEmitter::strided_columns(view) ? StridedSlabForm::kColumns
+                                                              : StridedSlabForm::kPlaneRows;
+        c.x_pixel_bytes = s.x_pixel * c.isz;
+        c.x_row_bytes = s.x_row * c.isz;
+      }
       for (int64_t tn : tns) add_width(c, tn);
     }
   }
@@ -952,14 +993,24 @@ struct ConvPlanner {
                             (weight_loads == WeightLoads::kByTap ||
                              (weight_loads == WeightLoads::kByEstimate &&
                               (cfg.copy_issue_cycles != 0 || cfg.burst_cycles != 0)));
-    for (bool by_tap : {false, true}) {
-      if (by_tap && !by_tap_too) break;
-      if (!by_tap && by_tap_too && weight_loads == WeightLoads::kByTap) continue;
-      t.weights_by_tap = by_tap;
-      const double busiest = busiest_block(cfg, rates, c, s.cg_out);
-      t.est_cycles = groups_share_x(cfg, s) ? fill_front_time(cfg, s, c, busiest)
-                                            : busiest + hbm_time(cfg, s, t);
-      plans.push_back(t);
+    // A strided view per pixel: a plan of its own where the chip prices the DMA's issue (with
+    // the keys at 0 the presets' kernels stay as they are), the only one where forced.
+    const bool per_pixel_too =
+        c.strided_priced && (strided_loads == StridedSlabLoads::kPerPixel ||
+                             cfg.copy_issue_cycles != 0 || cfg.burst_cycles != 0);
+    for (bool per_pixel : {false, true}) {
+      if (per_pixel && !per_pixel_too) break;
+      if (!per_pixel && per_pixel_too && strided_loads == StridedSlabLoads::kPerPixel) continue;
+      t.strided_pixels = per_pixel;
+      for (bool by_tap : {false, true}) {
+        if (by_tap && !by_tap_too) break;
+        if (!by_tap && by_tap_too && weight_loads == WeightLoads::kByTap) continue;
+        t.weights_by_tap = by_tap;
+        const double busiest = busiest_block(cfg, rates, c, s.cg_out);
+        t.est_cycles = groups_share_x(cfg, s) ? fill_front_time(cfg, s, c, busiest)
+                                              : busiest + hbm_time(cfg, s, t);
+        plans.push_back(t);
+      }
     }
   }
 };
@@ -1021,8 +1072,10 @@ std::string CubeConvTiling::str() const {
                  : fmt::format("stack of {} images (period {} rows)", stack, period),
       tiles, block_dim, tiles_per_block, spatial_major ? "position-major, " : "", tk0, kc1, chunks,
       resident ? ", weights resident" : "", slab_rows, slab_bytes,
-      whole_pixels ? ", by whole pixels" : "", b_bytes, weights_by_tap ? " by tap" : "",
-      l0c_buffers, est_cycles);
+      whole_pixels     ? ", by whole pixels"
+      : strided_pixels ? ", per pixel"
+                       : "",
+      b_bytes, weights_by_tap ? " by tap" : "", l0c_buffers, est_cycles);
 }
 
 bool conv_y_packable(const CubeConvSpec& s) {
@@ -1103,6 +1156,7 @@ CubeConvTiling plan_cube_conv(const CubeConvSpec& s, const ChipConfig& cfg, cons
                       via_ub,
                       pixel_loads_switch(op),
                       weight_loads_switch(op),
+                      conv_strided_slab_switch(op),
                       {}};
   for (int64_t st : stack_counts(s, op, stack)) planner.add_stacking(st, tns);
   // NPUSIM_CONV_PLAN_RANK (forced_plan_rank): benchmarks/conv_plan_ranks.py.
