@@ -260,3 +260,74 @@ TEST_CASE("malformed groups are refused naming the launch, and nothing runs") {
   REQUIRE(g.launches[0].ok);
   CHECK(g.cycles == test::task_overhead(sim().config()) + 1);
 }
+
+TEST_CASE("a mix kernel on one group's cores beside a vector kernel on another core") {
+  // Each block stores {1000 + block, cube core id} from its cube core and {2000 + 100 * subblock
+  // + block, vector core id} from each vector core, in slots (block * 3 + k) * 16.
+  isa::Program mix = isa::assemble(R"(
+.arg out
+.section aic
+    ldarg x1, out
+    get_block_id x2
+    mul x4, x2, 48
+    add x1, x1, x4
+    add x5, x2, 1000
+    st x5, x1
+    add x1, x1, 8
+    get_core_id x6
+    st x6, x1
+    end
+.section aiv
+    ldarg x1, out
+    get_block_id x2
+    get_subblock_id x7
+    mul x4, x2, 3
+    add x4, x4, x7
+    add x4, x4, 1
+    shl x4, x4, 4
+    add x1, x1, x4
+    mul x8, x7, 100
+    add x5, x2, 2000
+    add x5, x5, x8
+    st x5, x1
+    add x1, x1, 8
+    get_core_id x6
+    st x6, x1
+    end
+)",
+                                   "mix_ids.s");
+  const uint64_t out = 0x9000000;
+  write_gm(sim(), out, std::vector<int64_t>(2 * 3 * 2, -1));
+  write_operands();
+  // Group 1 (aic1 with aiv2 and aiv3) runs both blocks, one after the other.
+  ConcurrentResult g = sim().run_concurrent(
+      {on(mix, {out}, 2, {"aic1", "aiv2", "aiv3"}), on(vadd(), {kX, kY, kZ[0], kN}, 1, {"aiv0"})});
+  REQUIRE(g.launches[0].ok);
+  REQUIRE(g.launches[1].ok);
+  auto v = read_gm<int64_t>(sim(), out, 2 * 3 * 2);
+  for (int b = 0; b < 2; ++b) {
+    INFO("block " << b);
+    CHECK(v[(b * 3 + 0) * 2] == 1000 + b);
+    CHECK(v[(b * 3 + 0) * 2 + 1] == 1);
+    for (int s = 0; s < 2; ++s) {
+      CHECK(v[(b * 3 + 1 + s) * 2] == 2000 + 100 * s + b);
+      CHECK(v[(b * 3 + 1 + s) * 2 + 1] == 2 + s);
+    }
+  }
+  CHECK(counter(g.launches[0].counters, "chip.aic1.blocks") == 2);
+  CHECK(only_cores(g.launches[0].counters, {"aic1", "aiv2", "aiv3"}));
+  // Unnamed cores: the first free group (group 0) for a mix kernel.
+  ConcurrentResult h =
+      sim().run_concurrent({on(vadd(), {kX, kY, kZ[0], kN}, 1, {"aiv0"}), on(mix, {out}, 1, {})});
+  REQUIRE(h.launches[1].ok);
+  CHECK(only_cores(h.launches[1].counters, {"aic1", "aiv2", "aiv3"}));
+  // A cube core without both of its vector cores is no group.
+  try {
+    sim().run_concurrent({on(mix, {out}, 1, {"aic1", "aiv2"})});
+    FAIL("accepted");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) ==
+          "concurrent launch 0: kernel 'mix_ids' is a mix kernel and the launch's cores hold no "
+          "group of one aic core and its 2 aiv cores");
+  }
+}
