@@ -218,7 +218,9 @@ class Simulator {
   // npusim::Error naming the launch (its index and kernel) for a malformed group: no program,
   // an unknown core name, more cores than the chip has, a core in two launches, no core the
   // program can run on, different l2_run values; nothing runs then. The launch log
-  // (SimOptions::launch_log) gets a line per launch in the order given.
+  // (SimOptions::launch_log) gets a line per launch in the order given. Attached observers see
+  // the launches interleaved (docs/chip_model.md "Concurrent launches": the trace and the
+  // profiler are written for one launch at a time).
   ConcurrentResult run_concurrent(const std::vector<ConcurrentLaunch>& launches);
 
   // Host <-> device copy over the HDC link model. Functional: copies the bytes.
