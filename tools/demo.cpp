@@ -141,15 +141,20 @@ int run_demo(const DemoOptions& o, std::ostream& out) {
     if (bad) status = 2;
   }
   if (o.concurrent) {
-    // The same two launches at once, into fresh outputs, each on the cores of its kind.
+    // The same two launches at once, into fresh outputs, each on the cores of its kind (a
+    // coupled chip's AI cores run both kernels: the GEMM gets the first half, the add the rest).
+    std::vector<std::string> gemm_cores, vadd_cores;
+    if (!cfg.split)
+      for (int i = 0; i < cfg.total_cores(); ++i)
+        (i < cfg.total_cores() / 2 ? gemm_cores : vadd_cores).push_back(fmt::format("aicore{}", i));
     NpyArray c2 = f16_array({M, N}, std::vector<uint16_t>(M * N));
     NpyArray z2 = f16_array({n}, std::vector<uint16_t>(n));
     const uint64_t dc2 = arena.allocate(c2.data.size(), "gemm c (concurrent)");
     const uint64_t dz2 = arena.allocate(z2.data.size(), "vadd z (concurrent)");
     ConcurrentResult g = sim.run_concurrent(
         {{arena.launch(gemm, {da, db, dc2, uint64_t(M), uint64_t(N), uint64_t(K)}, cube_blocks),
-          {}},
-         {arena.launch(vadd, {dx, dy, dz2, uint64_t(n)}, vec_blocks), {}}});
+          gemm_cores},
+         {arena.launch(vadd, {dx, dy, dz2, uint64_t(n)}, vec_blocks), vadd_cores}});
     for (const KernelResult& k : g.launches)
       if (!k.ok) throw Error("concurrent run failed: " + k.error);
     out << fmt::format("\n== gemm_f16 beside vadd_f16 (run_concurrent, shared L2 and HBM)\n"
