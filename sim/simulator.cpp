@@ -235,6 +235,175 @@ KernelResult Simulator::run_launch(const KernelLaunch& launch) {
   return I.launcher->finish();
 }
 
+namespace {
+
+// The chip indices of the cores a concurrent launch names (ConcurrentLaunch::cores); throws
+// Error naming the launch for an unknown name or more names than the chip has cores.
+std::vector<int> named_cores(const Chip& chip, const ChipConfig& cfg, size_t i,
+                             const ConcurrentLaunch& c) {
+  const auto& cores = chip.cores();
+  if (c.cores.size() > cores.size())
+    throw Error(fmt::format("run_concurrent: launch {} ('{}') names {} cores; chip '{}' has {}", i,
+                            c.launch.program->name, c.cores.size(), cfg.name, cores.size()));
+  std::vector<int> out;
+  for (const std::string& name : c.cores) {
+    auto it = std::find_if(cores.begin(), cores.end(),
+                           [&](const auto& core) { return core->core_name() == name; });
+    if (it == cores.end()) {
+      std::string have;
+      for (const CoreKindConfig& k : cfg.core_kinds)
+        have += fmt::format("{}{}0..{}{}", have.empty() ? "" : ", ",
+                            isa::core_kind_name(k.kind), isa::core_kind_name(k.kind), k.count - 1);
+      throw Error(fmt::format("run_concurrent: launch {} ('{}'): chip '{}' has no core '{}' (its "
+                              "cores: {})", i, c.launch.program->name, cfg.name, name, have));
+    }
+    out.push_back((*it)->chip_index());
+  }
+  return out;
+}
+
+// The cores a launch with no names gets (ConcurrentLaunch::cores): free ones of the kinds its
+// program runs on, marking them taken.
+std::vector<int> free_cores(const Chip& chip, const ChipConfig& cfg, size_t i,
+                            const ConcurrentLaunch& c, std::vector<bool>& taken) {
+  const isa::Program& p = *c.launch.program;
+  const auto& cores = chip.cores();
+  const size_t want = static_cast<size_t>(std::max(1, c.launch.block_dim));
+  std::vector<int> out;
+  auto take = [&](isa::CoreKind kind) {
+    size_t n = 0;
+    for (const auto& core : cores) {
+      if (n == want) break;
+      const size_t ci = static_cast<size_t>(core->chip_index());
+      if (core->core_kind() != kind || taken[ci]) continue;
+      taken[ci] = true;
+      out.push_back(core->chip_index());
+      ++n;
+    }
+  };
+  const bool aic = p.find(isa::CoreKind::AIC) != nullptr;
+  const bool aiv = p.find(isa::CoreKind::AIV) != nullptr;
+  if (!cfg.split) {
+    take(isa::CoreKind::AICORE);
+  } else if (aic && aiv) {  // mix: cube core g with vector cores g * per ... (Chip::make_workers)
+    std::vector<const AiCore*> vecs;
+    for (const auto& core : cores)
+      if (core->core_kind() == isa::CoreKind::AIV) vecs.push_back(core.get());
+    const size_t per = static_cast<size_t>(std::max(1, cfg.aiv_per_aic));
+    size_t n = 0;
+    for (const auto& core : cores) {
+      if (n == want || core->core_kind() != isa::CoreKind::AIC) continue;
+      const size_t first = static_cast<size_t>(core->kind_index()) * per;
+      if (taken[static_cast<size_t>(core->chip_index())] || first + per > vecs.size()) continue;
+      bool free = true;
+      for (size_t k = 0; k < per; ++k)
+        free = free && !taken[static_cast<size_t>(vecs[first + k]->chip_index())];
+      if (!free) continue;
+      out.push_back(core->chip_index());
+      for (size_t k = 0; k < per; ++k) out.push_back(vecs[first + k]->chip_index());
+      for (size_t k = out.size() - per - 1; k < out.size(); ++k)
+        taken[static_cast<size_t>(out[k])] = true;
+      ++n;
+    }
+  } else if (aic || aiv) {
+    take(aic ? isa::CoreKind::AIC : isa::CoreKind::AIV);
+  }
+  if (out.empty())
+    throw Error(fmt::format("run_concurrent: launch {} ('{}'): no free core of the kind{} its "
+                            "program runs on is left",
+                            i, p.name, cfg.split && aic && aiv ? "s" : ""));
+  return out;
+}
+
+}  // namespace
+
+ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& launches) {
+  Impl& I = *m_impl;
+  if (launches.empty()) throw Error("run_concurrent: no launches");
+  for (size_t i = 0; i < launches.size(); ++i) {
+    if (!launches[i].launch.program)
+      throw Error(fmt::format("run_concurrent: launch {} has no program", i));
+    if (launches[i].launch.l2_run != launches.front().launch.l2_run)
+      throw Error(fmt::format("run_concurrent: launch {} ('{}') belongs to graph run {}, launch 0 "
+                              "to {}: the group shares one L2", i,
+                              launches[i].launch.program->name, launches[i].launch.l2_run,
+                              launches.front().launch.l2_run));
+  }
+  // The cores: named ones first, then the free ones for launches that name none.
+  std::vector<Chip::GroupLaunch> group(launches.size());
+  std::vector<bool> taken(I.chip->cores().size(), false);
+  for (size_t i = 0; i < launches.size(); ++i) {
+    group[i].cores = named_cores(*I.chip, I.cfg, i, launches[i]);
+    for (int c : group[i].cores) taken[static_cast<size_t>(c)] = true;
+  }
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const KernelLaunch& l = launches[i].launch;
+    if (launches[i].cores.empty())
+      group[i].cores = free_cores(*I.chip, I.cfg, i, launches[i], taken);
+    group[i].program = l.program;
+    group[i].args = &l.args;
+    group[i].block_dim = l.block_dim;
+    group[i].max_insns_per_block = watchdog_budget(I.opts, *l.program, l.args);
+  }
+
+  ConcurrentResult out;
+  out.launches.resize(launches.size());
+  start_on_clock_edge();
+  const sc_time start = sc_time_stamp();
+  out.start_cycle = time_ps(start) / kPsPerCycle;
+  if (time_ps(start) >= kSimTimeLimitPs) {
+    for (KernelResult& r : out.launches) {
+      r.error = fmt::format("simulated time has reached {} ps, half of SystemC's range of 2^64 "
+                            "ps: this simulator can run no more launches", kSimTimeLimitPs);
+      r.start_cycle = out.start_cycle;
+    }
+    return out;
+  }
+  const KernelLaunch& first = launches.front().launch;
+  I.chip->memory().select_l2(first.l2_run, first.gm_blocks, first.planned_blocks);
+  std::vector<uint64_t> base;
+  I.counters.snapshot(base);
+  I.chip->begin_concurrent(group, I.opts.functional);  // throws for a malformed group
+  I.launcher->begin_beside();
+  if (!run_to_quiescence_or_limit()) {
+    I.chip->stop_group_at_time_limit();  // still running at the limit: a fault
+    run_to_quiescence();                 // unwinds every process
+  }
+  if (I.chip->abort_deadlocked()) run_to_quiescence();  // unwinds every blocked process
+  uint64_t makespan_ps = 0;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    KernelResult& r = out.launches[i];
+    r.ok = I.chip->outcome(i) == Chip::Outcome::Done;
+    if (!r.ok) r.error = I.chip->fault_message(i);
+    const uint64_t ps = time_ps(I.chip->end_time(i) - start);
+    makespan_ps = std::max(makespan_ps, ps);
+    r.start_cycle = out.start_cycle;
+    r.cycles = ceil_cycles(ps);
+    r.time_us = I.cfg.cycles_to_us(static_cast<double>(ps) / kPsPerCycle);
+  }
+  I.chip->end_concurrent();
+  out.cycles = ceil_cycles(makespan_ps);
+  out.time_us = I.cfg.cycles_to_us(static_cast<double>(makespan_ps) / kPsPerCycle);
+  out.counters = I.counters.delta_since(base);
+  out.counters.set_root(kChipName);
+  for (size_t i = 0; i < launches.size(); ++i) {
+    // The launch's cores' counters: "chip.<core>." for each of its cores.
+    std::vector<std::string> prefixes;
+    for (int c : group[i].cores)
+      prefixes.push_back(std::string(kChipName) + "." +
+                         I.chip->cores()[static_cast<size_t>(c)]->core_name() + ".");
+    KernelResult& r = out.launches[i];
+    r.counter_delta = out.counters.filtered([&](const CounterInfo& info) {
+      return std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) {
+        return info.name.compare(0, p.size(), p) == 0;
+      });
+    });
+    if (launches[i].launch.counter_tree) r.counters = r.counter_delta.tree();
+    I.launcher->log(launches[i].launch, r);
+  }
+  return out;
+}
+
 HdcResult Simulator::copy_host_to_device(uint64_t dev_addr, const void* src, uint64_t bytes) {
   if (!m_impl->gm.in_bounds(dev_addr, bytes))
     throw Error(fmt::format("copy_host_to_device: device range [{:#x}, {:#x}) is outside device "

@@ -157,6 +157,34 @@ struct KernelResult {
   CounterDelta counter_delta;  // the same counters, flat
 };
 
+// One launch of a concurrent group (Simulator::run_concurrent) and the cores it may use.
+struct ConcurrentLaunch {
+  KernelLaunch launch;
+  // The cores the launch may use, by name ("aic0", "aiv3"; "aicore5" on a coupled chip): its
+  // blocks run on these only (its workers are built from them as a lone launch's are from all
+  // the chip's cores), as a CANN stream's task runs on the cores it was given. No core may be
+  // in two launches. Empty: of each core kind its program runs on, the first cores in chip
+  // order that no launch of the group names and no earlier launch took, as many as block_dim
+  // (a mix kernel: block_dim groups of a free cube core and its aiv_per_aic vector cores), at
+  // least one.
+  std::vector<std::string> cores;
+};
+
+// What run_concurrent gives back.
+struct ConcurrentResult {
+  // Each launch's result, in the order given. start_cycle is the group's start; cycles its own
+  // duration (to its end: Chip::end_time). counter_delta / counters hold only the counters of
+  // the launch's own cores (names "chip.<core>."): what its blocks did.
+  std::vector<KernelResult> launches;
+  uint64_t start_cycle = 0;
+  uint64_t cycles = 0;  // makespan: from the start to the last launch's end
+  double time_us = 0;
+  // Every counter that moved while the group ran, the launches' cores and the chip-level ones
+  // (chip.memory.*: L2, HBM; chip.total_cycles, task overheads): the memory system is shared,
+  // so its counters are the group's, not split by launch.
+  CounterDelta counters;
+};
+
 struct HdcResult {
   uint64_t start_cycle = 0;
   uint64_t cycles = 0;
@@ -177,6 +205,23 @@ class Simulator {
   // and counters. Never throws for faults inside the kernel: they come back in KernelResult.
   // Throws npusim::Error only for a malformed launch (no program, no section for this chip).
   KernelResult run(const KernelLaunch& launch);
+
+  // Runs several launches at once on one chip, all starting now on one clock edge, each on its
+  // own cores (ConcurrentLaunch::cores) with its own task scheduler state (blocks, workers,
+  // dispatch / block start / completion overheads as if alone), until every one has finished,
+  // faulted or deadlocked. The L2 and HBM are shared: the launches' transfers share their
+  // bandwidth, and the group starts with the L2 select_l2 chooses for its first launch
+  // (l2_run, gm_blocks, planned_blocks; every launch must have the same l2_run). Concurrent
+  // launches are always simulated, never replayed or recorded (SimOptions::replay does not
+  // apply). A fault or deadlock in one launch is that launch's error: its cores and transfers
+  // are aborted there and the other launches run on to their end and report normally. Throws
+  // npusim::Error naming the launch (its index and kernel) for a malformed group: no program,
+  // an unknown core name, more cores than the chip has, a core in two launches, no core the
+  // program can run on, different l2_run values; nothing runs then. The launch log
+  // (SimOptions::launch_log) gets a line per launch in the order given. Attached observers see
+  // the launches interleaved (docs/chip_model.md "Concurrent launches": the trace and the
+  // profiler are written for one launch at a time).
+  ConcurrentResult run_concurrent(const std::vector<ConcurrentLaunch>& launches);
 
   // Host <-> device copy over the HDC link model. Functional: copies the bytes.
   HdcResult copy_host_to_device(uint64_t dev_addr, const void* src, uint64_t bytes);

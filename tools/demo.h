@@ -15,6 +15,10 @@ struct DemoOptions {
   std::string counters_path, trace_path;
   std::string report_dir;  // write the report folder (docs/reports.md), the two kernels as two ops
   bool timing_only = false;
+  // Then run the two kernels again at once (Simulator::run_concurrent: the GEMM on the cube
+  // cores beside the vector add on the vector cores) and print alone / sequence / concurrent
+  // cycles; functional: their outputs must equal the lone runs'.
+  bool concurrent = false;
 };
 
 // Returns the process exit code (0 when both kernels ran and matched the reference).

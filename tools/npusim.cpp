@@ -281,6 +281,9 @@ int main(int argc, char** argv) {
                      "write an msprof-style report folder, the two kernels as two ops");
   c_demo->add_flag("--timing-only", demo.timing_only,
                    "skip functional effects and the result check");
+  c_demo->add_flag("--concurrent", demo.concurrent,
+                   "then run both kernels at once (cube and vector cores) and print alone, "
+                   "sequence and concurrent cycles");
 
   cli::OpOptions op;
   auto* c_op = app.add_subcommand(

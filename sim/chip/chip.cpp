@@ -54,7 +54,9 @@ Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm
       for (ChipObserver* o : m_observers) o->on_core(index, core_name);
     }
   }
-  m_memory = std::make_unique<MemorySystem>("memory", cfg, m_abort, chip);
+  m_memory = std::make_unique<MemorySystem>("memory", cfg, chip);
+  m_slots.push_back(std::make_unique<Slot>());
+  m_slot_of_core.assign(m_cores.size(), 0);
   for (auto& core : m_cores) core->gm_port.bind(m_memory->port);
   m_hdc = std::make_unique<HdcLink>("hdc", cfg, chip.sub("hdc"), m_observers);
   SC_METHOD(dispatch_blocks);
@@ -77,39 +79,45 @@ void Chip::remove_observer(ChipObserver* observer) {
 }
 
 void Chip::dispatch_blocks() {
-  if (m_abort.active()) return;
-  m_scheduler.dispatch_free();
+  // Every running launch's free workers (a launch none of whose workers was freed in this
+  // delta cycle has none free with blocks left: dispatch_free does nothing for it).
+  for (size_t i = 0; i < m_active_slots; ++i)
+    if (!m_slots[i]->aborted) m_slots[i]->scheduler.dispatch_free();
   schedule_starts();
 }
 
 void Chip::start_blocks() {
-  if (m_abort.active()) return;
-  m_scheduler.start_due();
+  for (size_t i = 0; i < m_active_slots; ++i)
+    if (!m_slots[i]->aborted) m_slots[i]->scheduler.start_due();
   schedule_starts();
 }
 
 void Chip::schedule_starts() {
   // An earlier pending notification stays (sc_event keeps the earliest); starts are handed
-  // out in time order, so the earliest is the queue's front.
-  if (auto t = m_scheduler.next_start()) m_block_start_due.notify(*t - sc_time_stamp());
+  // out in time order, so the earliest of a launch is its queue's front.
+  for (size_t i = 0; i < m_active_slots; ++i)
+    if (auto t = m_slots[i]->scheduler.next_start())
+      m_block_start_due.notify(*t - sc_time_stamp());
 }
 
 void Chip::stop_at_time_limit() {
-  m_fault = fmt::format("simulated time would pass {} ps (cycle {}), half of SystemC's range "
+  Slot& s = *m_slots.front();
+  s.fault = fmt::format("simulated time would pass {} ps (cycle {}), half of SystemC's range "
                         "of 2^64 ps: the launch (begun at cycle {}) is stopped at cycle {}; later "
                         "launches get the time that remains (a chip this slow needs shorter "
                         "kernels)",
                         kSimTimeLimitPs, kSimTimeLimitPs / kPsPerCycle,
-                        time_ps(m_start) / kPsPerCycle, time_ps(sc_time_stamp()) / kPsPerCycle);
-  m_end = sc_time_stamp();
-  raise_abort();
+                        time_ps(s.start) / kPsPerCycle, time_ps(sc_time_stamp()) / kPsPerCycle);
+  s.end = sc_time_stamp();
+  raise_abort(s);
 }
 
 Chip::~Chip() = default;
 
-const SectionRun& Chip::prepare_section(const isa::Section& s) {
+const SectionRun& Chip::prepare_section(Slot& slot, const isa::Section& s) {
   auto run = std::make_unique<SectionRun>();
   run->section = &s;
+  run->launch = &slot.launch;
   run->illegal.reserve(s.code.size());
   run->decoded.assign(s.code.size(), DecodedInsn{});
   for (size_t pc = 0; pc < s.code.size(); ++pc) {
@@ -133,27 +141,34 @@ const SectionRun& Chip::prepare_section(const isa::Section& s) {
         d.reg_fields |= 1u << f;
     }
   }
-  m_runs.push_back(std::move(run));
-  return *m_runs.back();
+  slot.runs.push_back(std::move(run));
+  return *slot.runs.back();
 }
 
-std::vector<TaskScheduler::Worker> Chip::make_workers(const isa::Program& program) {
+std::vector<TaskScheduler::Worker> Chip::make_workers(Slot& slot, const isa::Program& program) {
+  // The launch's cores of kind k, in chip index order (all of the chip's for a lone launch).
   auto cores_of = [&](CoreKind k) {
     std::vector<AiCore*> v;
     for (auto& c : m_cores)
-      if (c->core_kind() == k) v.push_back(c.get());
+      if (c->core_kind() == k && slot.cores[static_cast<size_t>(c->chip_index())])
+        v.push_back(c.get());
     return v;
   };
+  const bool all_cores =
+      std::all_of(slot.cores.begin(), slot.cores.end(), [](bool b) { return b; });
   auto single = [&](CoreKind k, const isa::Section& s) {
-    const SectionRun& run = prepare_section(s);
+    const SectionRun& run = prepare_section(slot, s);
     std::vector<TaskScheduler::Worker> workers;
     for (AiCore* c : cores_of(k)) workers.push_back({{{c, &run, 0}}, 0, -1});
-    if (workers.empty())
+    if (workers.empty() && all_cores)
       throw Error(fmt::format("kernel '{}': chip '{}' has no {} cores", program.name, m_cfg.name,
                               isa::core_kind_name(k)));
+    if (workers.empty())
+      throw Error(fmt::format("kernel '{}' runs on {} cores and none of the launch's cores is one",
+                              program.name, isa::core_kind_name(k)));
     return workers;
   };
-  m_mix = false;
+  slot.mix = false;
   if (!m_cfg.split) {
     const isa::Section* s = program.find(CoreKind::AICORE);
     if (!s && program.sections.size() == 1) s = &program.sections.front();
@@ -169,24 +184,50 @@ std::vector<TaskScheduler::Worker> Chip::make_workers(const isa::Program& progra
     throw Error(fmt::format("kernel '{}' has no aic or aiv section; chip '{}' is split into "
                             "cube and vector cores", program.name, m_cfg.name));
   if (!aic || !aiv) return aic ? single(CoreKind::AIC, *aic) : single(CoreKind::AIV, *aiv);
-  // Mix kernel: one cube core with aiv_per_aic vector cores per block.
-  m_mix = true;
-  const SectionRun& aic_run = prepare_section(*aic);
-  const SectionRun& aiv_run = prepare_section(*aiv);
-  const std::vector<AiCore*> cubes = cores_of(CoreKind::AIC), vecs = cores_of(CoreKind::AIV);
-  const int per = std::max(1, m_cfg.aiv_per_aic);
-  const size_t groups = std::min(cubes.size(), vecs.size() / static_cast<size_t>(per));
-  if (groups == 0)
+  // Mix kernel: one cube core with aiv_per_aic vector cores per block: cube core g (its kind
+  // index) with vector cores g * aiv_per_aic ..., the groups whose cores the launch may all use.
+  slot.mix = true;
+  const SectionRun& aic_run = prepare_section(slot, *aic);
+  const SectionRun& aiv_run = prepare_section(slot, *aiv);
+  std::vector<AiCore*> chip_vecs;
+  for (auto& c : m_cores)
+    if (c->core_kind() == CoreKind::AIV) chip_vecs.push_back(c.get());
+  const size_t per = static_cast<size_t>(std::max(1, m_cfg.aiv_per_aic));
+  std::vector<TaskScheduler::Worker> workers;
+  for (AiCore* cube : cores_of(CoreKind::AIC)) {
+    const size_t first = static_cast<size_t>(cube->kind_index()) * per;
+    if (first + per > chip_vecs.size()) break;
+    TaskScheduler::Worker w;
+    w.members.push_back({cube, &aic_run, 0});
+    for (size_t i = 0; i < per; ++i)
+      if (slot.cores[static_cast<size_t>(chip_vecs[first + i]->chip_index())])
+        w.members.push_back({chip_vecs[first + i], &aiv_run, static_cast<int>(i)});
+    if (w.members.size() == per + 1) workers.push_back(std::move(w));
+  }
+  if (workers.empty() && all_cores)
     throw Error(fmt::format("kernel '{}' is a mix kernel but chip '{}' has no group of one aic "
                             "and {} aiv cores", program.name, m_cfg.name, per));
-  std::vector<TaskScheduler::Worker> workers(groups);
-  for (size_t g = 0; g < groups; ++g) {
-    workers[g].members.push_back({cubes[g], &aic_run, 0});
-    for (int i = 0; i < per; ++i)
-      workers[g].members.push_back({vecs[g * static_cast<size_t>(per) + static_cast<size_t>(i)],
-                                    &aiv_run, i});
-  }
+  if (workers.empty())
+    throw Error(fmt::format("kernel '{}' is a mix kernel and the launch's cores hold no group of "
+                            "one aic core and its {} aiv cores", program.name, per));
   return workers;
+}
+
+void Chip::prepare_slot(Slot& s, const isa::Program& program, const std::vector<uint64_t>& args,
+                        int block_dim, bool functional, uint64_t max_insns_per_block) {
+  if (block_dim < 1)
+    throw Error(fmt::format("kernel '{}': block_dim {} must be at least 1", program.name,
+                            block_dim));
+  s.runs.clear();
+  s.fault.clear();
+  s.cc_arrivals.clear();
+  s.aborted = false;
+  std::vector<TaskScheduler::Worker> workers = make_workers(s, program);
+  s.launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block, false, 0};
+  s.scheduler.clear();
+  s.scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),
+                    cycles_to_time(static_cast<double>(m_cfg.task_dispatch_cycles())),
+                    cycles_to_time(m_cfg.task_block_start_cycles));
 }
 
 void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
@@ -196,11 +237,16 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   if (block_dim < 1)
     throw Error(fmt::format("kernel '{}': block_dim {} must be at least 1", program.name,
                             block_dim));
-  m_runs.clear();
-  m_fault.clear();
-  m_cc_arrivals.clear();
-  std::vector<TaskScheduler::Worker> workers = make_workers(program);
-  m_launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block, record,
+  Slot& s = *m_slots.front();
+  m_active_slots = 1;
+  s.cores.assign(m_cores.size(), true);
+  m_slot_of_core.assign(m_cores.size(), 0);
+  s.runs.clear();
+  s.fault.clear();
+  s.cc_arrivals.clear();
+  s.aborted = false;
+  std::vector<TaskScheduler::Worker> workers = make_workers(s, program);
+  s.launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block, record,
                         record_max_bytes};
   m_recorded_bytes = 0;
   detach_recordings();  // those of a launch that was not ended
@@ -215,69 +261,186 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   // The lookups a graph run's recording keeps count against the same bound as the cores'.
   m_memory->begin_launch(record && !record_lean,
                          record && record_l2_trace ? record_max_bytes / sizeof(GmAccess) : 0);
-  m_start = m_end = sc_time_stamp();
-  for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(m_start));
-  m_scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),
+  s.start = s.end = sc_time_stamp();
+  for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(s.start));
+  s.scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),
                     cycles_to_time(static_cast<double>(m_cfg.task_dispatch_cycles())),
                     cycles_to_time(m_cfg.task_block_start_cycles));
   schedule_starts();
 }
 
-Chip::Outcome Chip::outcome() const {
-  if (!m_fault.empty()) return Outcome::Fault;
-  return m_scheduler.all_done() ? Outcome::Done : Outcome::Deadlock;
+void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool functional) {
+  if (group.empty()) throw Error("begin_concurrent: no launches");
+  // Check every launch before touching any slot: a bad one begins nothing.
+  std::vector<int> owner(m_cores.size(), -1);
+  for (size_t i = 0; i < group.size(); ++i) {
+    const GroupLaunch& g = group[i];
+    const std::string name = g.program ? "'" + g.program->name + "'" : "(no program)";
+    if (!g.program || !g.args)
+      throw Error(fmt::format("concurrent launch {} {}: no program or arguments", i, name));
+    if (g.cores.empty())
+      throw Error(fmt::format("concurrent launch {} {}: no cores", i, name));
+    for (int c : g.cores) {
+      if (c < 0 || static_cast<size_t>(c) >= m_cores.size())
+        throw Error(fmt::format("concurrent launch {} {}: core index {} is not on chip '{}' "
+                                "({} cores)", i, name, c, m_cfg.name, m_cores.size()));
+      int& o = owner[static_cast<size_t>(c)];
+      if (o >= 0)
+        throw Error(fmt::format("concurrent launch {} {}: core {} is {}", i, name,
+                                m_cores[static_cast<size_t>(c)]->core_name(),
+                                o == static_cast<int>(i) ? "listed twice"
+                                                         : fmt::format("also launch {}'s", o)));
+      o = static_cast<int>(i);
+    }
+  }
+  while (m_slots.size() < group.size()) m_slots.push_back(std::make_unique<Slot>());
+  for (size_t i = 0; i < group.size(); ++i) {
+    Slot& s = *m_slots[i];
+    s.cores.assign(m_cores.size(), false);
+    for (int c : group[i].cores) s.cores[static_cast<size_t>(c)] = true;
+  }
+  for (size_t i = 0; i < group.size(); ++i) {
+    try {
+      prepare_slot(*m_slots[i], *group[i].program, *group[i].args, group[i].block_dim,
+                   functional, group[i].max_insns_per_block);
+    } catch (const Error& e) {
+      for (size_t j = 0; j <= i; ++j) m_slots[j]->scheduler.clear();
+      throw Error(fmt::format("concurrent launch {}: {}", i, e.what()));
+    }
+  }
+  m_active_slots = group.size();
+  for (size_t c = 0; c < m_cores.size(); ++c) m_slot_of_core[c] = std::max(owner[c], 0);
+  m_recorded_bytes = 0;
+  detach_recordings();
+  m_memory->begin_launch();
+  for (size_t i = 0; i < group.size(); ++i) {
+    Slot& s = *m_slots[i];
+    s.start = s.end = sc_time_stamp();
+    for (ChipObserver* o : m_observers)
+      o->on_kernel_begin(*group[i].program, group[i].block_dim, time_ps(s.start));
+  }
+  schedule_starts();
 }
 
-sc_core::sc_time Chip::end_time() const {
-  switch (outcome()) {
+Chip::Outcome Chip::outcome(size_t i) const {
+  const Slot& s = *m_slots[i];
+  if (!s.fault.empty()) return Outcome::Fault;
+  return s.scheduler.all_done() ? Outcome::Done : Outcome::Deadlock;
+}
+
+Chip::Outcome Chip::outcome() const { return outcome(0); }
+
+const std::string& Chip::fault_message(size_t i) const { return m_slots[i]->fault; }
+
+sc_core::sc_time Chip::end_time(size_t i) const {
+  const Slot& s = *m_slots[i];
+  switch (outcome(i)) {
     case Outcome::Deadlock: return sc_time_stamp();
-    case Outcome::Done: return std::max(m_end, m_memory->writebacks_end());
+    case Outcome::Done:
+      return std::max(s.end, m_active_slots == 1 ? m_memory->writebacks_end()
+                                                 : m_memory->writebacks_end_of(s.cores));
     case Outcome::Fault: break;
   }
-  return m_end;
+  return s.end;
 }
 
-std::string Chip::deadlock_report() const {
+sc_core::sc_time Chip::end_time() const { return end_time(0); }
+
+std::string Chip::deadlock_report(size_t i) const {
+  const Slot& s = *m_slots[i];
   std::vector<std::string> waits;
   for (const auto& c : m_cores)
-    for (std::string& w : c->blocked_waits()) waits.push_back(std::move(w));
+    if (s.cores[static_cast<size_t>(c->chip_index())])
+      for (std::string& w : c->blocked_waits()) waits.push_back(std::move(w));
   if (waits.empty())
     return fmt::format("deadlock: {} of {} blocks unfinished and no process can make progress",
-                       m_launch.block_dim - m_scheduler.blocks_done(), m_launch.block_dim);
+                       s.launch.block_dim - s.scheduler.blocks_done(), s.launch.block_dim);
   std::string out = "deadlock: ";
-  for (size_t i = 0; i < waits.size(); ++i) out += (i ? "; " : "") + waits[i];
+  for (size_t k = 0; k < waits.size(); ++k) out += (k ? "; " : "") + waits[k];
   return out;
 }
 
-void Chip::raise_abort() {
-  m_abort.raise();
-  m_memory->abort_transfers();
+std::string Chip::deadlock_report() const { return deadlock_report(0); }
+
+void Chip::raise_abort(Slot& s) {
+  s.aborted = true;
+  for (auto& c : m_cores)
+    if (s.cores[static_cast<size_t>(c->chip_index())]) c->abort_signal().raise();
+  if (m_active_slots == 1) m_memory->abort_transfers();
+  else m_memory->abort_transfers_of(s.cores);
 }
 
-void Chip::abort() { raise_abort(); }
+void Chip::abort() { raise_abort(*m_slots.front()); }
 
-void Chip::end_launch(bool ok) {
-  const sc_core::sc_time end = end_time();
-  m_total_cycles.add(time_ps(end - m_start));
+bool Chip::abort_deadlocked() {
+  bool any = false;
+  for (size_t i = 0; i < m_active_slots; ++i) {
+    if (outcome(i) != Outcome::Deadlock) continue;
+    Slot& s = *m_slots[i];
+    s.fault = deadlock_report(i);
+    s.end = sc_time_stamp();
+    raise_abort(s);
+    any = true;
+  }
+  return any;
+}
+
+void Chip::stop_group_at_time_limit() {
+  for (size_t i = 0; i < m_active_slots; ++i) {
+    if (outcome(i) != Outcome::Deadlock) continue;
+    Slot& s = *m_slots[i];
+    s.fault = fmt::format("simulated time would pass {} ps (cycle {}), half of SystemC's range of "
+                          "2^64 ps: the launch (begun at cycle {}) is stopped at cycle {}",
+                          kSimTimeLimitPs, kSimTimeLimitPs / kPsPerCycle,
+                          time_ps(s.start) / kPsPerCycle, time_ps(sc_time_stamp()) / kPsPerCycle);
+    s.end = sc_time_stamp();
+    raise_abort(s);
+  }
+}
+
+void Chip::end_slot(Slot& s, const sc_core::sc_time& end, bool ok) {
+  m_total_cycles.add(time_ps(end - s.start));
   m_launches.inc();
   if (!ok) m_failed_launches.inc();
-  for (ChipObserver* o : m_observers) o->on_kernel_end(*m_launch.program, time_ps(end), ok);
-  for (auto& c : m_cores) c->reset();
+  for (ChipObserver* o : m_observers) o->on_kernel_end(*s.launch.program, time_ps(end), ok);
+}
+
+void Chip::reset_after_launches() {
+  for (auto& c : m_cores) {
+    c->reset();
+    c->abort_signal().clear();
+  }
   detach_recordings();
   m_memory->abort_transfers();
-  m_scheduler.clear();
+  for (size_t i = 0; i < m_active_slots; ++i) {
+    m_slots[i]->scheduler.clear();
+    m_slots[i]->cc_arrivals.clear();
+    m_slots[i]->aborted = false;
+  }
   m_block_start_due.cancel();
-  m_cc_arrivals.clear();
-  m_abort.clear();
+}
+
+void Chip::end_launch(bool ok) {
+  end_slot(*m_slots.front(), end_time(0), ok);
+  reset_after_launches();
+}
+
+void Chip::end_concurrent() {
+  for (size_t i = 0; i < m_active_slots; ++i)
+    end_slot(*m_slots[i], end_time(i), outcome(i) == Outcome::Done);
+  reset_after_launches();
+  m_active_slots = 1;
+  m_slot_of_core.assign(m_cores.size(), 0);
 }
 
 void Chip::recorded(uint64_t bytes) {
-  if (!m_launch.record) return;
+  LaunchInfo& launch = m_slots.front()->launch;  // only a lone launch is recorded
+  if (!launch.record) return;
   m_recorded_bytes += bytes;
-  if (m_recorded_bytes <= m_launch.record_max_bytes) return;
+  if (m_recorded_bytes <= launch.record_max_bytes) return;
   // Too long a launch to keep for replay: stop recording and free what was recorded.
   // The records stay allocated until end_launch: the caller is one of them.
-  m_launch.record = false;
+  launch.record = false;
   for (auto& c : m_cores) c->attach_recorder(nullptr);
   for (auto& r : m_recordings) r->drop();
   std::vector<uint16_t>().swap(m_effect_order);
@@ -293,23 +456,25 @@ void Chip::detach_recordings() {
 
 void Chip::fault(const AiCore& core, uint32_t pc, const isa::Instruction* in,
                  const std::string& what) {
-  if (m_abort.active()) return;  // only the first fault of a launch is reported
-  m_fault = fmt::format("core {} {}: ", core.core_name(), core.where(pc, in));
-  if (in) m_fault += insn_text(*in, core.current_section()) + ": ";
-  m_fault += what;
-  m_end = sc_time_stamp();
-  raise_abort();
+  Slot& s = slot_of(core);
+  if (s.aborted) return;  // only the first fault of a launch is reported
+  s.fault = fmt::format("core {} {}: ", core.core_name(), core.where(pc, in));
+  if (in) s.fault += insn_text(*in, core.current_section()) + ": ";
+  s.fault += what;
+  s.end = sc_time_stamp();
+  raise_abort(s);
 }
 
 void Chip::block_done(AiCore& core) {
-  if (m_scheduler.core_done(core)) m_worker_freed.notify(sc_core::SC_ZERO_TIME);
-  if (!m_scheduler.all_done()) return;
+  Slot& s = slot_of(core);
+  if (s.scheduler.core_done(core)) m_worker_freed.notify(sc_core::SC_ZERO_TIME);
+  if (!s.scheduler.all_done()) return;
   // The launch ends once its completion is reported; the worker of this core ended last, so
   // its blocks' starts lie on the path from the launch's begin to its end.
   const uint64_t done = m_cfg.task_done_cycles();
-  m_end = sc_time_stamp() + cycles_to_time(static_cast<double>(done));
-  m_task_done.notify(cycles_to_time(static_cast<double>(done)));
-  const uint64_t starts = static_cast<uint64_t>(m_scheduler.worker_of(core)->blocks_run) *
+  s.end = sc_time_stamp() + cycles_to_time(static_cast<double>(done));
+  s.task_done.notify(cycles_to_time(static_cast<double>(done)));
+  const uint64_t starts = static_cast<uint64_t>(s.scheduler.worker_of(core)->blocks_run) *
                           static_cast<uint64_t>(m_cfg.task_block_start_cycles);
   m_task_overhead_cycles.add((m_cfg.task_dispatch_cycles() + starts + done) * kPsPerCycle);
 }
@@ -329,10 +494,11 @@ void Chip::cross_core_set(AiCore& core, Lane lane, int mode, int id) {
   if (id < 0 || id >= m_cfg.cross_core_flag_ids)
     throw KernelFault(fmt::format("cross-core flag id {} out of range: the chip has ids 0..{}",
                                   id, m_cfg.cross_core_flag_ids - 1));
-  const TaskScheduler::Worker* w = m_scheduler.worker_of(core);
+  Slot& s = slot_of(core);
+  const TaskScheduler::Worker* w = s.scheduler.worker_of(core);
   if (!w) throw KernelFault("cc_set from a core that is not part of the launch");
   const bool is_cube = core.core_kind() == CoreKind::AIC;
-  if ((mode == 1 || mode == 2) && !m_mix)
+  if ((mode == 1 || mode == 2) && !s.mix)
     throw KernelFault(fmt::format("cc_set mode {} synchronises a cube core's group and needs a "
                                   "mix kernel (aic and aiv sections)", mode));
   switch (mode) {
@@ -341,8 +507,8 @@ void Chip::cross_core_set(AiCore& core, Lane lane, int mode, int id) {
       // Barrier: every participant sets once; then each participant's flag counts one.
       std::vector<AiCore*> participants;
       if (mode == 0) {
-        for (const auto& worker : m_scheduler.workers()) {
-          if (&worker - &m_scheduler.workers().front() >= m_launch.block_dim) break;
+        for (const auto& worker : s.scheduler.workers()) {
+          if (&worker - &s.scheduler.workers().front() >= s.launch.block_dim) break;
           for (const auto& m : worker.members)
             if (m.core->core_kind() == core.core_kind()) participants.push_back(m.core);
         }
@@ -353,8 +519,8 @@ void Chip::cross_core_set(AiCore& core, Lane lane, int mode, int id) {
           if (m.core->core_kind() == CoreKind::AIV) participants.push_back(m.core);
       }
       const int group = mode == 0 ? -1 - static_cast<int>(core.core_kind())
-                                  : static_cast<int>(w - &m_scheduler.workers().front());
-      int& arrived = m_cc_arrivals[{group, id}];
+                                  : static_cast<int>(w - &s.scheduler.workers().front());
+      int& arrived = s.cc_arrivals[{group, id}];
       if (++arrived < static_cast<int>(participants.size())) return;
       arrived = 0;
       for (AiCore* p : participants) post(core, lane, *p, id);

@@ -3,6 +3,11 @@
 // implements the cores' environment (faults, aborts, block completion, cross-core flags) and the
 // launch protocol the Simulator drives between sc_start() calls:
 //   begin_launch(); sc_start(); outcome(); [deadlock: abort(); sc_start();] end_launch().
+// Several launches at once on disjoint cores (Simulator::run_concurrent):
+//   begin_concurrent(); sc_start(); [deadlocks: abort_deadlocked(); sc_start();]
+//   outcome(i), end_time(i) ...; end_concurrent().
+// Each launch has its own slot: task scheduler, workers, task overheads, fault, cross-core
+// barriers and abort (its cores' abort signals); the memory system and the HDC link are shared.
 #pragma once
 
 #include <map>
@@ -57,7 +62,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
                     bool record_l2_trace = false);
   // After sc_start() returned: how the launch ended.
   Outcome outcome() const;
-  const std::string& fault_message() const { return m_fault; }
+  const std::string& fault_message() const { return fault_message(0); }
   // "deadlock: core aic0 pc 12 (k.s:30) wait_flag mte2, m, 1 never set; ..."
   std::string deadlock_report() const;
   // Aborts the launch from outside the simulation (after a deadlock); sc_start() then unwinds
@@ -73,6 +78,40 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // Ends the launch: resets cores, scheduler and abort signal so the next launch starts clean;
   // accounts the launch's cycles.
   void end_launch(bool ok);
+
+  // One launch of a concurrent group: what begin_launch takes, and the cores it may use (chip
+  // indices, as cores(); pairwise disjoint between the group's launches). Never recorded.
+  struct GroupLaunch {
+    const isa::Program* program = nullptr;
+    const std::vector<uint64_t>* args = nullptr;
+    int block_dim = 1;
+    uint64_t max_insns_per_block = 0;
+    std::vector<int> cores;
+  };
+  // Begins every launch of `group` now, each on its own cores with its own task scheduler
+  // (dispatch, block starts, completion overheads as a lone launch's). The memory system's L2
+  // state is the one memory().select_l2() chose for the group. Throws npusim::Error naming the
+  // launch (its index in `group`) for one this chip cannot run on its cores (no section for
+  // them, no core of the kind its section needs among them, block_dim < 1, a core outside the
+  // chip or in two launches); nothing is begun then. A fault in one launch aborts its cores
+  // and its transfers only: the others run on to their end.
+  void begin_concurrent(const std::vector<GroupLaunch>& group, bool functional);
+  // After sc_start() returned, of launch i of the group (Outcome::Deadlock: still unfinished).
+  Outcome outcome(size_t i) const;
+  const std::string& fault_message(size_t i) const;
+  std::string deadlock_report(size_t i) const;
+  // Launch i's end: its last block's end with the completion overhead, or if later the end of
+  // the last write-back flow of the lines its cores' transfers evicted; its fault; or
+  // (deadlock) now.
+  sc_core::sc_time end_time(size_t i) const;
+  // After the simulation went quiescent with launches unfinished (deadlocked): faults them and
+  // aborts their cores; sc_start() then unwinds their blocked processes. Returns whether any was.
+  bool abort_deadlocked();
+  // Stops every unfinished launch of the group at the time limit (as stop_at_time_limit).
+  void stop_group_at_time_limit();
+  // Ends the group as end_launch ends a launch (chip.total_cycles counts each launch's own
+  // duration, so the launches' overlap is counted once per launch).
+  void end_concurrent();
 
   HdcLink& hdc() { return *m_hdc; }
   const MemorySystem& memory() const { return *m_memory; }
@@ -91,13 +130,14 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // one simulated instant, so this is the order the cores' data saw). Empty otherwise.
   const std::vector<uint16_t>& effect_order() const { return m_effect_order; }
   // The launch in progress (or last begun) is a mix kernel: aic and aiv cores in groups.
-  bool mix() const { return m_mix; }
+  bool mix() const { return m_slots.front()->mix; }
+
+  // The lone launch in progress (or last begun): what begin_launch was given.
+  const LaunchInfo& launch() const { return m_slots.front()->launch; }
 
   // CoreEnv
   const ChipConfig& config() const override { return m_cfg; }
   DeviceMemory& gm() override { return m_gm; }
-  const LaunchInfo& launch() const override { return m_launch; }
-  AbortSignal& abort_signal() override { return m_abort; }
   const std::vector<ChipObserver*>& observers() const override { return m_observers; }
   uint64_t new_flow_id() override { return ++m_flow_ids; }
   void recorded(uint64_t bytes) override;
@@ -107,10 +147,34 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   void cross_core_set(AiCore& core, Lane lane, int mode, int id) override;
 
  private:
-  std::vector<TaskScheduler::Worker> make_workers(const isa::Program& program);
-  const SectionRun& prepare_section(const isa::Section& s);
+  // A launch in progress: the lone launch (slot 0), or one of a concurrent group.
+  struct Slot {
+    LaunchInfo launch;
+    TaskScheduler scheduler;
+    std::vector<std::unique_ptr<SectionRun>> runs;
+    std::string fault;
+    sc_core::sc_time start, end;
+    bool mix = false;
+    bool aborted = false;  // its cores' abort signals are raised
+    // The cores it may use, by chip index (all of them for the lone launch).
+    std::vector<bool> cores;
+    // Barrier-mode cross-core sets (modes 0 and 1) that arrived so far: (group, id) -> count.
+    std::map<std::pair<int, int>, int> cc_arrivals;
+    sc_core::sc_event task_done;  // the launch's completion overhead has passed
+  };
+  Slot& slot_of(const AiCore& core) {
+    return *m_slots[static_cast<size_t>(m_slot_of_core[static_cast<size_t>(core.chip_index())])];
+  }
+  // Resets slot `s` for a new launch and fills its workers (throws like begin_launch).
+  void prepare_slot(Slot& s, const isa::Program& program, const std::vector<uint64_t>& args,
+                    int block_dim, bool functional, uint64_t max_insns_per_block);
+  std::vector<TaskScheduler::Worker> make_workers(Slot& slot, const isa::Program& program);
+  const SectionRun& prepare_section(Slot& slot, const isa::Section& s);
   void post(AiCore& from, Lane lane, AiCore& to, int id);
-  void raise_abort();
+  void raise_abort(Slot& s);
+  void end_slot(Slot& s, const sc_core::sc_time& end, bool ok);
+  // Clears the cores, recordings, transfers, schedulers and abort signals after the launches.
+  void reset_after_launches();
   // Detaches the recordings from the cores and frees them (recordings() is then empty).
   void detach_recordings();
   void dispatch_blocks();  // method: hands blocks to the workers freed in the last delta cycle
@@ -121,26 +185,20 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   const ChipConfig& m_cfg;
   DeviceMemory& m_gm;
   std::vector<ChipObserver*> m_observers;
-  AbortSignal m_abort;
   std::vector<std::unique_ptr<AiCore>> m_cores;  // chip index order: aic..., aiv... (or aicore)
   std::unique_ptr<MemorySystem> m_memory;
   std::unique_ptr<HdcLink> m_hdc;
-  TaskScheduler m_scheduler;
   sc_core::sc_event m_worker_freed;
-  sc_core::sc_event m_task_done;  // the launch's completion overhead has passed
   sc_core::sc_event m_block_start_due;
 
-  // The launch in progress.
-  LaunchInfo m_launch;
-  std::vector<std::unique_ptr<SectionRun>> m_runs;
-  std::string m_fault;
-  sc_core::sc_time m_start, m_end;
-  bool m_mix = false;
+  // The launches in progress: slot 0 the lone launch; slots 0..m_active_slots-1 a concurrent
+  // group's. Slots are kept for later launches (their events stay alive).
+  std::vector<std::unique_ptr<Slot>> m_slots;
+  size_t m_active_slots = 1;
+  std::vector<int> m_slot_of_core;  // by chip index: the slot whose launch may use the core
   std::vector<std::unique_ptr<CoreRecording>> m_recordings;  // see recordings()
   uint64_t m_recorded_bytes = 0;  // host memory held by the launch's recording (about)
   std::vector<uint16_t> m_effect_order;  // see effect_order()
-  // Barrier-mode cross-core sets (modes 0 and 1) that arrived so far: (group, id) -> count.
-  std::map<std::pair<int, int>, int> m_cc_arrivals;
   uint64_t m_flow_ids = 0;
 
   Counter& m_total_cycles;

@@ -16,6 +16,8 @@
 
 namespace npusim {
 
+class AbortSignal;  // sim/core/core_env.h
+
 class GmTransfer : public tlm::tlm_extension<GmTransfer> {
  public:
   // Request.
@@ -27,6 +29,9 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
   // Bytes per cycle the instruction's request issue allows in either phase (ExecCost::
   // gm_request_rate); 0: no such limit.
   double request_rate = 0;
+  // The initiating core's abort signal (AiCore::abort_signal): the transfer unwinds when it is
+  // raised. Set once by the initiator; never copied (copy_from).
+  AbortSignal* abort_signal = nullptr;
   // Result.
   sc_core::sc_time transfer_time;  // time in the bandwidth-shared phase (after latency)
   double alone_cycles = 0;         // what that phase takes with no other transfer active
@@ -37,6 +42,11 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
   // A write-back flow (the memory system's own, MemorySystem::start_writeback) has only an HBM
   // phase and no initiator waiting on it.
   bool writeback_flow = false;
+  // The memory-system port (the core's chip index) of the transfer, or for a write-back flow of
+  // the transfer whose allocations evicted the lines; -1 before the first use. A launch among
+  // concurrent ones that faults drops its cores' transfers only (MemorySystem::abort_transfers_of)
+  // and ends after its cores' write-back flows (writebacks_end_of).
+  int origin = -1;
   // Write-back flows under memory.l2.write_back_waits: the transfer whose allocations evicted
   // the lines, which completes only after them (its `writeback_pending` is cleared and its
   // `done` notified when this flow ends).
@@ -58,9 +68,9 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
   double line_readers = 1;
   sc_core::sc_event done;
   // What the initiating process waits on while the transfer flows: `done`, or `abort`, which
-  // the memory system registers with the chip's AbortSignal (wake_on_raise) at the transfer's
-  // first use. A waiter of the signal's shared event would cost every wake-up a linear search
-  // of all the chip's waiting transfers (docs/chip_model.md, "Performance").
+  // the memory system registers with the initiator's AbortSignal (wake_on_raise) at the
+  // transfer's first use. A waiter of the signal's shared event would cost every wake-up a
+  // linear search of all the chip's waiting transfers (docs/chip_model.md, "Performance").
   sc_core::sc_event abort;
   sc_core::sc_event_or_list done_or_abort;
 

@@ -17,11 +17,10 @@ constexpr uint64_t kPsPerCycle = 1000;
 }
 
 MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
-                           AbortSignal& abort, const CounterGroup& chip_counters)
+                           const CounterGroup& chip_counters)
     : sc_module(name),
       port("port"),
       m_cfg(cfg),
-      m_abort(abort),
       m_l2(cfg.l2_bytes, cfg.l2_line_bytes, cfg.l2_ways, cfg.l2_write_back, cfg.l2_page_rotation),
       m_placement(m_l2.line_bytes()),
       m_l2_hits(chip_counters.add("l2.hits", "lines", "GM line accesses that hit in L2")),
@@ -133,7 +132,8 @@ void MemorySystem::begin_launch(bool record, uint64_t trace_max) {
   m_recording = record;
   m_tracing = trace_max > 0;
   m_trace_max = trace_max;
-  m_writebacks_end = sc_core::sc_time_stamp();
+  m_writebacks_end = m_launch_begin = sc_core::sc_time_stamp();
+  m_writebacks_end_of.clear();
   m_transfer_order.clear();
   m_l2_trace.clear();
   m_l2_fingerprint = kL2FingerprintSeed;
@@ -149,12 +149,47 @@ void MemorySystem::abort_transfers() {
   m_rate_change.cancel();
 }
 
+void MemorySystem::abort_transfers_of(const std::vector<bool>& ports) {
+  const auto of = [&](const GmTransfer* t) {
+    return t->origin >= 0 && static_cast<size_t>(t->origin) < ports.size() &&
+           ports[static_cast<size_t>(t->origin)];
+  };
+  advance();  // the other transfers' bytes moved so far, at the rates they had
+  for (size_t i = 0; i < m_active.size();) {
+    GmTransfer* t = m_active[i];
+    if (t->writeback_flow) {
+      // The evicted lines still go to HBM; no aborted transfer waits for them.
+      if (t->evictor && of(t->evictor)) t->evictor = nullptr;
+      ++i;
+    } else if (of(t)) {
+      if (t->lines_registered) count_line_reads(t, false);
+      m_active.erase(m_active.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  settle();  // the others' rates without them
+}
+
+sc_core::sc_time MemorySystem::writebacks_end_of(const std::vector<bool>& ports) const {
+  sc_core::sc_time end = m_launch_begin;
+  for (size_t i = 0; i < m_writebacks_end_of.size() && i < ports.size(); ++i)
+    if (ports[i]) end = std::max(end, m_writebacks_end_of[i]);
+  return end;
+}
+
 void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& delay) {
   GmTransfer* t = p.get_extension<GmTransfer>();
   if (!t || !t->ranges) {
     p.set_response_status(tlm::TLM_GENERIC_ERROR_RESPONSE);
     return;
   }
+  if (!t->abort_signal) {  // every initiator (a core's pipe) names the signal that unwinds it
+    p.set_response_status(tlm::TLM_GENERIC_ERROR_RESPONSE);
+    return;
+  }
+  AbortSignal& abort = *t->abort_signal;
+  t->origin = id;
   const bool write = p.get_command() == tlm::TLM_WRITE_COMMAND;
   // 1. L2 lookup, line by line. own_miss: the instruction's own bytes that go to HBM; the rest
   // of `miss` is the fill of the lines its reads allocate beyond the bytes asked for (HBM -> L2
@@ -197,7 +232,7 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
   // to the initiator in `delay`: the initiator's pipe is occupied only by the bandwidth phase and
   // the data lands `delay` after it (requests stay in flight while the pipe moves on).
   delay += cycles_to_time(latency);
-  m_abort.check();
+  abort.check();
   // 3. The bandwidth-shared flow. Misses move at up to the core's GM path rate; hits at up to
   // the core's L2 port rate for the direction (the path rate if the chip gives none). A read's
   // line fill beyond the bytes asked for goes from HBM into the L2 only, not through the core:
@@ -256,7 +291,7 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
     advance();
     if (writeback > 0) {
       t->writeback_pending = m_cfg.l2_write_back_waits;
-      start_writeback(writeback, t->writeback_pending ? t : nullptr);
+      start_writeback(writeback, t->writeback_pending ? t : nullptr, id);
     }
     t->remaining[kHbm] = static_cast<double>(miss);
     t->remaining[kL2] = static_cast<double>(hit);
@@ -265,20 +300,20 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
     if (t->phase < 2) m_active.push_back(t);
     settle();
     if (t->done_or_abort.size() == 0) {  // the transfer's first use: wake it on an abort
-      m_abort.wake_on_raise(t->abort);
+      abort.wake_on_raise(t->abort);
       t->done_or_abort |= t->done;
       t->done_or_abort |= t->abort;
     }
     while (t->phase < 2 || t->writeback_pending) {
       wait(t->done_or_abort);
-      m_abort.check();
+      abort.check();
     }
   }
   t->transfer_time = sc_core::sc_time_stamp() - start;
   p.set_response_status(tlm::TLM_OK_RESPONSE);
 }
 
-void MemorySystem::start_writeback(uint64_t bytes, GmTransfer* evictor) {
+void MemorySystem::start_writeback(uint64_t bytes, GmTransfer* evictor, int origin) {
   if (m_idle_writeback_flows.empty()) {
     m_writeback_flows.push_back(std::make_unique<GmTransfer>());
     m_writeback_flows.back()->writeback_flow = true;
@@ -293,6 +328,7 @@ void MemorySystem::start_writeback(uint64_t bytes, GmTransfer* evictor) {
   f->hbm_write_share = 1;
   f->rate = 0;
   f->evictor = evictor;
+  f->origin = origin;
   m_active.push_back(f);
 }
 
@@ -341,6 +377,11 @@ void MemorySystem::settle() {
       if (t->writeback_flow) {
         m_idle_writeback_flows.push_back(t);
         m_writebacks_end = sc_core::sc_time_stamp();
+        if (t->origin >= 0) {
+          const size_t o = static_cast<size_t>(t->origin);
+          if (m_writebacks_end_of.size() <= o) m_writebacks_end_of.resize(o + 1, m_launch_begin);
+          m_writebacks_end_of[o] = m_writebacks_end;
+        }
         if (t->evictor) {
           t->evictor->writeback_pending = false;
           t->evictor->done.notify(SC_ZERO_TIME);

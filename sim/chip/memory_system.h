@@ -60,7 +60,7 @@ namespace npusim {
 class MemorySystem : public sc_core::sc_module {
  public:
   SC_HAS_PROCESS(MemorySystem);
-  MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg, AbortSignal& abort,
+  MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
                const CounterGroup& chip_counters);
 
   // Target of every core's GM port.
@@ -132,9 +132,18 @@ class MemorySystem : public sc_core::sc_module {
   // launch is not over before (Chip::end_time): a write that evicts returns at L2 speed, so
   // without this a launch writing more than the L2 holds could end before HBM moved its lines.
   sc_core::sc_time writebacks_end() const { return m_writebacks_end; }
-  // Abort: drops the transfers in flight (their initiators unwind on the abort signal) and the
-  // pending rate-change event, so simulated time stops at the fault.
+  // The same for the write-back flows of the transfers from `ports` (by core chip index: a
+  // launch's cores among concurrent ones); the launch's start if none finished.
+  sc_core::sc_time writebacks_end_of(const std::vector<bool>& ports) const;
+  // Abort: drops the transfers in flight (their initiators unwind on their abort signals,
+  // GmTransfer::abort_signal) and the pending rate-change event, so simulated time stops at the
+  // fault.
   void abort_transfers();
+  // Abort of one launch among concurrent ones (Chip::begin_concurrent): drops the transfers
+  // from `ports` (by core chip index) only; the others go on, sharing the bandwidth without
+  // them from now. Write-back flows those transfers started go on (the lines still reach HBM).
+  // Zero time.
+  void abort_transfers_of(const std::vector<bool>& ports);
 
  private:
   enum Resource { kHbm = 0, kL2 = 1 };
@@ -144,13 +153,13 @@ class MemorySystem : public sc_core::sc_module {
   void settle();          // complete finished phases, recompute rates, schedule next change
   // Adds a write-back flow of `bytes` (dirty lines evicted to HBM) to the active flows; call
   // between advance() and settle(). evictor (may be null): the transfer that waits for it.
-  void start_writeback(uint64_t bytes, GmTransfer* evictor);
+  // origin: the port of the transfer that evicted the lines (GmTransfer::origin).
+  void start_writeback(uint64_t bytes, GmTransfer* evictor, int origin);
   // Same-line serialisation (memory.l2.line_read_bytes_per_cycle): t's read lines start or stop
   // counting among the lines' readers (its L2 phase starts or ends).
   void count_line_reads(GmTransfer* t, bool add);
 
   const ChipConfig& m_cfg;
-  AbortSignal& m_abort;
   L2Tags m_l2;
   L2Placement m_placement;
   bool m_l2_carried = false;  // select_l2's choice carries over (l2_carried())
@@ -176,6 +185,8 @@ class MemorySystem : public sc_core::sc_module {
   std::vector<std::unique_ptr<GmTransfer>> m_writeback_flows;
   std::vector<GmTransfer*> m_idle_writeback_flows;
   sc_core::sc_time m_writebacks_end;
+  sc_core::sc_time m_launch_begin;  // begin_launch's time
+  std::vector<sc_core::sc_time> m_writebacks_end_of;  // by origin port (writebacks_end_of)
   int m_users[2] = {0, 0};  // active transfers per resource (as of the last settle)
   // Same-line serialisation: transfers in their L2 phase reading each GM line (address /
   // l2_line_bytes), and whether that changed since the readers' means were last computed.

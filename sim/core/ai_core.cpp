@@ -99,6 +99,7 @@ struct AiCore::PipeUnit {
     drained_or_abort |= drained;
     drained_or_abort |= scalar_abort;
     transfer = new GmTransfer;
+    transfer->abort_signal = &abort;  // the core's: its launch's fault unwinds the transfer
     payload.set_extension(transfer);  // owned (and freed) by the payload
   }
 
@@ -156,8 +157,6 @@ AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
       m_kind(kind),
       m_env(env),
       m_cfg(env.config()),
-      m_abort(env.abort_signal()),
-      m_launch(env.launch()),
       m_gm(env.gm()),
       m_observers(env.observers()),
       m_name(basename()),
@@ -216,6 +215,7 @@ AiCore::~AiCore() = default;
 
 void AiCore::assign_block(const SectionRun& run, int block, int subblock) {
   m_run = &run;
+  m_launch = run.launch;
   m_block = block;
   m_subblock = subblock;
   m_assigned_blocks.push_back({&run, block, subblock});
@@ -326,8 +326,8 @@ void AiCore::run_block() {
   const uint64_t issue_ps = time_ps(issue_time);
   const auto& observers = m_observers;
   uint32_t pc = 0;
-  const BlockIdentity id{m_launch.args, m_block, m_launch.block_dim, m_subblock, m_kind_index};
-  const uint64_t budget = m_launch.max_insns_per_block;
+  const BlockIdentity id{m_launch->args, m_block, m_launch->block_dim, m_subblock, m_kind_index};
+  const uint64_t budget = m_launch->max_insns_per_block;
   uint64_t executed = 0;
   for (;;) {
     m_pc = pc;
@@ -377,7 +377,7 @@ void AiCore::run_block() {
 }
 
 uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
-  const BlockIdentity id{m_launch.args, m_block, m_launch.block_dim, m_subblock,
+  const BlockIdentity id{m_launch->args, m_block, m_launch->block_dim, m_subblock,
                          m_kind_index};
   const uint32_t local = exec_scalar_local(m_scalar, in, pc, m_run->section->code.size(), id);
   if (local != kNotLocal) return local;
@@ -402,7 +402,7 @@ uint32_t AiCore::exec_scalar(const isa::Instruction& in, uint32_t pc) {
         if (m_recorder) m_recorder->on_scalar_gm(pc, {addr, 8, false});
       } else {
         const int64_t v = m_scalar.operand(in, 0);
-        if (m_launch.functional) m_gm.write(addr, &v, 8);
+        if (m_launch->functional) m_gm.write(addr, &v, 8);
         else m_gm.invalidate(addr, 8);
         if (m_recorder) m_recorder->on_scalar_gm(pc, {addr, 8, true});
       }
@@ -629,7 +629,7 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
         wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)), u.waiter);
       else run_gm_transfer(u, cost);
       is_issue_timed = cost.gm_issue_cycles > 0;
-      if (m_launch.functional) execute(op, ctx);
+      if (m_launch->functional) execute(op, ctx);
       else invalidate_gm_writes(cost, m_gm);
       if (m_recorder) m_recorder->on_pipe_op(u.pipe, op.pc, cost);
       u.busy.add(time_ps(sc_time_stamp() - start));
@@ -723,7 +723,7 @@ void AiCore::notify_instruction(Lane lane, const sc_time& start, const sc_time& 
 }
 
 std::string AiCore::where(uint32_t pc, const isa::Instruction* in) const {
-  const isa::Program* prog = m_launch.program;
+  const isa::Program* prog = m_launch ? m_launch->program : nullptr;
   std::string source = prog ? (prog->source.empty() ? prog->name : prog->source) : "?";
   if (in && in->src_line) return fmt::format("pc {} ({}:{})", pc, source, in->src_line);
   return fmt::format("pc {} ({})", pc, source);

@@ -43,6 +43,10 @@ class AiCore : public sc_core::sc_module {
   const std::string& core_name() const { return m_name; }
   // The section of the block being (or last) run; nullptr before the first block.
   const isa::Section* current_section() const { return m_run ? m_run->section : nullptr; }
+  // The core's abort signal: the chip raises it when the launch the core runs faults or is
+  // aborted, and clears it when the launch ends (its transfers in the memory system wait on it
+  // too). Launches beside each other on disjoint cores are aborted apart.
+  AbortSignal& abort_signal() { return m_abort; }
 
   const CoreKindConfig& kind_config() const { return m_kind; }
   // The core's buffers (L1, L0A/B/C, UB, ...). The launch replay runs blocks on them directly
@@ -152,10 +156,11 @@ class AiCore : public sc_core::sc_module {
   const CoreKindConfig& m_kind;
   CoreEnv& m_env;
   const ChipConfig& m_cfg;
-  AbortSignal& m_abort;
-  // The environment's launch, device memory and observers (CoreEnv returns the same objects
-  // for the chip's life): read per instruction, so looked up once.
-  const LaunchInfo& m_launch;
+  AbortSignal m_abort;  // see abort_signal(); declared before the Waiters that register on it
+  // The launch of the block being (or last) run (SectionRun::launch; nullptr before the first).
+  const LaunchInfo* m_launch = nullptr;
+  // The environment's device memory and observers (CoreEnv returns the same objects for the
+  // chip's life): read per instruction, so looked up once.
   DeviceMemory& m_gm;
   const std::vector<ChipObserver*>& m_observers;
   const std::string m_name;

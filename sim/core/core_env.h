@@ -1,6 +1,8 @@
-// What an AI core needs from the chip around it: the launch being run, the abort signal, fault
-// and block-completion reporting, cross-core flags and the observers. The chip implements it;
-// the core knows nothing else of the chip.
+// What an AI core needs from the chip around it: fault and block-completion reporting,
+// cross-core flags and the observers. The chip implements it; the core knows nothing else of the
+// chip. The launch a core runs comes with each block (SectionRun::launch); each core has its
+// own abort signal (AiCore::abort_signal), raised by the chip for the cores of a launch that
+// faulted, so that launches running beside each other (Chip::begin_concurrent) end apart.
 #pragma once
 
 #include <cstdint>
@@ -35,9 +37,11 @@ inline constexpr uint64_t kSimTimeLimitPs = uint64_t{1} << 63;
 // Thrown inside the model's threads to unwind them after the kernel was aborted.
 struct Aborted {};
 
-// Raised on the first fault of a launch (or by the driver after a deadlock): every blocking wait
-// of every model thread also waits on event(), or on an event of its own registered with
-// wake_on_raise(), and throws Aborted once active().
+// One per AI core (AiCore::abort_signal). The chip raises the signals of a launch's cores on
+// its first fault (or the driver after a deadlock): every blocking wait of the core's threads,
+// and of the memory system's transfers they started (GmTransfer::abort_signal), also waits on
+// event(), or on an event of its own registered with wake_on_raise(), and throws Aborted once
+// active().
 class AbortSignal {
  public:
   bool active() const { return m_active; }
@@ -78,8 +82,10 @@ struct DecodedInsn {
 
 // One section of the running program as a core executes it, with the per-instruction legality
 // checks and decoding done once per launch.
+struct LaunchInfo;
 struct SectionRun {
   const isa::Section* section = nullptr;
+  const LaunchInfo* launch = nullptr;  // the launch the section runs in (outlives the launch)
   std::vector<std::string> illegal;  // per pc: why the instruction is illegal, or ""
   std::vector<DecodedInsn> decoded;  // per pc; meaningful only where illegal[pc] is ""
 };
@@ -105,8 +111,6 @@ class CoreEnv {
   virtual ~CoreEnv() = default;
   virtual const ChipConfig& config() const = 0;
   virtual DeviceMemory& gm() = 0;
-  virtual const LaunchInfo& launch() const = 0;
-  virtual AbortSignal& abort_signal() = 0;
   virtual const std::vector<ChipObserver*>& observers() const = 0;
   // A core recorded `bytes` more for the launch's replay (LaunchInfo::record). Zero time.
   virtual void recorded(uint64_t bytes) = 0;

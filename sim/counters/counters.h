@@ -92,6 +92,20 @@ class CounterDelta {
     if (m_values)
       for (const auto& [info, value] : *m_values) f(*info, value);
   }
+  // The counters of this flat delta that `keep(info)` accepts, in the same order, with the same
+  // root (a ready tree gives an empty delta). E.g. one launch's cores among concurrent ones.
+  template <class Keep>
+  CounterDelta filtered(Keep&& keep) const {
+    CounterDelta d;
+    d.m_keep = m_keep;
+    d.m_root = m_root;
+    auto values = std::make_shared<Values>();
+    for_each([&](const CounterInfo& info, uint64_t value) {
+      if (keep(info)) values->emplace_back(&info, value);
+    });
+    d.m_values = std::move(values);
+    return d;
+  }
   // Whether both hold one stored copy of their values (equal deltas built while another was
   // alive share it: CounterRegistry::intern). For memory accounting and its tests.
   bool shares_values(const CounterDelta& other) const {

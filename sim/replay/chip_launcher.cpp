@@ -632,6 +632,12 @@ void ChipLauncher::check_replay(const isa::Program& program, const Pending& P,
                     what, *addr));
 }
 
+void ChipLauncher::begin_beside() {
+  if (m_store.opts.replay_log.empty()) return;
+  m_begin_cpu_ns = thread_cpu_ns();
+  m_replay_note = "simulated\truns beside other launches";
+}
+
 void ChipLauncher::log(const KernelLaunch& launch, const KernelResult& r) const {
   const SimOptions& opts = m_store.opts;
   const uint64_t cycles = r.ok ? r.cycles : 0;

@@ -87,6 +87,10 @@ class ChipLauncher {
   KernelResult finish();
   // Appends the launch's line to SimOptions::launch_log and to SimOptions::replay_log, if set.
   void log(const KernelLaunch& launch, const KernelResult& r) const;
+  // Launches that run beside each other on the chip (Simulator::run_concurrent) are simulated
+  // without the launcher: this starts their replay-log entry ("simulated", beside other
+  // launches; CPU time from now), which log() then writes for each of them.
+  void begin_beside();
 
   // Whether an observer attached to the chip needs the instructions of launches (no replay).
   bool detail_wanted() const;
