@@ -466,9 +466,9 @@ MatmulTileCoord matmul_tile_at(const MatmulTiling& t, int64_t tile) {
   if (t.stagger_bands == 0) return {tile / t.tiles_n, tile % t.tiles_n};
   const int64_t g = t.stagger_bands, last = t.tiles_m / g - 1;  // the last group
   const int64_t group = std::min(tile / (g * t.tiles_n), last);
-  const int64_t first = group * g;                    // the group's first band
+  const int64_t first = group * g;  // the group's first band
   const int64_t bands = group == last ? t.tiles_m - first : g;
-  const int64_t u = tile - first * t.tiles_n;         // the tile within the group
+  const int64_t u = tile - first * t.tiles_n;  // the tile within the group
   return {first + u % bands, (u / bands + u % bands) % t.tiles_n};
 }
 
