@@ -570,9 +570,12 @@ TEST_CASE("MatMul staggered tiles: the kernel computes every tile, the same bits
   // double reference, and bit for bit against the row-by-row kernel (each tile's k order is the
   // same: sequential, from k = 0).
   const ChipConfig& chip = test_sim().config();
-  ChipConfig serial = chip;  // (not every preset has the key: set on a copy)
-  serial.l2_line_read_bytes_per_cycle =
-      chip.l2_read_bytes_per_cycle > 0 ? chip.l2_read_bytes_per_cycle : 1;
+  // R for half the cube cores on a line at the port's rate (groups of 2 bands: several groups
+  // in few rows on every chip); not every preset has the key: set on a copy.
+  ChipConfig serial = chip;
+  const int cube_cores = compiler::ops::cube_core(chip, "MatMul").count;
+  const double port = chip.l2_read_bytes_per_cycle > 0 ? chip.l2_read_bytes_per_cycle : 1;
+  serial.l2_line_read_bytes_per_cycle = port * std::max(1, cube_cores / 2);
   struct Case {
     MatmulCase c;
     uint32_t seed;
@@ -606,7 +609,7 @@ TEST_CASE("MatMul staggered tiles: the kernel computes every tile, the same bits
   }
   // Several tile rows and columns over several cube cores: the first two shapes on every chip.
   // 1100 rows: several groups of bands on the test chips (tiny: 9 bands of 128 in 4 groups).
-  if (compiler::ops::cube_core(chip, "MatMul").count > 1) {
+  if (cube_cores > 1) {
     CHECK(staggered_cases >= 2);
     CHECK(grouped_cases >= 1);
   }
