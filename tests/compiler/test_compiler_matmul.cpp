@@ -13,8 +13,10 @@
 // Each bound is doubled for slack; reference values are exact doubles.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <regex>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -468,4 +470,147 @@ TEST_CASE("MatMul L1 chunks: rows of k of at least a GM burst, whole bursts wher
   CHECK((tk.tk_l1 * 2) % kBurst == 0);
   check_matmul(DataType::F16, {128, 1200, 128, false, true}, PrecisionMode::kKeepFp32, 301, 0,
                [&](const compiler::OpDesc& op) { return compiler::compile(op, keyed); });
+}
+
+TEST_CASE("MatMul staggered tiles: the cores running together share few bands of A") {
+  // The 910b with same-line serialisation in the L2 (memory.l2.line_read_bytes_per_cycle R =
+  // 302.6, docs/validation.md "Same-line serialisation in the L2"): a line serves R / k to each
+  // of k readers, at most `sharers` = floor(R / the core's L2 read port) of them at the port's
+  // rate. The tile order keeps each block's tiles (block + j x block_dim) and places them so
+  // that the block_dim tiles of step j read each band of A at most `sharers` times; row by row
+  // they read one or two bands, each by up to tiles_n cores.
+  const ChipConfig plain = load_chip_config("910b", {});
+  const ChipConfig serial = load_chip_config("910b", {"memory.l2.line_read_bytes_per_cycle=302.6"});
+  REQUIRE(plain.l2_line_read_bytes_per_cycle == 0);  // the preset: not serialised
+  REQUIRE(serial.l2_read_bytes_per_cycle > 0);
+  const int64_t sharers = static_cast<int64_t>(
+      std::floor(serial.l2_line_read_bytes_per_cycle / serial.l2_read_bytes_per_cycle));
+  REQUIRE(sharers >= 1);
+  struct Shape {
+    int64_t m, n, k;
+    bool tb;
+  };
+  const Shape shapes[] = {{4096, 4096, 4096, false}, {8192, 8192, 8192, false},
+                          {2048, 2048, 2048, false}, {8192, 8192, 8192, true},
+                          {1024, 1024, 1024, false}, {3000, 1000, 512, false},
+                          {64, 1000, 2048, false},   {1000, 64, 2048, true}};
+  for (const Shape& s : shapes) {
+    const compiler::ops::MatmulTiling row = compiler::ops::plan_matmul_tiling(
+        s.m, s.n, s.k, false, s.tb, isa::Dtype::F16, isa::Dtype::F16, plain, "MatMul");
+    const compiler::ops::MatmulTiling t = compiler::ops::plan_matmul_tiling(
+        s.m, s.n, s.k, false, s.tb, isa::Dtype::F16, isa::Dtype::F16, serial, "MatMul");
+    INFO(t.str());
+    CHECK(row.stagger_bands == 0);
+    // The same tiles, cores and chunks: only their order moves.
+    CHECK(t.tm == row.tm);
+    CHECK(t.tn == row.tn);
+    CHECK(t.tk_l1 == row.tk_l1);
+    CHECK(t.block_dim == row.block_dim);
+    if (t.tiles_m == 1 || t.tiles_n == 1) {
+      CHECK(t.stagger_bands == 0);
+      continue;
+    }
+    REQUIRE(t.stagger_bands > 0);
+    // Every tile once.
+    const int64_t tiles = t.tiles_m * t.tiles_n;
+    std::vector<int> seen(static_cast<size_t>(tiles), 0);
+    for (int64_t i = 0; i < tiles; ++i) {
+      const compiler::ops::MatmulTileCoord c = compiler::ops::matmul_tile_at(t, i);
+      REQUIRE(c.m >= 0);
+      REQUIRE(c.m < t.tiles_m);
+      REQUIRE(c.n >= 0);
+      REQUIRE(c.n < t.tiles_n);
+      ++seen[static_cast<size_t>(c.m * t.tiles_n + c.n)];
+    }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == tiles);
+    // Step j: the most cores on one band of A, staggered and row by row.
+    const int64_t bd = t.block_dim;
+    int64_t most = 0, most_row = 0;
+    for (int64_t first = 0; first < tiles; first += bd) {
+      std::vector<int64_t> on(static_cast<size_t>(t.tiles_m), 0), on_row(on);
+      for (int64_t i = first; i < std::min(tiles, first + bd); ++i) {
+        most = std::max(most, ++on[static_cast<size_t>(compiler::ops::matmul_tile_at(t, i).m)]);
+        most_row = std::max(most_row, ++on_row[static_cast<size_t>(i / t.tiles_n)]);
+      }
+    }
+    INFO("most cores on one band of A at a step: " << most << ", row by row " << most_row);
+    // At most `sharers` where the bands allow it (at least block_dim / sharers of them).
+    if (t.tiles_m * sharers >= bd) CHECK(most <= sharers);
+    CHECK(most <= most_row);
+    // The first tiles of blocks 0 and 1 are on different bands of A (row by row: the same).
+    CHECK(compiler::ops::matmul_tile_at(t, 0).m != compiler::ops::matmul_tile_at(t, 1).m);
+  }
+  // 4096^3: 32 x 16 tiles of 128 x 256 over 24 cores; row by row step 0 puts 16 cores on band 0.
+  // Staggered: groups of 16 bands, at most 2 cores on a band of A or a column of B at a step.
+  const compiler::ops::MatmulTiling t = compiler::ops::plan_matmul_tiling(
+      4096, 4096, 4096, false, false, isa::Dtype::F16, isa::Dtype::F16, serial, "MatMul");
+  INFO(t.str());
+  CHECK(t.stagger_bands == 16);
+  for (int64_t first = 0; first < t.tiles_m * t.tiles_n; first += t.block_dim) {
+    std::vector<int64_t> on_n(static_cast<size_t>(t.tiles_n), 0);
+    for (int64_t i = first; i < std::min(t.tiles_m * t.tiles_n, first + t.block_dim); ++i)
+      CHECK(++on_n[static_cast<size_t>(compiler::ops::matmul_tile_at(t, i).n)] <= 2);
+  }
+  // The switch: row by row.
+  setenv("NPUSIM_MATMUL_STAGGERED_TILES", "0", 1);
+  CHECK(compiler::ops::plan_matmul_tiling(4096, 4096, 4096, false, false, isa::Dtype::F16,
+                                          isa::Dtype::F16, serial, "MatMul")
+            .stagger_bands == 0);
+  setenv("NPUSIM_MATMUL_STAGGERED_TILES", "2", 1);
+  CHECK_THROWS_WITH(compiler::ops::plan_matmul_tiling(4096, 4096, 4096, false, false,
+                                                      isa::Dtype::F16, isa::Dtype::F16, serial,
+                                                      "MatMul"),
+                    Catch::Contains("NPUSIM_MATMUL_STAGGERED_TILES='2'"));
+  unsetenv("NPUSIM_MATMUL_STAGGERED_TILES");
+}
+
+TEST_CASE("MatMul staggered tiles: the kernel computes every tile, the same bits as row by row") {
+  // A plan for the test chip with R set (so its tiles go staggered, in groups of bands the last
+  // of which takes the remainder), run on the test chip (R moves only time): values against the
+  // double reference, and bit for bit against the row-by-row kernel (each tile's k order is the
+  // same: sequential, from k = 0).
+  const ChipConfig& chip = test_sim().config();
+  // R for half the cube cores on a line at the port's rate (groups of 2 bands: several groups
+  // in few rows on every chip); not every preset has the key: set on a copy.
+  ChipConfig serial = chip;
+  const int cube_cores = compiler::ops::cube_core(chip, "MatMul").count;
+  const double port = chip.l2_read_bytes_per_cycle > 0 ? chip.l2_read_bytes_per_cycle : 1;
+  serial.l2_line_read_bytes_per_cycle = port * std::max(1, cube_cores / 2);
+  struct Case {
+    MatmulCase c;
+    uint32_t seed;
+  };
+  int staggered_cases = 0, grouped_cases = 0;
+  const std::regex groups(R"(\((\d+)x\d+ = .*groups of (\d+) bands)");
+  for (const Case& cs : {Case{{200, 96, 300, false, false}, 501},
+                         Case{{300, 64, 200, true, true}, 502},
+                         Case{{17, 40, 500, false, true}, 503},
+                         Case{{1100, 32, 300, false, false}, 504}}) {
+    const compiler::OpDesc probe = make_op(
+        "MatMul", {TensorDesc{DataType::F16, {cs.c.ta ? cs.c.k : cs.c.m, cs.c.ta ? cs.c.m : cs.c.k}},
+                   TensorDesc{DataType::F16, {cs.c.tb ? cs.c.n : cs.c.k, cs.c.tb ? cs.c.k : cs.c.n}}},
+        {{"transpose_a", cs.c.ta}, {"transpose_b", cs.c.tb}});
+    const compiler::CompiledKernel staggered = compiler::compile(probe, serial);
+    bool is_staggered = false;  // the cube launch's (C's rows may be copied out by another)
+    for (const compiler::Launch& l : staggered.launches) {
+      INFO(l.summary);
+      is_staggered |= l.summary.find("staggered tiles") != std::string::npos;
+      std::smatch g;  // several groups of bands (the last with the remainder)
+      if (std::regex_search(l.summary, g, groups) && std::stoi(g[2]) * 2 <= std::stoi(g[1]))
+        ++grouped_cases;
+    }
+    staggered_cases += is_staggered;
+    const RunResult a = check_matmul(DataType::F16, cs.c, PrecisionMode::kKeepFp32, cs.seed, 0,
+                                     [&](const compiler::OpDesc& op) {
+                                       return compiler::compile(op, serial);
+                                     });
+    const RunResult b = check_matmul(DataType::F16, cs.c, PrecisionMode::kKeepFp32, cs.seed);
+    CHECK(a.outputs[0].values == b.outputs[0].values);
+  }
+  // Several tile rows and columns over several cube cores: the first two shapes on every chip.
+  // 1100 rows: several groups of bands on the test chips (tiny: 9 bands of 128 in 4 groups).
+  if (cube_cores > 1) {
+    CHECK(staggered_cases >= 2);
+    CHECK(grouped_cases >= 1);
+  }
 }

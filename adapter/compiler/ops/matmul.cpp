@@ -46,6 +46,7 @@
 #include "adapter/compiler/ops/matmul.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -109,6 +110,8 @@ std::string MatmulTiling::str() const {
               ? fmt::format("; core split {}x{} (regions of {}x{} tiles)", region_tiles_m * tm,
                             region_tiles_n * tn, region_tiles_m, region_tiles_n)
               : std::string()) +
+         (stagger_bands > 0 ? fmt::format("; staggered tiles, groups of {} bands", stagger_bands)
+                            : std::string()) +
          (c_strided.run_rows > 0
               ? fmt::format("; C strided: runs of {} rows {} apart{}", c_strided.run_rows,
                             c_strided.row_pitch,
@@ -424,7 +427,49 @@ MatmulTiling plan_matmul_tiling(int64_t m, int64_t n, int64_t k, bool trans_a, b
   // Through the UB, C's rows must be whole 32-byte blocks in GM: pad them if they are not.
   const int64_t per_block = layout::kBlockBytes / osz;
   best.c_pitch = via_ub ? round_up(n, per_block) : n;
+  best.stagger_bands = matmul_stagger_bands(best, cfg);
   return best;
+}
+
+namespace {
+
+// NPUSIM_MATMUL_STAGGERED_TILES: unset or "1" on, "0" off; anything else a CompileError
+// naming the variable and op. Read at every compile.
+bool staggered_tiles_enabled(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_MATMUL_STAGGERED_TILES");
+  if (!v || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  throw CompileError(
+      fmt::format("{}: NPUSIM_MATMUL_STAGGERED_TILES='{}' is neither '0' nor '1'", op, v));
+}
+
+}  // namespace
+
+int64_t matmul_stagger_bands(const MatmulTiling& t, const ChipConfig& cfg) {
+  const double line_rate = cfg.l2_line_read_bytes_per_cycle;  // R, bytes per cycle
+  if (line_rate <= 0 || t.block_dim <= 1 || t.tiles_m <= 1 || t.tiles_n <= 1 ||
+      t.region_tiles_m > 0 || !staggered_tiles_enabled("MatMul"))
+    return 0;
+  // The cores that may read one line together at no loss: R / sharers is still at least the
+  // core's L2 read port (no port given: one).
+  const double port = cfg.l2_read_bytes_per_cycle;
+  const int64_t sharers =
+      port > 0 ? std::max<int64_t>(1, static_cast<int64_t>(std::floor(line_rate / port))) : 1;
+  const int64_t min_bands = ceil_div(static_cast<int64_t>(t.block_dim), sharers);
+  // groups of floor(tiles_m / groups) >= min_bands bands, the last also the remainder (fewer
+  // than min_bands: floor(tiles_m / bands) is again `groups`).
+  const int64_t groups = std::max<int64_t>(1, t.tiles_m / min_bands);
+  return t.tiles_m / groups;
+}
+
+MatmulTileCoord matmul_tile_at(const MatmulTiling& t, int64_t tile) {
+  if (t.stagger_bands == 0) return {tile / t.tiles_n, tile % t.tiles_n};
+  const int64_t g = t.stagger_bands, last = t.tiles_m / g - 1;  // the last group
+  const int64_t group = std::min(tile / (g * t.tiles_n), last);
+  const int64_t first = group * g;  // the group's first band
+  const int64_t bands = group == last ? t.tiles_m - first : g;
+  const int64_t u = tile - first * t.tiles_n;  // the tile within the group
+  return {first + u % bands, (u / bands + u % bands) % t.tiles_n};
 }
 
 const std::string& matmul_core_split_from_env() {
@@ -468,6 +513,7 @@ void apply_matmul_core_split(MatmulTiling& t, const std::string& value, const Ch
         "{} cube cores",
         op, sm, sn, t.m, t.n, regions, cores));
   t.block_dim = static_cast<int>(regions);
+  t.stagger_bands = 0;  // regions: each block its own tiles, row by row
 }
 
 namespace {
@@ -611,7 +657,8 @@ class MatmulEmitter {
   }
 
   // Tile j of the block when tiles go round-robin: tile = block + j * blocks, as tile row m0
-  // and column n0 (and the product *bidx of a batched tiling).
+  // and column n0 (row by row, or staggered: matmul_tile_at) and the product *bidx of a
+  // batched tiling.
   void round_robin_tile(const Reg& j, const Reg& m0, const Reg& n0, const Reg* bidx) {
     KernelBuilder& b = m_b;
     b.emit(Opcode::op_get_block_num, {m0});
@@ -622,8 +669,37 @@ class MatmulEmitter {
       b.div(*bidx, m0, m_t.tiles_m * m_t.tiles_n, "product of the tile");
       b.rem(m0, m0, m_t.tiles_m * m_t.tiles_n);
     }
+    if (m_t.stagger_bands > 0) {
+      staggered_tile(m0, n0);
+      return;
+    }
     b.rem(n0, m0, m_t.tiles_n);
     b.div(m0, m0, m_t.tiles_n);
+  }
+
+  // matmul_tile_at's staggered order on the scalar unit: the tile index in m0 -> tile row m0
+  // and column n0 (groups of stagger_bands bands, the last with the remainder; within one of
+  // `bands` bands, tile u at band u % bands, column (u / bands + u % bands) % tiles_n).
+  void staggered_tile(const Reg& m0, const Reg& n0) {
+    KernelBuilder& b = m_b;
+    const int64_t g = m_t.stagger_bands, last = m_t.tiles_m / g - 1;
+    Reg first = b.reg("staggered: first band of the group"),
+        bands = b.reg("staggered: bands in the group");
+    b.div(first, m0, g * m_t.tiles_n);
+    b.min(first, first, last, "the tile's group of bands");
+    b.movi(bands, g);
+    b.if_(eq(first, last), [&] { b.movi(bands, m_t.tiles_m - last * g, "the last group"); });
+    b.mul(first, first, g, "its first band");
+    b.mul(n0, first, m_t.tiles_n);
+    b.sub(m0, m0, n0, "u: the tile within its group");
+    b.rem(n0, m0, bands, "u % bands");
+    b.div(m0, m0, bands, "u / bands");
+    b.add(m0, m0, n0);
+    b.add(n0, n0, first, "tile row: first + u % bands");
+    b.rem(m0, m0, m_t.tiles_n, "tile column: (u / bands + u % bands) % tiles_n");
+    b.mov(bands, m0);
+    b.mov(m0, n0);
+    b.mov(n0, bands);
   }
 
   // Tile coordinates of step s: tile = block + (s / chunks) * blocks, chunk = s % chunks

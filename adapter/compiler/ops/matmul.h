@@ -61,6 +61,11 @@ struct MatmulTiling {
   // element of c while the cube cores compute (emit_strided_zeros; strided_zeros_fit).
   StridedRows c_strided;
   bool c_zero_fill = false;
+  // The staggered tile order (round robin only; matmul_stagger_bands): > 0, the tile rows
+  // (bands of A) are taken in groups of this many and each group's tiles diagonally
+  // (matmul_tile_at), so that the block_dim tiles the cores run at a time read few of the same
+  // A bands and B columns; 0, tiles row by row. Set by plan_matmul_tiling.
+  int64_t stagger_bands = 0;
   // plan_matmul_tiling's modelled cycles of the busiest cube core for this tiling (its loads
   // with the L2's reuse, mmads, epilogue and pipeline; no task overheads): what callers compare
   // against other kernels' estimates. Where the chip prices the DMA's issue
@@ -123,6 +128,30 @@ struct MatmulCoreSplit {
   bool empty() const { return m == 0; }
 };
 MatmulCoreSplit parse_matmul_core_split(const std::string& split, const std::string& op);
+
+// The staggered tile order (MatmulTiling::stagger_bands), for a chip that serialises reads of
+// one L2 line by several cores (memory.l2.line_read_bytes_per_cycle R > 0; docs/validation.md
+// "The MatMul's cores on staggered tiles"). With round-robin tiles the block_dim cores run
+// tiles block_dim consecutive in row-major order at a time, which share one or two bands of A:
+// up to tiles_n cores load the same A chunk together, each at R / (their count). The staggered
+// order keeps each block's tile count (tile index block + j x block_dim) and maps the index to
+// tile coordinates so that at most `sharers` = max(1, floor(R / memory.l2.core_read_bytes_per_
+// cycle)) of the cores running together read one band of A (a line read by that many still
+// serves each at its port's rate), and few one column of B: groups of g = floor(tiles_m /
+// floor(tiles_m / ceil(block_dim / sharers))) bands (the last also the remainder), and within a
+// group of `bands` bands tile u at band u % bands, column (u / bands + u % bands) % tiles_n. Each group's tiles read its
+// bands and all of B, so the L2 holds g bands of A where row by row holds one. Returns 0 (row
+// by row) where R = 0, with one core, one tile row or column, a core split, or under
+// NPUSIM_MATMUL_STAGGERED_TILES=0 (read at every compile). The accumulation order in k is
+// unchanged: the same bits either way.
+int64_t matmul_stagger_bands(const MatmulTiling& t, const ChipConfig& cfg);
+// Tile coordinates (tile row, tile column) of tile index `tile` (0 .. tiles_m x tiles_n - 1)
+// of one product under t's order: row by row, or staggered (stagger_bands). The kernel's own
+// order (the emitter computes the same on the scalar unit).
+struct MatmulTileCoord {
+  int64_t m = 0, n = 0;
+};
+MatmulTileCoord matmul_tile_at(const MatmulTiling& t, int64_t tile);
 
 // The cube kernel of a tiling, for families that multiply operands they prepared themselves
 // (e.g. Conv2DBackpropFilter: img2col^T x dy). Arguments a, b, c (bind Launch::args); C is
