@@ -94,6 +94,21 @@ def step_graph_nodes(folder):
     return nodes
 
 
+def training_step(model, opt):
+    """One Adam step of `model` on (x, y) as a tf.function: the loss and the largest |logit|."""
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss, tf.reduce_max(tf.abs(logits))
+
+    return step
+
+
 def two_conv_training(device):
     """The small CNN with a second, stride-2 convolution: its filter is read by the forward
     convolution and by the input gradient (Conv2DBackpropInput)."""
@@ -111,17 +126,7 @@ def two_conv_training(device):
         x = tf.constant(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
         y = tf.constant(rng.integers(0, 4, 4).astype(np.int32))
 
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            logits = model(x, training=True)
-            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                y, logits, from_logits=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                model.trainable_variables))
-        return loss, tf.reduce_max(tf.abs(logits))
-
-    return model, step, x, y
+    return model, training_step(model, opt), x, y
 
 
 def grouped_training(device):
@@ -142,17 +147,7 @@ def grouped_training(device):
         x = tf.constant(rng.standard_normal((4, 8, 8, 16)).astype(np.float32))
         y = tf.constant(rng.integers(0, 4, 4).astype(np.int32))
 
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            logits = model(x, training=True)
-            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                y, logits, from_logits=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                model.trainable_variables))
-        return loss, tf.reduce_max(tf.abs(logits))
-
-    return model, step, x, y
+    return model, training_step(model, opt), x, y
 
 
 def cnn_run(folder, build):
