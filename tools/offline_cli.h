@@ -35,7 +35,8 @@ struct InferOptions {
   std::vector<std::string> overrides;
   int loop = 1;
   std::string report_dir;
-  std::string json_path;  // figures as JSON (benchmarks read it)
+  std::string json_path;    // figures as JSON (benchmarks read it)
+  bool concurrent = false;  // independent tasks at once (graph::OfflineRunner::set_concurrent)
   uint64_t max_insns_per_block = SimOptions{}.max_insns_per_block;
 };
 

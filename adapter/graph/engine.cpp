@@ -281,13 +281,17 @@ class Lowering {
   // The planned buffers node c's launches touch (Task::buffers), each once.
   std::vector<TaskBuffer> task_buffers(const CompiledNode& c) const {
     std::vector<TaskBuffer> buffers;
-    const auto add = [&](Region region, uint64_t offset, uint64_t bytes) {
-      for (const TaskBuffer& b : buffers)
-        if (b.region == region && b.offset == offset) return;
-      buffers.push_back({region, offset, bytes});
+    // A buffer both read and written (an input updated in place) is written.
+    const auto add = [&](Region region, uint64_t offset, uint64_t bytes, bool written = false) {
+      for (TaskBuffer& b : buffers)
+        if (b.region == region && b.offset == offset) {
+          b.written = b.written || written;
+          return;
+        }
+      buffers.push_back({region, offset, bytes, written});
     };
-    const auto add_activation = [&](int buffer) {
-      add(Region::kActivation, m_buffers[buffer].offset, m_buffers[buffer].bytes);
+    const auto add_activation = [&](int buffer, bool written = false) {
+      add(Region::kActivation, m_buffers[buffer].offset, m_buffers[buffer].bytes, written);
     };
     const Node& n = m_g.nodes[c.node];
     for (size_t i = 0; i < c.inputs.size(); ++i)
@@ -296,8 +300,8 @@ class Lowering {
             compiler::device_buffer_bytes(m_g.desc(n.inputs[i]).bytes()));
       else
         add_activation(c.inputs[i].buffer);
-    for (const Loc& l : c.outputs) add_activation(l.buffer);
-    if (c.workspace >= 0) add_activation(c.workspace);
+    for (const Loc& l : c.outputs) add_activation(l.buffer, true);
+    if (c.workspace >= 0) add_activation(c.workspace, true);
     for (size_t d = 0; d < c.kept.size(); ++d)
       if (c.kept[d])
         add(Region::kConstant, c.kept[d], compiler::device_buffer_bytes(c.kernel.derived[d].bytes));

@@ -26,10 +26,14 @@ struct ArgValue {
 };
 
 // A buffer of the static plan: an activation buffer, a constant, or a weight's derived tensor
-// kept in the constant region; [offset, offset + bytes) of its region.
+// kept in the constant region; [offset, offset + bytes) of its region. `written`: the task may
+// write it (an output or the workspace of its node), else it only reads it (an input, a constant,
+// a kept derived tensor). An .om written before tasks recorded it reads every activation buffer
+// as written.
 struct TaskBuffer {
   Region region = Region::kActivation;
   uint64_t offset = 0, bytes = 0;
+  bool written = false;
 };
 
 // One launch of the task list.

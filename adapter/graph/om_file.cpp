@@ -55,7 +55,10 @@ json task_json(const Task& t) {
                             : json{{"region", int(a.region)}, {"offset", a.value}});
   json buffers = json::array();
   for (const TaskBuffer& b : t.buffers)
-    buffers.push_back({{"region", int(b.region)}, {"offset", b.offset}, {"bytes", b.bytes}});
+    buffers.push_back({{"region", int(b.region)},
+                       {"offset", b.offset},
+                       {"bytes", b.bytes},
+                       {"written", b.written}});
   return {{"node", t.node},
           {"op_type", t.op_type},
           {"kernel", t.kernel},
@@ -88,9 +91,14 @@ Task task_from(const json& j) {
   t.inputs = tensors_from(j.at("inputs"));
   t.outputs = tensors_from(j.at("outputs"));
   if (j.contains("buffers"))  // absent in an .om written before tasks recorded them
-    for (const json& b : j.at("buffers"))
+    for (const json& b : j.at("buffers")) {
+      const Region r = region_from(b, t.node);
+      // Absent in an .om written before tasks recorded it: an activation buffer may be written.
+      const bool written =
+          b.contains("written") ? b.at("written").get<bool>() : r == Region::kActivation;
       t.buffers.push_back(
-          {region_from(b, t.node), b.at("offset").get<uint64_t>(), b.at("bytes").get<uint64_t>()});
+          {r, b.at("offset").get<uint64_t>(), b.at("bytes").get<uint64_t>(), written});
+    }
   return t;
 }
 

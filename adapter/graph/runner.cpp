@@ -116,7 +116,133 @@ uint64_t OfflineRunner::address(Region r, uint64_t offset) const {
   return (r == Region::kConstant ? m_constant_base : m_activation_base) + offset;
 }
 
-KernelResult OfflineRunner::launch(const Task& t, uint64_t run) {
+namespace {
+
+// A buffer's byte range, the two regions apart.
+struct Extent {
+  Region region;
+  uint64_t begin, end;
+  bool overlaps(const Extent& o) const {
+    return region == o.region && begin < o.end && o.begin < end;
+  }
+};
+
+// The chip's cores as the concurrent groups take them: per kind, which are taken, first-free
+// in core order (Simulator::run_concurrent's own order for launches that name none).
+class CoreTaker {
+ public:
+  explicit CoreTaker(const ChipConfig& cfg) : m_cfg(cfg) {
+    for (const CoreKindConfig& k : cfg.core_kinds)
+      m_taken[int(k.kind)].assign(size_t(std::max(0, k.count)), false);
+  }
+  void clear() {
+    for (auto& t : m_taken) t.assign(t.size(), false);
+  }
+  // Could the task's block_dim blocks have cores of their own on an idle chip?
+  bool fits_alone(const isa::Program& p, int block_dim) const {
+    CoreTaker idle(m_cfg);
+    return idle.take(p, block_dim, nullptr);
+  }
+  // Takes block_dim free cores (a mix kernel: groups) for program p, appending their names to
+  // `names` if given; false (nothing taken) if they are not free.
+  bool take(const isa::Program& p, int block_dim, std::vector<std::string>* names) {
+    const size_t want = size_t(std::max(1, block_dim));
+    const bool aic = p.find(isa::CoreKind::AIC) != nullptr;
+    const bool aiv = p.find(isa::CoreKind::AIV) != nullptr;
+    std::vector<std::pair<isa::CoreKind, size_t>> picked;
+    if (m_cfg.split && aic && aiv) {
+      const size_t per = size_t(std::max(1, m_cfg.aiv_per_aic));
+      const auto& cube = m_taken[int(isa::CoreKind::AIC)];
+      const auto& vec = m_taken[int(isa::CoreKind::AIV)];
+      for (size_t g = 0; g < cube.size() && picked.size() < want * (1 + per); ++g) {
+        if (cube[g] || (g + 1) * per > vec.size()) continue;
+        bool free = true;
+        for (size_t k = 0; k < per; ++k) free = free && !vec[g * per + k];
+        if (!free) continue;
+        picked.emplace_back(isa::CoreKind::AIC, g);
+        for (size_t k = 0; k < per; ++k) picked.emplace_back(isa::CoreKind::AIV, g * per + k);
+      }
+      if (picked.size() < want * (1 + per)) return false;
+    } else {
+      const isa::CoreKind kind = !m_cfg.split ? isa::CoreKind::AICORE
+                                 : aic        ? isa::CoreKind::AIC
+                                              : isa::CoreKind::AIV;
+      const auto& taken = m_taken[int(kind)];
+      for (size_t i = 0; i < taken.size() && picked.size() < want; ++i)
+        if (!taken[i]) picked.emplace_back(kind, i);
+      if (picked.size() < want) return false;
+    }
+    for (const auto& [kind, i] : picked) {
+      m_taken[int(kind)][i] = true;
+      if (names) names->push_back(isa::core_kind_name(kind) + std::to_string(i));
+    }
+    return true;
+  }
+
+ private:
+  const ChipConfig& m_cfg;
+  std::array<std::vector<bool>, 3> m_taken;  // by isa::CoreKind
+};
+
+}  // namespace
+
+TaskGroups concurrent_groups(const OmModel& m, const ChipConfig& cfg) {
+  TaskGroups out;
+  CoreTaker cores(cfg);
+  std::vector<Extent> reads, writes;  // the current group's
+  bool open = false;                  // the current group takes more tasks
+  const auto close = [&] {
+    cores.clear();
+    reads.clear();
+    writes.clear();
+  };
+  const auto start = [&] {
+    out.groups.emplace_back();
+    out.cores.emplace_back();
+  };
+  for (size_t i = 0; i < m.tasks.size(); ++i) {
+    const Task& t = m.tasks[i];
+    const isa::Program& p = m.kernels.at(size_t(t.kernel));
+    if (t.buffers.empty() || !cores.fits_alone(p, t.block_dim)) {  // a group alone
+      close();
+      start();
+      out.groups.back().push_back(i);
+      out.cores.back().emplace_back();  // Simulator::run: every core
+      open = false;
+      continue;
+    }
+    std::vector<Extent> r, w;
+    for (const TaskBuffer& b : t.buffers)
+      (b.written ? w : r).push_back({b.region, b.offset, b.offset + b.bytes});
+    const auto any_overlap = [](const std::vector<Extent>& a, const std::vector<Extent>& b) {
+      for (const Extent& x : a)
+        for (const Extent& y : b)
+          if (x.overlaps(y)) return true;
+      return false;
+    };
+    std::vector<std::string> names;
+    const bool joins = open && !any_overlap(w, reads) && !any_overlap(w, writes) &&
+                       !any_overlap(r, writes) && cores.take(p, t.block_dim, &names);
+    if (!joins) {
+      close();
+      start();
+      cores.take(p, t.block_dim, &names);  // fits alone: checked above
+      open = true;
+    }
+    out.groups.back().push_back(i);
+    out.cores.back().push_back(std::move(names));
+    reads.insert(reads.end(), r.begin(), r.end());
+    writes.insert(writes.end(), w.begin(), w.end());
+  }
+  return out;
+}
+
+void OfflineRunner::set_concurrent(bool on) {
+  m_concurrent = on;
+  if (on && m_groups.groups.empty()) m_groups = concurrent_groups(m_model, m_sim.config());
+}
+
+KernelLaunch OfflineRunner::kernel_launch(const Task& t, uint64_t run) const {
   KernelLaunch kl;
   kl.l2_run = run;
   // The regions are the model's allocations: its lines are filed by region, not at their
@@ -129,11 +255,18 @@ KernelResult OfflineRunner::launch(const Task& t, uint64_t run) {
   kl.counter_tree = m_counter_trees;
   for (const ArgValue& a : t.args)
     kl.args.push_back(a.scalar ? a.value : address(a.region, a.value));
-  KernelResult r = m_sim.run(kl);
+  return kl;
+}
+
+void OfflineRunner::task_fault(const Task& t, const KernelResult& r) const {
+  throw Error(fmt::format("{}: node '{}' ({}), kernel {}: {}", m_source, t.node, t.op_type,
+                          m_model.kernels[size_t(t.kernel)].name, r.error));
+}
+
+KernelResult OfflineRunner::launch(const Task& t, uint64_t run) {
+  KernelResult r = m_sim.run(kernel_launch(t, run));
   m_replayed += r.replayed;
-  if (!r.ok)
-    throw Error(fmt::format("{}: node '{}' ({}), kernel {}: {}", m_source, t.node, t.op_type,
-                            kl.program->name, r.error));
+  if (!r.ok) task_fault(t, r);
   return r;
 }
 
@@ -158,9 +291,31 @@ std::vector<NpyArray> OfflineRunner::run(const std::vector<NpyArray>& inputs,
   // them); the init tasks, at construction, are none.
   static std::atomic<uint64_t> last_run{0};
   const uint64_t run = ++last_run;
-  for (const Task& t : m_model.tasks) {
-    KernelResult r = launch(t, run);
-    if (runs) runs->push_back({&t, std::move(r)});
+  if (!m_concurrent) {
+    for (size_t i = 0; i < m_model.tasks.size(); ++i) {
+      const Task& t = m_model.tasks[i];
+      KernelResult r = launch(t, run);
+      if (runs) runs->push_back({&t, std::move(r), i});
+    }
+  } else {
+    for (size_t g = 0; g < m_groups.groups.size(); ++g) {
+      const std::vector<size_t>& group = m_groups.groups[g];
+      if (group.size() == 1) {
+        const Task& t = m_model.tasks[group[0]];
+        KernelResult r = launch(t, run);
+        if (runs) runs->push_back({&t, std::move(r), g});
+        continue;
+      }
+      std::vector<ConcurrentLaunch> launches;
+      for (size_t j = 0; j < group.size(); ++j)
+        launches.push_back({kernel_launch(m_model.tasks[group[j]], run), m_groups.cores[g][j]});
+      ConcurrentResult cr = m_sim.run_concurrent(launches);
+      for (size_t j = 0; j < group.size(); ++j)
+        if (!cr.launches[j].ok) task_fault(m_model.tasks[group[j]], cr.launches[j]);
+      if (runs)
+        for (size_t j = 0; j < group.size(); ++j)
+          runs->push_back({&m_model.tasks[group[j]], std::move(cr.launches[j]), g});
+    }
   }
   std::vector<NpyArray> outputs;
   for (const IoBinding& b : m_model.outputs) {

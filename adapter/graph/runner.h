@@ -23,8 +23,26 @@ void check_model_chip(const OmModel& m, const ChipConfig& cfg, const std::string
 
 struct TaskRun {
   const Task* task = nullptr;
+  // Its own launch: start_cycle is its group's start when it ran beside others (cycles run from
+  // there to its own end: Simulator::run_concurrent).
   KernelResult result;
+  size_t group = 0;  // the group of the inference it ran in (run in order: its own index)
 };
+
+// The model's task list cut into groups of tasks that may run at once (OfflineRunner's
+// concurrent mode), as task indices in list order. Walking the list in order, a task joins the
+// current group when no buffer it writes overlaps one a task of the group reads or writes, none
+// it reads overlaps one they write (RAW, WAR, WAW on Task::buffers), and its cores still fit
+// beside the group's: `block_dim` free cores of the kind its kernel runs on (a mix kernel:
+// `block_dim` free groups of a cube core and its `aiv_per_aic` vector cores), taken first-free
+// in core order. Otherwise the group closes and the task starts the next. A task with no
+// recorded buffers, or whose block_dim exceeds the chip's cores of its kind, is a group alone.
+// `cores[i][j]`: the names of the cores task groups[i][j] is given ("aic0", "aiv3", "aicore5").
+struct TaskGroups {
+  std::vector<std::vector<size_t>> groups;
+  std::vector<std::vector<std::vector<std::string>>> cores;
+};
+TaskGroups concurrent_groups(const OmModel& m, const ChipConfig& cfg);
 
 // Where the runner places the model's two regions (model.h) in device memory: device addresses,
 // each a multiple of 4096, the regions disjoint. 0, 0: the constant region at 0x10000, the
@@ -56,6 +74,13 @@ class OfflineRunner {
   uint64_t device_bytes() const { return m_end - std::min(m_constant_base, m_activation_base); }
   // Build each launch's counter tree (KernelResult::counters), for reports. Default off.
   void set_counter_trees(bool on) { m_counter_trees = on; }
+  // Run each inference's task list in groups of independent tasks (concurrent_groups), each
+  // group of two or more at once (Simulator::run_concurrent: cores apart, HBM and L2 shared), a
+  // group of one through Simulator::run as in order. The inference's simulated time is the sum
+  // of the groups' makespans. Default off: tasks one after another.
+  void set_concurrent(bool on);
+  // The groups concurrent mode runs (empty until it is set on).
+  const TaskGroups& concurrent_task_groups() const { return m_groups; }
   // Launches carried out as replays (SimOptions::replay) so far, init tasks included.
   uint64_t replayed_launches() const { return m_replayed; }
 
@@ -65,14 +90,19 @@ class OfflineRunner {
   std::string m_source;
   uint64_t m_constant_base = 0, m_activation_base = 0, m_end = 0;
   bool m_counter_trees = false;
+  bool m_concurrent = false;
   uint64_t m_replayed = 0;
+  TaskGroups m_groups;  // concurrent_groups, computed when concurrent mode is set on
 
   // The two regions as the launches' allocation blocks (KernelLaunch::gm_blocks).
   GmBlockLookup m_regions;
 
   uint64_t address(Region r, uint64_t offset) const;
   // run: KernelLaunch::l2_run (nonzero for the tasks of one run()).
+  KernelLaunch kernel_launch(const Task& t, uint64_t run) const;
   KernelResult launch(const Task& t, uint64_t run = 0);
+  // A task's failed result as an npusim::Error naming the node.
+  [[noreturn]] void task_fault(const Task& t, const KernelResult& r) const;
 };
 
 }  // namespace npusim::graph
