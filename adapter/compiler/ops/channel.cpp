@@ -46,15 +46,16 @@ constexpr int64_t kRawFirstMinTile = 2048;
 // of their first window and never meet a per-channel vector of the other parity (read at
 // repeat stride 0, the same banks every repeat): fa and fs odd (3) against a and t, z even
 // (2), m odd (5, as for every centred sum). The accumulators then move to 5, apart from t and
-// z, which the vmla reads with them; the mask bits stay at 3 (no instruction reads them with
+// z, which the vmla reads with them, and their pong (chips without vmla: the sums add the
+// product, in a's tile, to them) to 2; the mask bits stay at 3 (no instruction reads them with
 // fa or fs). Measured on the 910b (docs/graph_engine.md "the masked channel sums' bank
 // windows"): at 8x14x14x256 a tile's per-pixel vmul took 38 cycles, its vadd 33, each 28
 // placed.
 struct MaskWindows {
-  uint64_t z = 5, fa_fs = 2, acc = 2;
+  uint64_t z = 5, fa_fs = 2, acc = 2, acc_pong = 5;
 };
 MaskWindows relu_mask_windows(bool relu_mask) {
-  return relu_mask ? MaskWindows{2, 3, 5} : MaskWindows{};
+  return relu_mask ? MaskWindows{2, 3, 5, 2} : MaskWindows{};
 }
 constexpr uint64_t kMaskBitsWindow = 3;
 
@@ -433,7 +434,7 @@ void ChannelSumEmitter::allocate() {
   }
   m_acc[0] = alloc(tile * 4 + slack, "accumulators", mw.acc);
   // (the tile was sized for ping-pong sums: with vmla the pong is left free)
-  m_acc[1] = m_pingpong && !m_mla ? alloc(tile * 4 + slack, "accumulators (pong)", 5) : m_acc[0];
+  m_acc[1] = m_pingpong && !m_mla ? alloc(tile * 4 + slack, "accumulators (pong)", mw.acc_pong) : m_acc[0];
   if (m_s.plain_sum) {
     m_acc2[0] = alloc(tile * 4 + slack, "plain accumulators", 3);
     m_acc2[1] = m_pingpong ? alloc(tile * 4 + slack, "plain accumulators (pong)", 4) : m_acc2[0];
