@@ -50,12 +50,19 @@ constexpr int64_t kRawFirstMinTile = 2048;
 // product, in a's tile, to them) to 2; the mask bits stay at 3 (no instruction reads them with
 // fa or fs). Measured on the 910b (docs/graph_engine.md "the masked channel sums' bank
 // windows"): at 8x14x14x256 a tile's per-pixel vmul took 38 cycles, its vadd 33, each 28
-// placed.
+// placed. NPUSIM_MASKED_SUM_WINDOWS=0 (read at every compile; anything but unset, "0" or "1"
+// is a CompileError naming it) keeps the windows of the other sums and the constant repeats
+// where they come, the layout before: the same instructions and bits.
 struct MaskWindows {
   uint64_t z = 5, fa_fs = 2, acc = 2, acc_pong = 5;
+  bool constants = false;  // the select's and the compare's constant repeats placed too
 };
-MaskWindows relu_mask_windows(bool relu_mask) {
-  return relu_mask ? MaskWindows{2, 3, 5, 2} : MaskWindows{};
+MaskWindows relu_mask_windows(KernelBuilder& b, bool relu_mask) {
+  if (!relu_mask) return {};
+  const char* v = std::getenv("NPUSIM_MASKED_SUM_WINDOWS");
+  if (!v || std::string_view(v) == "1") return MaskWindows{2, 3, 5, 2, true};
+  if (std::string_view(v) == "0") return {};
+  b.fail(fmt::format("NPUSIM_MASKED_SUM_WINDOWS='{}' is neither '0' nor '1'", v));
 }
 constexpr uint64_t kMaskBitsWindow = 3;
 
@@ -178,6 +185,8 @@ class ChannelSumEmitter {
  private:
   void plan_tile();
   void allocate();
+  void allocate_mask_constants(
+      const std::function<uint64_t(const std::string&, uint64_t)>* alloc_at, uint64_t w_one = 0);
   void declare_args(ChannelSumLaunch& out);
   void emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item, const Reg& g);
   void load_vectors(const Reg& g);
@@ -422,7 +431,7 @@ void ChannelSumEmitter::allocate() {
   if (m_s.kind != Kind::kSum || m_s.centered)
     m_t = alloc(tile * 4 + slack, "scratch: a - m, or the products", 4);
   if (m_s.centered) m_m = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "m", 5);
-  const MaskWindows mw = relu_mask_windows(m_s.relu_mask);
+  const MaskWindows mw = relu_mask_windows(b, m_s.relu_mask);
   if (m_s.relu_mask) {
     m_fa = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fa", mw.fa_fs);
     m_fs = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fs", mw.fa_fs);
@@ -431,6 +440,7 @@ void ChannelSumEmitter::allocate() {
     for (int i = 0; i < m_s.mask_vectors; ++i)
       m_mask.push_back(b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack,
                                fmt::format("mask vector {}", i)));
+    if (!mw.constants) allocate_mask_constants(nullptr);
   }
   m_acc[0] = alloc(tile * 4 + slack, "accumulators", mw.acc);
   // (the tile was sized for ping-pong sums: with vmla the pong is left free)
@@ -439,7 +449,7 @@ void ChannelSumEmitter::allocate() {
     m_acc2[0] = alloc(tile * 4 + slack, "plain accumulators", 3);
     m_acc2[1] = m_pingpong ? alloc(tile * 4 + slack, "plain accumulators (pong)", 4) : m_acc2[0];
   }
-  if (m_s.relu_mask) {
+  if (m_s.relu_mask && mw.constants) {
     // The constant repeats (read at repeat stride 0, so in the same 8 banks every repeat) in
     // the windows after those the mask bits cover (8 bytes a repeat from kMaskBitsWindow), so
     // that the select's bits never share a bank with its 1.0f or 0.0f (which cost the select
@@ -451,17 +461,26 @@ void ChannelSumEmitter::allocate() {
     const bool placed = windows > 1 && span % vec::kRepeatBytes == 0 &&
                         bits_windows + 2 <= windows &&
                         b.free_bytes(Buf::UB) >= 3 * (span + vec::kRepeatBytes);
-    const uint64_t w_one = kMaskBitsWindow + bits_windows, w_zero = w_one + 1;
-    const auto repeat = [&](const std::string& name, uint64_t w) {
-      return placed ? alloc(vec::kRepeatBytes, name, w)
-                    : b.alloc(Buf::UB, vec::kRepeatBytes, name);
-    };
-    m_one = repeat("1.0f repeat", w_one);
-    m_zero = repeat("0.0f repeat", w_zero);
-    m_threshold = relu_mask_threshold(m_s.a_type) == 0.0f
-                      ? m_zero
-                      : repeat("ReLU mask threshold repeat", w_one);
+    const uint64_t w_one = kMaskBitsWindow + bits_windows;
+    const std::function<uint64_t(const std::string&, uint64_t)> at_window =
+        [&](const std::string& name, uint64_t w) { return alloc(vec::kRepeatBytes, name, w); };
+    allocate_mask_constants(placed ? &at_window : nullptr, w_one);
   }
+}
+
+// The ReLU mask's constant repeats: 1.0f, 0.0f and the threshold (m_zero where it is 0), at
+// the windows w_one, w_one + 1 and w_one (alloc_at: allocate at a window), or where they come.
+void ChannelSumEmitter::allocate_mask_constants(
+    const std::function<uint64_t(const std::string&, uint64_t)>* alloc_at, uint64_t w_one) {
+  KernelBuilder& b = m_b;
+  const auto repeat = [&](const std::string& name, uint64_t w) {
+    return alloc_at ? (*alloc_at)(name, w) : b.alloc(Buf::UB, vec::kRepeatBytes, name);
+  };
+  m_one = repeat("1.0f repeat", w_one);
+  m_zero = repeat("0.0f repeat", w_one + 1);
+  m_threshold = relu_mask_threshold(m_s.a_type) == 0.0f
+                    ? m_zero
+                    : repeat("ReLU mask threshold repeat", w_one);
 }
 
 void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
