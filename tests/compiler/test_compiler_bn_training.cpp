@@ -1215,7 +1215,8 @@ TEST_CASE("BNTrainingReduceGrad and BNTrainingUpdate: tiles in UB bank windows o
     }
 }
 
-TEST_CASE("BNTrainingUpdateGrad's ReLU-masked sums: per-channel vectors apart from their tiles' banks") {
+TEST_CASE(
+    "BNTrainingUpdateGrad's ReLU-masked sums: per-channel vectors apart from their tiles' banks") {
   // ops/channel.cpp relu_mask_windows: a tile's per-pixel instructions (the pre-activation
   // a * fa + fs, the centring a - m) step their tiles by a pixel of C f32, an even number of
   // bank windows where C is a multiple of 128, so fa, fs and m in windows of the other parity
@@ -1236,13 +1237,12 @@ TEST_CASE("BNTrainingUpdateGrad's ReLU-masked sums: per-channel vectors apart fr
       uint64_t before = 0;
       {
         ScopedEnv off("NPUSIM_MASKED_SUM_WINDOWS", "0");
-        before = vector_bank_conflicts("BNTrainingUpdateGrad", in, {{"relu", true}}, 0,
-                                       &before_out)
+        before = vector_bank_conflicts("BNTrainingUpdateGrad", in, {{"relu", true}}, 0, &before_out)
                      .first;
       }
-      INFO(compiler::data_type_name(dt) << " C = " << c << ": " << placed << " conflict cycles "
-                                        << "placed, " << before << " before, of " << busy
-                                        << " busy");
+      INFO(compiler::data_type_name(dt)
+           << " C = " << c << ": " << placed << " conflict cycles "
+           << "placed, " << before << " before, of " << busy << " busy");
       REQUIRE(busy > 0);
       if (cfg.ub_banks > 1)
         CHECK(placed < before);
