@@ -42,7 +42,7 @@ constexpr int64_t kRawFirstMinTile = 2048;
 // otherwise than the other sums. a (0), b (1) and the scratch t (4) stay. A tile's per-pixel
 // instructions (PixelOps: the pre-activation t = a * fa, z = t + fs, the centring t = a - m)
 // step their flat operands by a pixel's ct f32 a repeat, an even number of 256-byte windows
-// where ct is a multiple of 128 (a span holds 6 on the 910B), so those operands keep the parity
+// where ct is a multiple of 128 (a span holds 6 windows on the 910B), so those operands keep the parity
 // of their first window and never meet a per-channel vector of the other parity (read at
 // repeat stride 0, the same banks every repeat): fa and fs odd (3) against a and t, z even
 // (2), m odd (5, as for every centred sum). The accumulators then move to 5, apart from t and
@@ -444,7 +444,8 @@ void ChannelSumEmitter::allocate() {
   }
   m_acc[0] = alloc(tile * 4 + slack, "accumulators", mw.acc);
   // (the tile was sized for ping-pong sums: with vmla the pong is left free)
-  m_acc[1] = m_pingpong && !m_mla ? alloc(tile * 4 + slack, "accumulators (pong)", mw.acc_pong) : m_acc[0];
+  m_acc[1] = m_pingpong && !m_mla ? alloc(tile * 4 + slack, "accumulators (pong)", mw.acc_pong)
+                                   : m_acc[0];
   if (m_s.plain_sum) {
     m_acc2[0] = alloc(tile * 4 + slack, "plain accumulators", 3);
     m_acc2[1] = m_pingpong ? alloc(tile * 4 + slack, "plain accumulators (pong)", 4) : m_acc2[0];
@@ -455,8 +456,9 @@ void ChannelSumEmitter::allocate() {
     // that the select's bits never share a bank with its 1.0f or 0.0f (which cost the select
     // a second access every repeat: 150 cycles for 64 repeats at the 910b's 14x14x256 tile,
     // 108 placed). The threshold, read by the compare only, shares the 1.0f's window. Placed
-    // where the windows and the UB left allow it (the plan's allowance of a span a buffer, 17
-    // buffers or more with the mask, covers it); else as they come.
+    // where the windows and the UB left allow it (plan_tile allows a span of padding for each
+    // of 18 buffers or more with the mask; with these, at most 17 are padded here, 19 of 20
+    // with ping-pong sums); else as they come.
     const uint64_t bits_windows = ceil_div(ceil_div(tile, 8), vec::kRepeatBytes);
     const bool placed = windows > 1 && span % vec::kRepeatBytes == 0 &&
                         bits_windows + 2 <= windows &&
