@@ -38,6 +38,34 @@ constexpr int64_t kPingPongTiles = 4;
 // pixels and lost 23 % and 2 % to the instructions' fixed costs; at 4096 the same as 2048.
 constexpr int64_t kRawFirstMinTile = 2048;
 
+// Bank windows (ChannelSumEmitter::allocate) of the buffers the ReLU-masked sums place
+// otherwise than the other sums. a (0), b (1) and the scratch t (4) stay. A tile's per-pixel
+// instructions (PixelOps: the pre-activation t = a * fa, z = t + fs, the centring t = a - m)
+// step their flat operands by a pixel's ct f32 a repeat, an even number of 256-byte windows
+// where ct is a multiple of 128 (a span holds 6 windows on the 910B), so those operands keep the parity
+// of their first window and never meet a per-channel vector of the other parity (read at
+// repeat stride 0, the same banks every repeat): fa and fs odd (3) against a and t, z even
+// (2), m odd (5, as for every centred sum). The accumulators then move to 5, apart from t and
+// z, which the vmla reads with them, and their pong (chips without vmla: the sums add the
+// product, in a's tile, to them) to 2; the mask bits stay at 3 (no instruction reads them with
+// fa or fs). Measured on the 910b (docs/graph_engine.md "the masked channel sums' bank
+// windows"): at 8x14x14x256 a tile's per-pixel vmul took 38 cycles, its vadd 33, each 28
+// placed. NPUSIM_MASKED_SUM_WINDOWS=0 (read at every compile; anything but unset, "0" or "1"
+// is a CompileError naming it) keeps the windows of the other sums and the constant repeats
+// where they come, the layout before: the same instructions and bits.
+struct MaskWindows {
+  uint64_t z = 5, fa_fs = 2, acc = 2, acc_pong = 5;
+  bool constants = false;  // the select's and the compare's constant repeats placed too
+};
+MaskWindows relu_mask_windows(KernelBuilder& b, bool relu_mask) {
+  if (!relu_mask) return {};
+  const char* v = std::getenv("NPUSIM_MASKED_SUM_WINDOWS");
+  if (!v || std::string_view(v) == "1") return MaskWindows{2, 3, 5, 2, true};
+  if (std::string_view(v) == "0") return {};
+  b.fail(fmt::format("NPUSIM_MASKED_SUM_WINDOWS='{}' is neither '0' nor '1'", v));
+}
+constexpr uint64_t kMaskBitsWindow = 3;
+
 // Every vector core of the launch signals once its partials are in GM (cc_set from MTE3, which
 // issues after the stores and waits for them to land) and waits for all (MTE2: the first to
 // read another core's partials).
@@ -157,6 +185,8 @@ class ChannelSumEmitter {
  private:
   void plan_tile();
   void allocate();
+  void allocate_mask_constants(
+      const std::function<uint64_t(const std::string&, uint64_t)>* alloc_at, uint64_t w_one = 0);
   void declare_args(ChannelSumLaunch& out);
   void emit_group(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item, const Reg& g);
   void load_vectors(const Reg& g);
@@ -367,9 +397,9 @@ void ChannelSumEmitter::plan_tile() {
 // UB buffers, each starting in a bank window of its own among those an instruction combines
 // (the vector unit's bank model: a repeat's operands in the same banks take turns; the UB's
 // banks x width bytes hold span / 256 windows of one repeat): a 0, b 1, the accumulators 2
-// (ping) and 5 (pong), the plain ones 3 and 4, the product 4, m and the pre-activation 5; fa
-// and fs share 2, the mask bits 3 (none of them meets the accumulators in an instruction; an
-// accumulation combines its two accumulators with a, b or the product).
+// (ping) and 5 (pong), the plain ones 3 and 4, the product 4, m 5 (none of them meets the
+// accumulators in an instruction; an accumulation combines its two accumulators with a, b or
+// the product). The ReLU-masked sums (relu_mask_windows) place theirs otherwise.
 void ChannelSumEmitter::allocate() {
   KernelBuilder& b = m_b;
   const uint64_t slack = PixelOps::kPixelSlack;
@@ -401,27 +431,58 @@ void ChannelSumEmitter::allocate() {
   if (m_s.kind != Kind::kSum || m_s.centered)
     m_t = alloc(tile * 4 + slack, "scratch: a - m, or the products", 4);
   if (m_s.centered) m_m = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "m", 5);
+  const MaskWindows mw = relu_mask_windows(b, m_s.relu_mask);
   if (m_s.relu_mask) {
-    m_fa = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fa", 2);
-    m_fs = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fs", 2);
-    m_z = alloc(tile * 4 + slack, "pre-activation fa * a + fs", 5);
-    m_bits = alloc(ceil_div(tile, 8) + slack, "mask bits", 3);
+    m_fa = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fa", mw.fa_fs);
+    m_fs = alloc(static_cast<uint64_t>(m_ct) * 4 + slack, "fs", mw.fa_fs);
+    m_z = alloc(tile * 4 + slack, "pre-activation fa * a + fs", mw.z);
+    m_bits = alloc(ceil_div(tile, 8) + slack, "mask bits", kMaskBitsWindow);
     for (int i = 0; i < m_s.mask_vectors; ++i)
       m_mask.push_back(b.alloc(Buf::UB, static_cast<uint64_t>(m_ct) * 4 + slack,
                                fmt::format("mask vector {}", i)));
-    m_one = b.alloc(Buf::UB, vec::kRepeatBytes, "1.0f repeat");
-    m_zero = b.alloc(Buf::UB, vec::kRepeatBytes, "0.0f repeat");
-    m_threshold = relu_mask_threshold(m_s.a_type) == 0.0f
-                      ? m_zero
-                      : b.alloc(Buf::UB, vec::kRepeatBytes, "ReLU mask threshold repeat");
+    if (!mw.constants) allocate_mask_constants(nullptr);
   }
-  m_acc[0] = alloc(tile * 4 + slack, "accumulators", 2);
+  m_acc[0] = alloc(tile * 4 + slack, "accumulators", mw.acc);
   // (the tile was sized for ping-pong sums: with vmla the pong is left free)
-  m_acc[1] = m_pingpong && !m_mla ? alloc(tile * 4 + slack, "accumulators (pong)", 5) : m_acc[0];
+  m_acc[1] = m_pingpong && !m_mla ? alloc(tile * 4 + slack, "accumulators (pong)", mw.acc_pong)
+                                   : m_acc[0];
   if (m_s.plain_sum) {
     m_acc2[0] = alloc(tile * 4 + slack, "plain accumulators", 3);
     m_acc2[1] = m_pingpong ? alloc(tile * 4 + slack, "plain accumulators (pong)", 4) : m_acc2[0];
   }
+  if (m_s.relu_mask && mw.constants) {
+    // The constant repeats (read at repeat stride 0, so in the same 8 banks every repeat) in
+    // the windows after those the mask bits cover (8 bytes a repeat from kMaskBitsWindow), so
+    // that the select's bits never share a bank with its 1.0f or 0.0f (which cost the select
+    // a second access every repeat: 150 cycles for 64 repeats at the 910b's 14x14x256 tile,
+    // 108 placed). The threshold, read by the compare only, shares the 1.0f's window. Placed
+    // where the windows and the UB left allow it (plan_tile allows a span of padding for each
+    // of 18 buffers or more with the mask; with these, at most 17 are padded here, 19 of 20
+    // with ping-pong sums); else as they come.
+    const uint64_t bits_windows = ceil_div(ceil_div(tile, 8), vec::kRepeatBytes);
+    const bool placed = windows > 1 && span % vec::kRepeatBytes == 0 &&
+                        bits_windows + 2 <= windows &&
+                        b.free_bytes(Buf::UB) >= 3 * (span + vec::kRepeatBytes);
+    const uint64_t w_one = kMaskBitsWindow + bits_windows;
+    const std::function<uint64_t(const std::string&, uint64_t)> at_window =
+        [&](const std::string& name, uint64_t w) { return alloc(vec::kRepeatBytes, name, w); };
+    allocate_mask_constants(placed ? &at_window : nullptr, w_one);
+  }
+}
+
+// The ReLU mask's constant repeats: 1.0f, 0.0f and the threshold (m_zero where it is 0), at
+// the windows w_one, w_one + 1 and w_one (alloc_at: allocate at a window), or where they come.
+void ChannelSumEmitter::allocate_mask_constants(
+    const std::function<uint64_t(const std::string&, uint64_t)>* alloc_at, uint64_t w_one) {
+  KernelBuilder& b = m_b;
+  const auto repeat = [&](const std::string& name, uint64_t w) {
+    return alloc_at ? (*alloc_at)(name, w) : b.alloc(Buf::UB, vec::kRepeatBytes, name);
+  };
+  m_one = repeat("1.0f repeat", w_one);
+  m_zero = repeat("0.0f repeat", w_one + 1);
+  m_threshold = relu_mask_threshold(m_s.a_type) == 0.0f
+                    ? m_zero
+                    : repeat("ReLU mask threshold repeat", w_one);
 }
 
 void ChannelSumEmitter::declare_args(ChannelSumLaunch& out) {
