@@ -167,10 +167,12 @@ TEST_CASE("The filter gradient's strided view per pixel: fewer GM bursts, the sa
   for (const char* mode : {"", "1", "0"}) {
     INFO("NPUSIM_FILTER_GRAD_STRIDED_PIXELS='" << mode << "'");
     setenv("NPUSIM_FILTER_GRAD_STRIDED_PIXELS", mode, 1);
+    setenv("NPUSIM_FILTER_GRAD_ROW_VIEW", "0", 1);  // the strided view (the next case: rows)
     OpDesc op = make_op("Conv2DBackpropFilter", {x.desc, dy.desc}, cc.attrs());
     op.attrs["filter_sizes"] = filter_shape(cc);
     const compiler::CompiledKernel k = compiler::compile(op, sim.config());
     unsetenv("NPUSIM_FILTER_GRAD_STRIDED_PIXELS");
+    unsetenv("NPUSIM_FILTER_GRAD_ROW_VIEW");
     summarize(k);
     bool per_pixel = false;
     int64_t tile_rows = 0;
@@ -195,6 +197,61 @@ TEST_CASE("The filter gradient's strided view per pixel: fewer GM bursts, the sa
     CHECK(times.bursts >= static_cast<double>(times.copies) - 0.5);
     CHECK(times.bursts < static_cast<double>(times.copies) * 1.5);
   }
+}
+
+TEST_CASE("The filter gradient's row view: x's rows whole, one nd2nz a slab, the same dW") {
+  // Conv2DBackpropFilter by a window one pixel wide of stride sw along W without padding along
+  // W: x [N,H,W,C] read as the dense map [N,H,W/sw,sw*C] (a pixel of it: sw of x's, the window's
+  // pixel its first C channels), the window of stride 1 along W. Each slab is one nd2nz of its
+  // pixels (src_stride sw*C) and no copy_gm2l1 a pixel. NPUSIM_FILTER_GRAD_ROW_VIEW=1 forces
+  // it, "0" keeps the strided view, unset the lower estimate (here, bursts without a cost a
+  // copy, the strided view: the row view reads the rows and pixels between too). Every way
+  // gives the reference's dW. Cases: the 1x1 stride-2
+  // window; a 3x1 window of strides (1, 3), SAME (padding along H only), 40 channels (pixels
+  // of 120, not whole 32-byte blocks).
+  Simulator& sim = burst_sim();
+  const ConvCase cases[] = {ConvCase{2, 8, 8, 64, 1, 1, 32}.window(2, 2, 1, 1, "VALID"),
+                            ConvCase{2, 6, 9, 40, 3, 1, 24}.window(1, 3, 1, 1, "SAME")};
+  for (const ConvCase& cc : cases) {
+    INFO("x " << cc.h << "x" << cc.w << "x" << cc.c << ", window " << cc.kh << "x" << cc.kw);
+    HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 361);
+    HostTensor dy = random_tensor(DataType::F16, y_shape(cc), -1, 1, 362);
+    const Reference ref = filter_grad_reference(cc, x, dy);
+    for (const char* mode : {"", "1", "0"}) {
+      INFO("NPUSIM_FILTER_GRAD_ROW_VIEW='" << mode << "'");
+      setenv("NPUSIM_FILTER_GRAD_ROW_VIEW", mode, 1);
+      OpDesc op = make_op("Conv2DBackpropFilter", {x.desc, dy.desc}, cc.attrs());
+      op.attrs["filter_sizes"] = filter_shape(cc);
+      const compiler::CompiledKernel k = compiler::compile(op, sim.config());
+      unsetenv("NPUSIM_FILTER_GRAD_ROW_VIEW");
+      summarize(k);
+      bool rows = false;
+      for (const compiler::Launch& l : k.launches)
+        rows = rows || l.summary.find("x's rows read whole") != std::string::npos;
+      if (std::string(mode) != "") CHECK(rows == (std::string(mode) == "1"));
+      CopyTimes copies;
+      SlabLoadTimes slabs;
+      slabs.pitch = cc.sw * cc.c;
+      sim.add_observer(&copies);
+      sim.add_observer(&slabs);
+      RunResult r = run_compiled(sim, k, {x, dy});
+      sim.remove_observer(&slabs);
+      sim.remove_observer(&copies);
+      check_against(r.outputs[0].values, ref, DataType::F16, false, "dW");
+      if (!rows) continue;
+      CHECK(copies.copies == 0);
+      CHECK(!slabs.cycles.empty());
+    }
+  }
+  setenv("NPUSIM_FILTER_GRAD_ROW_VIEW", "2", 1);
+  OpDesc op =
+      make_op("Conv2DBackpropFilter",
+              {TensorDesc{DataType::F16, {2, 8, 8, 64}}, TensorDesc{DataType::F16, {2, 4, 4, 32}}},
+              cases[0].attrs());
+  op.attrs["filter_sizes"] = filter_shape(cases[0]);
+  CHECK_THROWS_WITH(compiler::compile(op, sim.config()),
+                    Catch::Contains("NPUSIM_FILTER_GRAD_ROW_VIEW='2'"));
+  unsetenv("NPUSIM_FILTER_GRAD_ROW_VIEW");
 }
 
 TEST_CASE("The filter gradient of a stem window over 3 channels: unfolded where bursts cost") {

@@ -1711,10 +1711,15 @@ struct FusedFilterGradPlan {
 
 // The fused kernel's plan over x as viewed: width-folded where `fold` and it pays
 // (set_image_window), see plan_fused_filter_grad.
+// View of x for the fused filter gradient: as it is (dense, or the width fold where it pays),
+// or the row view (row_view_applies).
+enum class FilterGradView { kPlain, kRows };
+
 FusedFilterGradPlan plan_fused_filter_grad_view(const CompileContext& ctx, const CubeTypes& ct,
                                                 DataType dt, const std::vector<int64_t>& x,
                                                 const std::vector<int64_t>& f, const ConvWindow& cw,
-                                                bool fold) {
+                                                bool fold,
+                                                FilterGradView view = FilterGradView::kPlain) {
   const std::string op = ctx.op.str();
   FusedFilterGradPlan p;
   FilterGradSpec& s = p.spec;
@@ -1724,10 +1729,15 @@ FusedFilterGradPlan plan_fused_filter_grad_view(const CompileContext& ctx, const
   // or strided view: those view x's channels as one group's).
   s.groups = x[3] / f[2];
   set_image_window(s, x, cw, fold && s.groups == 1);
-  if (s.groups == 1)
+  if (view == FilterGradView::kRows) {  // x [N,H,W,C] as [N,H,W/sw,sw*C], stride 1 along W
+    s.pixel_channels = s.sw * s.c;
+    s.w /= s.sw;
+    s.sw = s.dw = 1;
+  } else if (s.groups == 1) {
     view_strided_rows(s, s.h, s.w, s.c);
-  else
+  } else {
     s.c = f[2];
+  }
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
   // Through the UB, groups whose f32 channels are not whole blocks: each group's padded to
@@ -1789,11 +1799,51 @@ bool filter_grad_fold_by_estimate(const ChipConfig& cfg) {
   return !(v && std::string(v) == "0") && (cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0);
 }
 
+// The row view of x for a 1x1-wide window of stride sw > 1 along W without padding along W
+// (one group, W a multiple of sw): x [N,H,W,C] read as the dense map [N,H,W/sw,sw*C], whose
+// pixel j holds x's pixels sw*j .. sw*j+sw-1 and whose first C channels are the window's pixel,
+// the window then of stride 1 along W (its stride along H kept: the slab holds the rows between
+// too). A slab is then one GM run per pixel of a uniform pitch, one nd2nz for all its pixels and
+// planes (dense_slab_load's whole pixels), where the strided view's slab is a copy a pixel (or
+// a copy a plane and row): CANN's load3d over whole rows of the feature map in L1 with the
+// stride in the window. It reads sw times the pixels (and the rows between where H is strided),
+// so it pays only where the chip prices the DMA's issue per copy and burst.
+// NPUSIM_FILTER_GRAD_ROW_VIEW: unset or empty, the view of the lower estimate where it applies
+// and the chip prices the issue; 0 never; 1 wherever it applies. Read at every compile.
+bool row_view_applies(const std::vector<int64_t>& x, const std::vector<int64_t>& f,
+                      const ConvWindow& cw) {
+  return x[3] == f[2] && cw.w.k == 1 && cw.w.s > 1 && cw.w.before == 0 && cw.w.after == 0 &&
+         x[2] % cw.w.s == 0;
+}
+
+FilterGradView row_view_switch(const ChipConfig& cfg, const std::string& op, bool& forced) {
+  const char* v = std::getenv("NPUSIM_FILTER_GRAD_ROW_VIEW");
+  const std::string value = v ? v : "";
+  forced = value == "1";
+  if (value == "0") return FilterGradView::kPlain;
+  if (value == "1") return FilterGradView::kRows;
+  if (!value.empty())
+    throw CompileError(
+        fmt::format("{}: NPUSIM_FILTER_GRAD_ROW_VIEW='{}' is none of '', '0', '1'", op, value));
+  return cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0 ? FilterGradView::kRows
+                                                           : FilterGradView::kPlain;
+}
+
 // The fused kernel's plan for dW: over the width-folded view where it applies, or (where
-// filter_grad_fold_by_estimate) over the view of the lower estimate.
+// filter_grad_fold_by_estimate) over the view of the lower estimate; the row view
+// (row_view_applies, row_view_switch) where its estimate is the lower or it is forced.
 FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const CubeTypes& ct,
                                            DataType dt, const std::vector<int64_t>& x,
                                            const std::vector<int64_t>& f, const ConvWindow& cw) {
+  bool forced = false;
+  if (row_view_applies(x, f, cw) &&
+      row_view_switch(ctx.cfg, ctx.op.str(), forced) == FilterGradView::kRows) {
+    FusedFilterGradPlan rows =
+        plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, false, FilterGradView::kRows);
+    if (forced) return rows;
+    FusedFilterGradPlan strided = plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, false);
+    return rows.cycles < strided.cycles ? rows : strided;
+  }
   FusedFilterGradPlan folded = plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, true);
   const bool fold_applies =
       x[3] == f[2] && width_fold_pays(x[3], cw.w.k, cw.w.before, cw.w.after, cw.w.d);
