@@ -326,3 +326,44 @@ TEST_CASE("The convolution's strided 1x1 view per pixel: a run a copy, the same 
     CHECK(times.bursts < static_cast<double>(times.copies) * 2.5);
   }
 }
+
+TEST_CASE("The convolution's row view, forced: one nd2nz a slab, the same y") {
+  // Conv2D of 2 images of 8 x 8 x 256 by a 1x1 window of stride 2 into 32 channels with
+  // NPUSIM_CONV_ROW_VIEW=1: x read as the dense map [2, 8, 4, 512] (a pixel: two of x's, the
+  // window's its first 256 channels) under a window of strides (2, 1), each slab one nd2nz of
+  // pixels 512 elements apart and no copy_gm2l1; y = x * f over the strided pixels (the
+  // reference, in double). Unset, the planner does not plan the view (y's strided view per
+  // pixel, the case above).
+  Simulator& sim = burst_sim();
+  ConvCase cc = ConvCase{2, 8, 8, 256, 1, 1, 32}.window(2, 2, 1, 1, "VALID");
+  HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 371);
+  HostTensor f = random_tensor(DataType::F16, filter_shape(cc), -1, 1, 372);
+  Reference ref = new_reference(static_cast<size_t>(cc.n * 4 * 4 * cc.cout));
+  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+  });
+  for (const char* mode : {"1", ""}) {
+    INFO("NPUSIM_CONV_ROW_VIEW='" << mode << "'");
+    setenv("NPUSIM_CONV_ROW_VIEW", mode, 1);
+    const compiler::CompiledKernel k =
+        compiler::compile(make_op("Conv2D", {x.desc, f.desc}, cc.attrs()), sim.config());
+    unsetenv("NPUSIM_CONV_ROW_VIEW");
+    summarize(k);
+    bool rows = false;
+    for (const compiler::Launch& l : k.launches)
+      rows = rows || l.summary.find("2x8x4x512 f16 (1x1 window, stride 2x1") != std::string::npos;
+    CHECK(rows == (std::string(mode) == "1"));
+    CopyTimes copies;
+    SlabLoadTimes slabs;
+    slabs.pitch = 2 * cc.c;
+    sim.add_observer(&copies);
+    sim.add_observer(&slabs);
+    RunResult r = run_compiled(sim, k, {x, f});
+    sim.remove_observer(&slabs);
+    sim.remove_observer(&copies);
+    check_against(r.outputs[0].values, ref, DataType::F16, false, "y");
+    if (!rows) continue;
+    CHECK(copies.copies == 0);
+    CHECK(!slabs.cycles.empty());
+  }
+}

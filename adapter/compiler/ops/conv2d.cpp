@@ -185,6 +185,43 @@ void view_strided_conv(CubeConvSpec& s) {
   if (s.groups == 1 && s.x_row == 0 && (rows || cols)) view_strided_rows(s, s.hs, s.ws, s.cs);
 }
 
+// The row view of x for a window one pixel wide of stride sw > 1 along W without padding along
+// W (one group, W a multiple of sw): x [N,H,W,C] read as the dense map [N,H,W/sw,sw*C], whose
+// pixel j holds x's pixels sw*j .. sw*j+sw-1 and whose first C channels are the window's pixel,
+// the window then of stride 1 along W (its stride along H kept: the slab holds the rows between
+// too). A slab is then one GM run per pixel at a uniform pitch, one nd2nz for all its pixels
+// and planes (dense_slab_load's whole pixels), where the strided view's slab is a copy a pixel
+// (or a copy a plane and row or column): CANN's load3d over whole rows of the feature map in L1
+// with the stride in the window. It reads sw times the pixels (and the rows between where H is
+// strided), so it is planned only where the chip prices the DMA's issue per copy and burst, and
+// taken where its estimate is the lower. `variable` (NPUSIM_FILTER_GRAD_ROW_VIEW for the fused
+// filter gradient, NPUSIM_CONV_ROW_VIEW for Conv2D and its fused forms, which take only 1):
+// unset or empty, so; 0 never; 1 wherever it applies. Read at every compile; another value is
+// a CompileError.
+enum class RowView { kOff, kByEstimate, kForced };
+
+RowView row_view_switch(const char* variable, const ChipConfig& cfg, const std::string& op) {
+  const char* v = std::getenv(variable);
+  const std::string value = v ? v : "";
+  if (value == "0") return RowView::kOff;
+  if (value == "1") return RowView::kForced;
+  if (!value.empty())
+    throw CompileError(fmt::format("{}: {}='{}' is none of '', '0', '1'", op, variable, value));
+  return cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0 ? RowView::kByEstimate : RowView::kOff;
+}
+
+// The convolution's row view (see row_view_switch) where it applies: one group, x dense and
+// not zero-inserted along W. Returns false (s unchanged) elsewhere.
+bool view_conv_rows(CubeConvSpec& s) {
+  if (s.groups != 1 || s.x_row != 0 || s.cs != s.cg_in || s.kw != 1 || s.sw < 2 || s.pl != 0 ||
+      s.pr != 0 || s.up_w != 1 || s.ext_w != 0 || s.ws % s.sw != 0)
+    return false;
+  s.ws /= s.sw;
+  s.cs *= s.sw;  // cg_in stays: a pixel's first C channels
+  s.sw = s.dw = 1;
+  return true;
+}
+
 // The groups of a convolution of x's c channels by filter f [KH,KW,Cin,Cout] (Conv2D and both
 // gradients, TF's shape rule): c = G * Cin, G dividing Cout; group g convolves x's channels
 // [g * Cin, (g + 1) * Cin) to y's [g * Cout/G, (g + 1) * Cout/G). Anything else is invalid,
@@ -478,7 +515,17 @@ std::pair<CubeConvSpec, CubeConvTiling> plan_prepared_conv(const CompileContext&
                                                            int64_t diagonal_merge_max) {
   // The tiling of sp, or of its strided view where the planner estimates that faster (sp then
   // the view).
+  // The row view (view_conv_rows) only where NPUSIM_CONV_ROW_VIEW=1 forces it: the planner
+  // prices its whole-pixel slab as misses at the GM path's rate, 1.6 to 1.9x what ResNet-50's
+  // strided 1x1 layers run (docs/graph_engine.md, "The strided filter gradients' row view"), so
+  // by estimate it would never be taken.
   const auto plan_or_view = [&](CubeConvSpec& sp) {
+    CubeConvSpec rows = sp;
+    if (view_conv_rows(rows) && row_view_switch("NPUSIM_CONV_ROW_VIEW", ctx.cfg, ctx.op.str()) ==
+                                    RowView::kForced) {
+      sp = rows;
+      return plan_cube_conv(sp, ctx.cfg, ctx.op.str());
+    }
     CubeConvTiling best = plan_cube_conv(sp, ctx.cfg, ctx.op.str());
     CubeConvSpec viewed = sp;
     view_strided_conv(viewed);
@@ -1799,34 +1846,11 @@ bool filter_grad_fold_by_estimate(const ChipConfig& cfg) {
   return !(v && std::string(v) == "0") && (cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0);
 }
 
-// The row view of x for a 1x1-wide window of stride sw > 1 along W without padding along W
-// (one group, W a multiple of sw): x [N,H,W,C] read as the dense map [N,H,W/sw,sw*C], whose
-// pixel j holds x's pixels sw*j .. sw*j+sw-1 and whose first C channels are the window's pixel,
-// the window then of stride 1 along W (its stride along H kept: the slab holds the rows between
-// too). A slab is then one GM run per pixel of a uniform pitch, one nd2nz for all its pixels and
-// planes (dense_slab_load's whole pixels), where the strided view's slab is a copy a pixel (or
-// a copy a plane and row): CANN's load3d over whole rows of the feature map in L1 with the
-// stride in the window. It reads sw times the pixels (and the rows between where H is strided),
-// so it pays only where the chip prices the DMA's issue per copy and burst.
-// NPUSIM_FILTER_GRAD_ROW_VIEW: unset or empty, the view of the lower estimate where it applies
-// and the chip prices the issue; 0 never; 1 wherever it applies. Read at every compile.
+// Whether the fused filter gradient's row view (row_view_switch) applies to x and filter f.
 bool row_view_applies(const std::vector<int64_t>& x, const std::vector<int64_t>& f,
                       const ConvWindow& cw) {
   return x[3] == f[2] && cw.w.k == 1 && cw.w.s > 1 && cw.w.before == 0 && cw.w.after == 0 &&
          x[2] % cw.w.s == 0;
-}
-
-FilterGradView row_view_switch(const ChipConfig& cfg, const std::string& op, bool& forced) {
-  const char* v = std::getenv("NPUSIM_FILTER_GRAD_ROW_VIEW");
-  const std::string value = v ? v : "";
-  forced = value == "1";
-  if (value == "0") return FilterGradView::kPlain;
-  if (value == "1") return FilterGradView::kRows;
-  if (!value.empty())
-    throw CompileError(
-        fmt::format("{}: NPUSIM_FILTER_GRAD_ROW_VIEW='{}' is none of '', '0', '1'", op, value));
-  return cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0 ? FilterGradView::kRows
-                                                           : FilterGradView::kPlain;
 }
 
 // The fused kernel's plan for dW: over the width-folded view where it applies, or (where
@@ -1835,12 +1859,14 @@ FilterGradView row_view_switch(const ChipConfig& cfg, const std::string& op, boo
 FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const CubeTypes& ct,
                                            DataType dt, const std::vector<int64_t>& x,
                                            const std::vector<int64_t>& f, const ConvWindow& cw) {
-  bool forced = false;
-  if (row_view_applies(x, f, cw) &&
-      row_view_switch(ctx.cfg, ctx.op.str(), forced) == FilterGradView::kRows) {
+  const RowView row_view =
+      row_view_applies(x, f, cw)
+          ? row_view_switch("NPUSIM_FILTER_GRAD_ROW_VIEW", ctx.cfg, ctx.op.str())
+          : RowView::kOff;
+  if (row_view != RowView::kOff) {
     FusedFilterGradPlan rows =
         plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, false, FilterGradView::kRows);
-    if (forced) return rows;
+    if (row_view == RowView::kForced) return rows;
     FusedFilterGradPlan strided = plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, false);
     return rows.cycles < strided.cycles ? rows : strided;
   }
