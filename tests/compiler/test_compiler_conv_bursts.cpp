@@ -283,6 +283,19 @@ TEST_CASE("The filter gradient of a stem window over 3 channels: unfolded where 
   }
 }
 
+namespace {
+// y = x * f in double for a Conv2D case cc (y_shape's elements).
+Reference conv2d_reference(const ConvCase& cc, const HostTensor& x, const HostTensor& f) {
+  int64_t elements = 1;
+  for (int64_t d : y_shape(cc)) elements *= d;
+  Reference ref = new_reference(static_cast<size_t>(elements));
+  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+  });
+  return ref;
+}
+}  // namespace
+
 TEST_CASE("The convolution's strided 1x1 view per pixel: a run a copy, the same y") {
   // Conv2D of 2 images of 8 x 8 x 256 by a 1x1 window of stride 2 into 32 channels: x is read
   // as a strided view (every other row and pixel, the 2 images one tall map of 8 rows of 4
@@ -297,10 +310,7 @@ TEST_CASE("The convolution's strided 1x1 view per pixel: a run a copy, the same 
   ConvCase cc = ConvCase{2, 8, 8, 256, 1, 1, 32}.window(2, 2, 1, 1, "VALID");
   HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 361);
   HostTensor f = random_tensor(DataType::F16, filter_shape(cc), -1, 1, 362);
-  Reference ref = new_reference(static_cast<size_t>(cc.n * 4 * 4 * cc.cout));
-  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
-    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
-  });
+  const Reference ref = conv2d_reference(cc, x, f);
   const int64_t pixels = cc.n * 4 * 4;  // the view's pixels, each loaded at least once
   for (const char* mode : {"", "1", "0"}) {
     INFO("NPUSIM_CONV_STRIDED_PIXELS='" << mode << "'");
@@ -338,10 +348,7 @@ TEST_CASE("The convolution's row view, forced: one nd2nz a slab, the same y") {
   ConvCase cc = ConvCase{2, 8, 8, 256, 1, 1, 32}.window(2, 2, 1, 1, "VALID");
   HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 371);
   HostTensor f = random_tensor(DataType::F16, filter_shape(cc), -1, 1, 372);
-  Reference ref = new_reference(static_cast<size_t>(cc.n * 4 * 4 * cc.cout));
-  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
-    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
-  });
+  const Reference ref = conv2d_reference(cc, x, f);
   for (const char* mode : {"1", ""}) {
     INFO("NPUSIM_CONV_ROW_VIEW='" << mode << "'");
     setenv("NPUSIM_CONV_ROW_VIEW", mode, 1);
