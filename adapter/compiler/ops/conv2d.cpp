@@ -1556,9 +1556,15 @@ double partial_sum_estimate(const ChipConfig& cfg, const std::string& op, int64_
   const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the cube's cores
   const int vector_cores = vec ? vec->count : cube_core(cfg, op).count;
   const double launch = in_kernel ? 0.0 : launch_overhead_cycles(cfg);
+  const double bytes = static_cast<double>(parts * mn * 4);
+  // In the kernel, on a write-back L2 that holds them, the products FIXPIPE has just written
+  // are read from the L2: each vector core at its L2 read rate (cube_l2_read_rate: its port or
+  // its share of the L2's bandwidth), not HBM's.
+  if (in_kernel && vec && cfg.l2_write_back && bytes <= static_cast<double>(cfg.l2_bytes))
+    return bytes / (vector_cores * cube_l2_read_rate(cfg, *vec));
   const double sum_rate =
       std::min(vector_cores * cfg.path_rate(Buf::GM, Buf::UB), cfg.hbm_bytes_per_cycle());
-  return launch + static_cast<double>(parts * mn * 4) / sum_rate;
+  return launch + bytes / sum_rate;
 }
 
 KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const ChipConfig& cfg,
