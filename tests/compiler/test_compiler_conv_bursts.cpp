@@ -200,6 +200,38 @@ TEST_CASE("The filter gradient's strided view per pixel: fewer GM bursts, the sa
   }
 }
 
+namespace {
+// op compiled with the environment variable `name` set to `value` (unset after), summarized.
+compiler::CompiledKernel compile_with(const char* name, const char* value, const OpDesc& op,
+                                      Simulator& sim) {
+  setenv(name, value, 1);
+  const compiler::CompiledKernel k = compiler::compile(op, sim.config());
+  unsetenv(name);
+  summarize(k);
+  return k;
+}
+// A run of k, its copy_gm2l1 count and its slab nd2nz (src_stride `pitch`) count.
+struct SlabRun {
+  RunResult r;
+  int64_t copies = 0;
+  size_t slab_loads = 0;
+};
+SlabRun run_counting(Simulator& sim, const compiler::CompiledKernel& k,
+                     const std::vector<HostTensor>& inputs, int64_t pitch) {
+  CopyTimes copies;
+  SlabLoadTimes slabs;
+  slabs.pitch = pitch;
+  sim.add_observer(&copies);
+  sim.add_observer(&slabs);
+  SlabRun run{run_compiled(sim, k, inputs)};
+  sim.remove_observer(&slabs);
+  sim.remove_observer(&copies);
+  run.copies = copies.copies;
+  run.slab_loads = slabs.cycles.size();
+  return run;
+}
+}  // namespace
+
 TEST_CASE("The filter gradient's row view: x's rows whole, one nd2nz a slab, the same dW") {
   // Conv2DBackpropFilter by a window one pixel wide of stride sw along W without padding along
   // W: x [N,H,W,C] read as the dense map [N,H,W/sw,sw*C] (a pixel of it: sw of x's, the window's
@@ -223,12 +255,9 @@ TEST_CASE("The filter gradient's row view: x's rows whole, one nd2nz a slab, the
     std::map<std::string, std::pair<std::vector<double>, std::string>> by_mode;
     for (const char* mode : {"", "1", "0"}) {
       INFO("NPUSIM_FILTER_GRAD_ROW_VIEW='" << mode << "'");
-      setenv("NPUSIM_FILTER_GRAD_ROW_VIEW", mode, 1);
       OpDesc op = make_op("Conv2DBackpropFilter", {x.desc, dy.desc}, cc.attrs());
       op.attrs["filter_sizes"] = filter_shape(cc);
-      const compiler::CompiledKernel k = compiler::compile(op, sim.config());
-      unsetenv("NPUSIM_FILTER_GRAD_ROW_VIEW");
-      summarize(k);
+      const compiler::CompiledKernel k = compile_with("NPUSIM_FILTER_GRAD_ROW_VIEW", mode, op, sim);
       bool rows = false;
       std::string parts;
       for (const compiler::Launch& l : k.launches) {
@@ -239,19 +268,12 @@ TEST_CASE("The filter gradient's row view: x's rows whole, one nd2nz a slab, the
                                    at - l.summary.rfind(' ', at - 1) - 1);
       }
       if (std::string(mode) != "") CHECK(rows == (std::string(mode) == "1"));
-      CopyTimes copies;
-      SlabLoadTimes slabs;
-      slabs.pitch = cc.sw * cc.c;
-      sim.add_observer(&copies);
-      sim.add_observer(&slabs);
-      RunResult r = run_compiled(sim, k, {x, dy});
-      sim.remove_observer(&slabs);
-      sim.remove_observer(&copies);
-      check_against(r.outputs[0].values, ref, DataType::F16, false, "dW");
-      by_mode[mode] = {r.outputs[0].values, parts};
+      const SlabRun run = run_counting(sim, k, {x, dy}, cc.sw * cc.c);
+      check_against(run.r.outputs[0].values, ref, DataType::F16, false, "dW");
+      by_mode[mode] = {run.r.outputs[0].values, parts};
       if (!rows) continue;
-      CHECK(copies.copies == 0);
-      CHECK(!slabs.cycles.empty());
+      CHECK(run.copies == 0);
+      CHECK(run.slab_loads > 0);
     }
     REQUIRE(!by_mode["1"].second.empty());
     if (by_mode["1"].second == by_mode["0"].second) CHECK(by_mode["1"].first == by_mode["0"].first);
@@ -364,26 +386,16 @@ TEST_CASE("The convolution's row view, forced: one nd2nz a slab, the same y") {
   const Reference ref = conv2d_reference(cc, x, f);
   for (const char* mode : {"1", ""}) {
     INFO("NPUSIM_CONV_ROW_VIEW='" << mode << "'");
-    setenv("NPUSIM_CONV_ROW_VIEW", mode, 1);
-    const compiler::CompiledKernel k =
-        compiler::compile(make_op("Conv2D", {x.desc, f.desc}, cc.attrs()), sim.config());
-    unsetenv("NPUSIM_CONV_ROW_VIEW");
-    summarize(k);
+    const compiler::CompiledKernel k = compile_with(
+        "NPUSIM_CONV_ROW_VIEW", mode, make_op("Conv2D", {x.desc, f.desc}, cc.attrs()), sim);
     bool rows = false;
     for (const compiler::Launch& l : k.launches)
       rows = rows || l.summary.find("2x8x4x512 f16 (1x1 window, stride 2x1") != std::string::npos;
     CHECK(rows == (std::string(mode) == "1"));
-    CopyTimes copies;
-    SlabLoadTimes slabs;
-    slabs.pitch = 2 * cc.c;
-    sim.add_observer(&copies);
-    sim.add_observer(&slabs);
-    RunResult r = run_compiled(sim, k, {x, f});
-    sim.remove_observer(&slabs);
-    sim.remove_observer(&copies);
-    check_against(r.outputs[0].values, ref, DataType::F16, false, "y");
+    const SlabRun run = run_counting(sim, k, {x, f}, 2 * cc.c);
+    check_against(run.r.outputs[0].values, ref, DataType::F16, false, "y");
     if (!rows) continue;
-    CHECK(copies.copies == 0);
-    CHECK(!slabs.cycles.empty());
+    CHECK(run.copies == 0);
+    CHECK(run.slab_loads > 0);
   }
 }
