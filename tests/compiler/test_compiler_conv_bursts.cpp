@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -167,10 +168,12 @@ TEST_CASE("The filter gradient's strided view per pixel: fewer GM bursts, the sa
   for (const char* mode : {"", "1", "0"}) {
     INFO("NPUSIM_FILTER_GRAD_STRIDED_PIXELS='" << mode << "'");
     setenv("NPUSIM_FILTER_GRAD_STRIDED_PIXELS", mode, 1);
+    setenv("NPUSIM_FILTER_GRAD_ROW_VIEW", "0", 1);  // the strided view (the next case: rows)
     OpDesc op = make_op("Conv2DBackpropFilter", {x.desc, dy.desc}, cc.attrs());
     op.attrs["filter_sizes"] = filter_shape(cc);
     const compiler::CompiledKernel k = compiler::compile(op, sim.config());
     unsetenv("NPUSIM_FILTER_GRAD_STRIDED_PIXELS");
+    unsetenv("NPUSIM_FILTER_GRAD_ROW_VIEW");
     summarize(k);
     bool per_pixel = false;
     int64_t tile_rows = 0;
@@ -195,6 +198,95 @@ TEST_CASE("The filter gradient's strided view per pixel: fewer GM bursts, the sa
     CHECK(times.bursts >= static_cast<double>(times.copies) - 0.5);
     CHECK(times.bursts < static_cast<double>(times.copies) * 1.5);
   }
+}
+
+namespace {
+// op compiled with the environment variable `name` set to `value` (unset after), summarized.
+compiler::CompiledKernel compile_with(const char* name, const char* value, const OpDesc& op,
+                                      Simulator& sim) {
+  setenv(name, value, 1);
+  const compiler::CompiledKernel k = compiler::compile(op, sim.config());
+  unsetenv(name);
+  summarize(k);
+  return k;
+}
+// A run of k, its copy_gm2l1 count and its slab nd2nz (src_stride `pitch`) count.
+struct SlabRun {
+  RunResult r;
+  int64_t copies = 0;
+  size_t slab_loads = 0;
+};
+SlabRun run_counting(Simulator& sim, const compiler::CompiledKernel& k,
+                     const std::vector<HostTensor>& inputs, int64_t pitch) {
+  CopyTimes copies;
+  SlabLoadTimes slabs;
+  slabs.pitch = pitch;
+  sim.add_observer(&copies);
+  sim.add_observer(&slabs);
+  SlabRun run{run_compiled(sim, k, inputs)};
+  sim.remove_observer(&slabs);
+  sim.remove_observer(&copies);
+  run.copies = copies.copies;
+  run.slab_loads = slabs.cycles.size();
+  return run;
+}
+}  // namespace
+
+TEST_CASE("The filter gradient's row view: x's rows whole, one nd2nz a slab, the same dW") {
+  // Conv2DBackpropFilter by a window one pixel wide of stride sw along W without padding along
+  // W: x [N,H,W,C] read as the dense map [N,H,W/sw,sw*C] (a pixel of it: sw of x's, the window's
+  // pixel its first C channels), the window of stride 1 along W. Each slab is one nd2nz of its
+  // pixels (src_stride sw*C) and no copy_gm2l1 a pixel. NPUSIM_FILTER_GRAD_ROW_VIEW=1 forces
+  // it, "0" keeps the strided view, unset the lower estimate (here, bursts without a cost a
+  // copy, the strided view: the row view reads the rows and pixels between too). Every way
+  // gives the reference's dW. Cases: the 1x1 stride-2
+  // window; a 3x1 window of strides (1, 3), SAME (padding along H only), 40 channels (pixels
+  // of 120, not whole 32-byte blocks).
+  Simulator& sim = burst_sim();
+  const ConvCase cases[] = {ConvCase{2, 8, 8, 64, 1, 1, 32}.window(2, 2, 1, 1, "VALID"),
+                            ConvCase{2, 6, 9, 40, 3, 1, 24}.window(1, 3, 1, 1, "SAME")};
+  for (const ConvCase& cc : cases) {
+    INFO("x " << cc.h << "x" << cc.w << "x" << cc.c << ", window " << cc.kh << "x" << cc.kw);
+    HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 361);
+    HostTensor dy = random_tensor(DataType::F16, y_shape(cc), -1, 1, 362);
+    const Reference ref = filter_grad_reference(cc, x, dy);
+    // dW and its part count ("N parts" of the summary) of the forced and the strided view: the
+    // same part count adds each element's products in the same order (the same bits).
+    std::map<std::string, std::pair<std::vector<double>, std::string>> by_mode;
+    for (const char* mode : {"", "1", "0"}) {
+      INFO("NPUSIM_FILTER_GRAD_ROW_VIEW='" << mode << "'");
+      OpDesc op = make_op("Conv2DBackpropFilter", {x.desc, dy.desc}, cc.attrs());
+      op.attrs["filter_sizes"] = filter_shape(cc);
+      const compiler::CompiledKernel k = compile_with("NPUSIM_FILTER_GRAD_ROW_VIEW", mode, op, sim);
+      bool rows = false;
+      std::string parts;
+      for (const compiler::Launch& l : k.launches) {
+        rows = rows || l.summary.find("x's rows read whole") != std::string::npos;
+        const size_t at = l.summary.find(" parts: ");
+        if (at != std::string::npos)
+          parts = l.summary.substr(l.summary.rfind(' ', at - 1) + 1,
+                                   at - l.summary.rfind(' ', at - 1) - 1);
+      }
+      if (std::string(mode) != "") CHECK(rows == (std::string(mode) == "1"));
+      const SlabRun run = run_counting(sim, k, {x, dy}, cc.sw * cc.c);
+      check_against(run.r.outputs[0].values, ref, DataType::F16, false, "dW");
+      by_mode[mode] = {run.r.outputs[0].values, parts};
+      if (!rows) continue;
+      CHECK(run.copies == 0);
+      CHECK(run.slab_loads > 0);
+    }
+    REQUIRE(!by_mode["1"].second.empty());
+    if (by_mode["1"].second == by_mode["0"].second) CHECK(by_mode["1"].first == by_mode["0"].first);
+  }
+  setenv("NPUSIM_FILTER_GRAD_ROW_VIEW", "2", 1);
+  OpDesc op =
+      make_op("Conv2DBackpropFilter",
+              {TensorDesc{DataType::F16, {2, 8, 8, 64}}, TensorDesc{DataType::F16, {2, 4, 4, 32}}},
+              cases[0].attrs());
+  op.attrs["filter_sizes"] = filter_shape(cases[0]);
+  CHECK_THROWS_WITH(compiler::compile(op, sim.config()),
+                    Catch::Contains("NPUSIM_FILTER_GRAD_ROW_VIEW='2'"));
+  unsetenv("NPUSIM_FILTER_GRAD_ROW_VIEW");
 }
 
 TEST_CASE("The filter gradient of a stem window over 3 channels: unfolded where bursts cost") {
@@ -226,6 +318,19 @@ TEST_CASE("The filter gradient of a stem window over 3 channels: unfolded where 
   }
 }
 
+namespace {
+// y = x * f in double for a Conv2D case cc (y_shape's elements).
+Reference conv2d_reference(const ConvCase& cc, const HostTensor& x, const HostTensor& f) {
+  int64_t elements = 1;
+  for (int64_t d : y_shape(cc)) elements *= d;
+  Reference ref = new_reference(static_cast<size_t>(elements));
+  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
+  });
+  return ref;
+}
+}  // namespace
+
 TEST_CASE("The convolution's strided 1x1 view per pixel: a run a copy, the same y") {
   // Conv2D of 2 images of 8 x 8 x 256 by a 1x1 window of stride 2 into 32 channels: x is read
   // as a strided view (every other row and pixel, the 2 images one tall map of 8 rows of 4
@@ -240,10 +345,7 @@ TEST_CASE("The convolution's strided 1x1 view per pixel: a run a copy, the same 
   ConvCase cc = ConvCase{2, 8, 8, 256, 1, 1, 32}.window(2, 2, 1, 1, "VALID");
   HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 361);
   HostTensor f = random_tensor(DataType::F16, filter_shape(cc), -1, 1, 362);
-  Reference ref = new_reference(static_cast<size_t>(cc.n * 4 * 4 * cc.cout));
-  for_each_product(cc, [&](int64_t xi, int64_t fi, int64_t yi) {
-    accumulate(ref, yi, x.values[static_cast<size_t>(xi)] * f.values[static_cast<size_t>(fi)]);
-  });
+  const Reference ref = conv2d_reference(cc, x, f);
   const int64_t pixels = cc.n * 4 * 4;  // the view's pixels, each loaded at least once
   for (const char* mode : {"", "1", "0"}) {
     INFO("NPUSIM_CONV_STRIDED_PIXELS='" << mode << "'");
@@ -267,5 +369,33 @@ TEST_CASE("The convolution's strided 1x1 view per pixel: a run a copy, the same 
     CHECK(times.copies >= pixels);
     CHECK(times.bursts >= static_cast<double>(times.copies) - 0.5);
     CHECK(times.bursts < static_cast<double>(times.copies) * 2.5);
+  }
+}
+
+TEST_CASE("The convolution's row view, forced: one nd2nz a slab, the same y") {
+  // Conv2D of 2 images of 8 x 8 x 256 by a 1x1 window of stride 2 into 32 channels with
+  // NPUSIM_CONV_ROW_VIEW=1: x read as the dense map [2, 8, 4, 512] (a pixel: two of x's, the
+  // window's its first 256 channels) under a window of strides (2, 1), each slab one nd2nz of
+  // pixels 512 elements apart and no copy_gm2l1; y = x * f over the strided pixels (the
+  // reference, in double). Unset, the planner does not plan the view (y's strided view per
+  // pixel, the case above).
+  Simulator& sim = burst_sim();
+  ConvCase cc = ConvCase{2, 8, 8, 256, 1, 1, 32}.window(2, 2, 1, 1, "VALID");
+  HostTensor x = random_tensor(DataType::F16, {cc.n, cc.h, cc.w, cc.c}, -2, 2, 371);
+  HostTensor f = random_tensor(DataType::F16, filter_shape(cc), -1, 1, 372);
+  const Reference ref = conv2d_reference(cc, x, f);
+  for (const char* mode : {"1", ""}) {
+    INFO("NPUSIM_CONV_ROW_VIEW='" << mode << "'");
+    const compiler::CompiledKernel k = compile_with(
+        "NPUSIM_CONV_ROW_VIEW", mode, make_op("Conv2D", {x.desc, f.desc}, cc.attrs()), sim);
+    bool rows = false;
+    for (const compiler::Launch& l : k.launches)
+      rows = rows || l.summary.find("2x8x4x512 f16 (1x1 window, stride 2x1") != std::string::npos;
+    CHECK(rows == (std::string(mode) == "1"));
+    const SlabRun run = run_counting(sim, k, {x, f}, 2 * cc.c);
+    check_against(run.r.outputs[0].values, ref, DataType::F16, false, "y");
+    if (!rows) continue;
+    CHECK(run.copies == 0);
+    CHECK(run.slab_loads > 0);
   }
 }

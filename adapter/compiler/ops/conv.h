@@ -439,6 +439,12 @@ struct FilterGradSpec {
   int64_t cg_out() const { return cout / groups; }
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
   int64_t x_pixel = 0, x_row = 0, x_image = 0;
+  // Elements from one pixel of a dense x to the next where that is not groups * c: the row view
+  // of a 1x1-wide window of stride sw along W (plan_fused_filter_grad), x [N,H,W,C] read as the
+  // dense map [N,H,W/sw,sw*C] whose pixels' first c channels are x's strided pixels, the
+  // window's stride along W then 1. 0: groups * c.
+  int64_t pixel_channels = 0;
+  int64_t x_channels() const { return pixel_channels != 0 ? pixel_channels : groups * c; }
   int64_t parts = 1;  // must divide the chunks (plan_filter_grad skips chunk sizes it does not)
   int64_t pitch = 0;  // elements per output row (>= cout; whole 32-byte blocks via the UB)
   // Grouped: elements from one group's first column in a row of out to the next group's

@@ -185,6 +185,43 @@ void view_strided_conv(CubeConvSpec& s) {
   if (s.groups == 1 && s.x_row == 0 && (rows || cols)) view_strided_rows(s, s.hs, s.ws, s.cs);
 }
 
+// The row view of x for a window one pixel wide of stride sw > 1 along W without padding along
+// W (one group, W a multiple of sw): x [N,H,W,C] read as the dense map [N,H,W/sw,sw*C], whose
+// pixel j holds x's pixels sw*j .. sw*j+sw-1 and whose first C channels are the window's pixel,
+// the window then of stride 1 along W (its stride along H kept: the slab holds the rows between
+// too). A slab is then one GM run per pixel at a uniform pitch, one nd2nz for all its pixels
+// and planes (dense_slab_load's whole pixels), where the strided view's slab is a copy a pixel
+// (or a copy a plane and row or column): CANN's load3d over whole rows of the feature map in L1
+// with the stride in the window. It reads sw times the pixels (and the rows between where H is
+// strided), so it is planned only where the chip prices the DMA's issue per copy and burst, and
+// taken where its estimate is the lower. `variable` (NPUSIM_FILTER_GRAD_ROW_VIEW for the fused
+// filter gradient, NPUSIM_CONV_ROW_VIEW for Conv2D and its fused forms, which take only 1):
+// unset or empty, so; 0 never; 1 wherever it applies. Read at every compile; another value is
+// a CompileError.
+enum class RowView { kOff, kByEstimate, kForced };
+
+RowView row_view_switch(const char* variable, const ChipConfig& cfg, const std::string& op) {
+  const char* v = std::getenv(variable);
+  const std::string value = v ? v : "";
+  if (value == "0") return RowView::kOff;
+  if (value == "1") return RowView::kForced;
+  if (!value.empty())
+    throw CompileError(fmt::format("{}: {}='{}' is none of '', '0', '1'", op, variable, value));
+  return cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0 ? RowView::kByEstimate : RowView::kOff;
+}
+
+// The convolution's row view (see row_view_switch) where it applies: one group, x dense and
+// not zero-inserted along W. Returns false (s unchanged) elsewhere.
+bool view_conv_rows(CubeConvSpec& s) {
+  if (s.groups != 1 || s.x_row != 0 || s.cs != s.cg_in || s.kw != 1 || s.sw < 2 || s.pl != 0 ||
+      s.pr != 0 || s.up_w != 1 || s.ext_w != 0 || s.ws % s.sw != 0)
+    return false;
+  s.ws /= s.sw;
+  s.cs *= s.sw;  // cg_in stays: a pixel's first C channels
+  s.sw = s.dw = 1;
+  return true;
+}
+
 // The groups of a convolution of x's c channels by filter f [KH,KW,Cin,Cout] (Conv2D and both
 // gradients, TF's shape rule): c = G * Cin, G dividing Cout; group g convolves x's channels
 // [g * Cin, (g + 1) * Cin) to y's [g * Cout/G, (g + 1) * Cout/G). Anything else is invalid,
@@ -478,7 +515,17 @@ std::pair<CubeConvSpec, CubeConvTiling> plan_prepared_conv(const CompileContext&
                                                            int64_t diagonal_merge_max) {
   // The tiling of sp, or of its strided view where the planner estimates that faster (sp then
   // the view).
+  // The row view (view_conv_rows) only where NPUSIM_CONV_ROW_VIEW=1 forces it: the planner
+  // prices its whole-pixel slab as misses at the GM path's rate, 1.6 to 1.9x what ResNet-50's
+  // strided 1x1 layers run (docs/graph_engine.md, "The strided filter gradients' row view"), so
+  // by estimate it would never be taken.
   const auto plan_or_view = [&](CubeConvSpec& sp) {
+    CubeConvSpec rows = sp;
+    if (view_conv_rows(rows) && row_view_switch("NPUSIM_CONV_ROW_VIEW", ctx.cfg, ctx.op.str()) ==
+                                    RowView::kForced) {
+      sp = rows;
+      return plan_cube_conv(sp, ctx.cfg, ctx.op.str());
+    }
     CubeConvTiling best = plan_cube_conv(sp, ctx.cfg, ctx.op.str());
     CubeConvSpec viewed = sp;
     view_strided_conv(viewed);
@@ -1509,9 +1556,15 @@ double partial_sum_estimate(const ChipConfig& cfg, const std::string& op, int64_
   const CoreKindConfig* vec = cfg.core_kind(isa::CoreKind::AIV);  // coupled: the cube's cores
   const int vector_cores = vec ? vec->count : cube_core(cfg, op).count;
   const double launch = in_kernel ? 0.0 : launch_overhead_cycles(cfg);
+  const double bytes = static_cast<double>(parts * mn * 4);
+  // In the kernel, on a write-back L2 that holds them, the products FIXPIPE has just written
+  // are read from the L2: each vector core at its L2 read rate (cube_l2_read_rate: its port or
+  // its share of the L2's bandwidth), not HBM's.
+  if (in_kernel && vec && cfg.l2_write_back && bytes <= static_cast<double>(cfg.l2_bytes))
+    return bytes / (vector_cores * cube_l2_read_rate(cfg, *vec));
   const double sum_rate =
       std::min(vector_cores * cfg.path_rate(Buf::GM, Buf::UB), cfg.hbm_bytes_per_cycle());
-  return launch + static_cast<double>(parts * mn * 4) / sum_rate;
+  return launch + bytes / sum_rate;
 }
 
 KSplit plan_k_split(int64_t m, int64_t n, int64_t k, Dtype in, Dtype out, const ChipConfig& cfg,
@@ -1711,10 +1764,15 @@ struct FusedFilterGradPlan {
 
 // The fused kernel's plan over x as viewed: width-folded where `fold` and it pays
 // (set_image_window), see plan_fused_filter_grad.
+// View of x for the fused filter gradient: as it is (dense, or the width fold where it pays),
+// or the row view (row_view_applies).
+enum class FilterGradView { kPlain, kRows };
+
 FusedFilterGradPlan plan_fused_filter_grad_view(const CompileContext& ctx, const CubeTypes& ct,
                                                 DataType dt, const std::vector<int64_t>& x,
                                                 const std::vector<int64_t>& f, const ConvWindow& cw,
-                                                bool fold) {
+                                                bool fold,
+                                                FilterGradView view = FilterGradView::kPlain) {
   const std::string op = ctx.op.str();
   FusedFilterGradPlan p;
   FilterGradSpec& s = p.spec;
@@ -1724,10 +1782,15 @@ FusedFilterGradPlan plan_fused_filter_grad_view(const CompileContext& ctx, const
   // or strided view: those view x's channels as one group's).
   s.groups = x[3] / f[2];
   set_image_window(s, x, cw, fold && s.groups == 1);
-  if (s.groups == 1)
+  if (view == FilterGradView::kRows) {  // x [N,H,W,C] as [N,H,W/sw,sw*C], stride 1 along W
+    s.pixel_channels = s.sw * s.c;
+    s.w /= s.sw;
+    s.sw = s.dw = 1;
+  } else if (s.groups == 1) {
     view_strided_rows(s, s.h, s.w, s.c);
-  else
+  } else {
     s.c = f[2];
+  }
   const bool via_ub = cube_store_via_ub(ctx.cfg, cube_core(ctx.cfg, op), op);
   s.pitch = via_ub ? round_up(s.cout, layout::kBlockBytes / 4) : s.cout;
   // Through the UB, groups whose f32 channels are not whole blocks: each group's padded to
@@ -1789,11 +1852,30 @@ bool filter_grad_fold_by_estimate(const ChipConfig& cfg) {
   return !(v && std::string(v) == "0") && (cfg.copy_issue_cycles > 0 || cfg.burst_cycles > 0);
 }
 
+// Whether the fused filter gradient's row view (row_view_switch) applies to x and filter f.
+bool row_view_applies(const std::vector<int64_t>& x, const std::vector<int64_t>& f,
+                      const ConvWindow& cw) {
+  return x[3] == f[2] && cw.w.k == 1 && cw.w.s > 1 && cw.w.before == 0 && cw.w.after == 0 &&
+         x[2] % cw.w.s == 0;
+}
+
 // The fused kernel's plan for dW: over the width-folded view where it applies, or (where
-// filter_grad_fold_by_estimate) over the view of the lower estimate.
+// filter_grad_fold_by_estimate) over the view of the lower estimate; the row view
+// (row_view_applies, row_view_switch) where its estimate is the lower or it is forced.
 FusedFilterGradPlan plan_fused_filter_grad(const CompileContext& ctx, const CubeTypes& ct,
                                            DataType dt, const std::vector<int64_t>& x,
                                            const std::vector<int64_t>& f, const ConvWindow& cw) {
+  const RowView row_view =
+      row_view_applies(x, f, cw)
+          ? row_view_switch("NPUSIM_FILTER_GRAD_ROW_VIEW", ctx.cfg, ctx.op.str())
+          : RowView::kOff;
+  if (row_view != RowView::kOff) {
+    FusedFilterGradPlan rows =
+        plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, false, FilterGradView::kRows);
+    if (row_view == RowView::kForced) return rows;
+    FusedFilterGradPlan strided = plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, false);
+    return rows.cycles < strided.cycles ? rows : strided;
+  }
   FusedFilterGradPlan folded = plan_fused_filter_grad_view(ctx, ct, dt, x, f, cw, true);
   const bool fold_applies =
       x[3] == f[2] && width_fold_pays(x[3], cw.w.k, cw.w.before, cw.w.after, cw.w.d);

@@ -98,10 +98,10 @@ class FilterGradEmitter {
         m_k3(ceil_div(s.c, kBlk) * s.kh * s.kw * kBlk),
         m_pipe(m_b, t.l0c_buffers) {}
 
-  // The slab's geometry: x's pixels hold every group's channels.
+  // The slab's geometry: x's pixels hold every group's channels (the row view: sw pixels').
   static SlabEmitter::Geometry slab_geometry(const FilterGradSpec& s, const FilterGradTiling& t) {
     SlabEmitter::Geometry g = SlabEmitter::image_geometry(s, t.tp);
-    g.cs = s.groups * s.c;
+    g.cs = s.x_channels();
     g.whole_pixels = t.whole_pixels;
     g.strided_by_pixel = t.strided_pixels;
     return g;
@@ -496,6 +496,12 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
   if (isa::dtype_size(s.in_type) != 2)
     throw CompileError(fmt::format("{}: the fused filter gradient takes 16-bit types", op));
   if (s.parts < 1) throw CompileError(fmt::format("{}: {} parts", op, s.parts));
+  if (s.pixel_channels != 0 &&
+      (s.groups != 1 || s.x_row != 0 || s.pixel_channels < s.c || s.kw != 1 || s.sw != 1))
+    throw CompileError(fmt::format(
+        "{}: pixels of {} channels hold x's {} channels only in a dense map of one group under "
+        "a 1x1-wide window of stride 1 along W",
+        op, s.pixel_channels, s.c));
   if (s.groups < 1 || s.cout % s.groups != 0 || (s.groups > 1 && s.x_row != 0) ||
       (s.group_pitch != 0 && (s.group_pitch < s.cg_out() || s.groups * s.group_pitch > s.pitch)))
     throw CompileError(fmt::format(
@@ -594,7 +600,7 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
           const SlabLoad l =
               dense_slab_load(cfg, pixel_loads,
                               static_cast<int64_t>(std::ceil(mean_rows * static_cast<double>(s.w))),
-                              t.kc1, s.groups * s.c, isz, l2_rate, gm_rate);
+                              t.kc1, s.x_channels(), isz, l2_rate, gm_rate);
           t.whole_pixels = l.whole_pixels;
           issue += l.issue;
         } else if (strided_loads != StridedSlabLoads::kAsBefore) {
@@ -687,6 +693,9 @@ Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, con
   if (s.groups > 1)
     l.summary += fmt::format("; {} groups of {} -> {} channels", s.groups, s.c, s.cg_out());
   if (s.add_parts) l.summary += "; the parts added by the vector cores";
+  if (s.pixel_channels != 0)
+    l.summary += fmt::format("; x's rows read whole, pixels of {} channels{}", s.pixel_channels,
+                             t.whole_pixels ? ", slab by whole pixels" : "");
   if (s.x_row != 0)
     l.summary +=
         fmt::format("; x viewed with pixels {} and rows {} elements apart{}", s.x_pixel, s.x_row,

@@ -841,7 +841,8 @@ CubeConvTiling choose(const std::vector<CubeConvTiling>& plans) {
 // count that the merged width does not divide) before its last chunk, which the kernel would
 // load and multiply as a chunk of no channels (an nd2nz of 0 columns, a fault).
 bool last_group_fills_chunks(const CubeConvSpec& s, int64_t kc1) {
-  const int64_t last_c1 = ceil_div(s.cs - (s.groups - 1) * s.cg_in, kBlk);
+  // (the last group's channels: at most cg_in, which a row view's pixels exceed)
+  const int64_t last_c1 = ceil_div(std::min(s.cs - (s.groups - 1) * s.cg_in, s.cg_in), kBlk);
   return ceil_div(last_c1, kc1) == ceil_div(s.c1_in(), kc1);
 }
 
