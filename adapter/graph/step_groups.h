@@ -4,13 +4,16 @@
 //
 // The schedule (schedule_step_groups) is a list scheduler over the dependence graph, one group
 // at a time: the ready steps are those whose every launching predecessor is in an earlier group
-// (a step that launches nothing passes its predecessors on to its readers). The group opens
-// with the ready step first in task order; the other ready steps join it in task order while
-// their cores fit beside the group's (CoreTaker: block_dim free cores of their kernel's kind).
-// So a filter gradient on the cube cores is paired with the first ready batch-norm gradient on
-// the vector cores, also one far ahead in the list, not only with its neighbour. A step that
-// must run alone (several launches, an AI CPU task, more cores than the chip has) is a group of
-// its own. Deterministic: the steps and the chip alone decide.
+// (a step that launches nothing passes its predecessors on to its readers). Priority: the
+// length of the longest chain of launching steps from the step to the list's end, longest
+// first, ties in task order. The ready step of highest priority opens the group; the other
+// ready steps join it by priority while their cores fit beside the group's (CoreTaker:
+// block_dim free cores of their kernel's kind). So in a backward pass the data gradients and
+// batch-norm gradients (the chain every later layer waits for) go first, and a filter gradient
+// (cube; only its update reads it) runs beside the next batch-norm gradient (vector) instead
+// of alone. A step that must run alone (several launches, an AI CPU task, more cores than the
+// chip has) is a group of its own and fills none. Deterministic: the steps and the chip alone
+// decide.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
 // The group schedule of a task list's steps (graph::schedule_step_groups) on the tiny chip (2
 // cube cores, 4 vector cores), against groups derived by hand from the dependences and the
-// cores: a list scheduler pairs a cube step with a ready vector step also when it is not its
-// neighbour; a chain stays one step a group; steps that launch nothing pass their predecessors
+// cores: the list scheduler runs first the steps on the longest chains and pairs a filter
+// gradient with a later ready vector step; a chain stays one step a group; steps that launch nothing pass their predecessors
 // on and take their latest predecessor's position; steps alone stay alone; a step that is not
 // after an earlier step is an error.
 #include <catch2/catch.hpp>
@@ -36,14 +36,16 @@ GroupStep nothing(std::vector<size_t> after) { return {std::move(after), nullptr
 
 }  // namespace
 
-TEST_CASE("a cube step is paired with the first ready vector step, not only its neighbour") {
-  // A backward pass in miniature: 0 a filter gradient (cube), 1 the data gradient (cube) and 2
-  // its batch-norm gradient (vector) on the chain, 3 an independent vector step.
-  const std::vector<GroupStep> steps = {cube({}), cube({}), vec({1}), vec({})};
+TEST_CASE("the steps later steps wait for go first; a filter gradient fills a group beside them") {
+  // A backward pass in miniature, in an order TensorFlow may give: 0 the filter gradient of
+  // layer L (cube, nothing after it), 1 its data gradient (cube), 2 and 3 the batch-norm
+  // gradients of layer L-1 (vector) reading it, 4 the data gradient of layer L-1.
+  const std::vector<GroupStep> steps = {cube({}), cube({}), vec({1}), vec({2}), cube({3})};
   const StepGroups g = schedule_step_groups(steps, tiny());
-  // Group 0: step 0 takes both cube cores; 1 does not fit; 2 is not ready; 3 fits.
-  CHECK(g.groups == Groups{{0, 3}, {1}, {2}});
-  CHECK(g.position == std::vector<int>{0, 1, 2, 0});
+  // 1 heads the longest chain (1, 2, 3, 4); step 0 fits beside 2, the first vector step ready
+  // after 1. In task order 0 would open the first group alone and nothing would pair.
+  CHECK(g.groups == Groups{{1}, {0, 2}, {3}, {4}});
+  CHECK(g.position == std::vector<int>{1, 0, 1, 2, 3});
 }
 
 TEST_CASE("steps share a group while their cores fit; dependent steps never do") {
