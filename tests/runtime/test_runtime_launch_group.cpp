@@ -106,17 +106,7 @@ TEST_CASE("a launch group whose cores do not fit the chip is refused, naming the
 
 TEST_CASE("a fault in one launch of a group is the stream's kernel_fault; the other runs on") {
   TwoSums t;
-  // Copies one 32-byte block from GM to a UB address past the UB: the chip model faults.
-  auto fault = test::assemble_text(R"(
-.kernel ub_overrun
-.arg ub
-.arg src
-.section aiv
-    ldarg x1, ub
-    ldarg x2, src
-    copy_gm2ub x1, x2, 1, 1, 0, 0
-    end
-)", "ub_overrun.s");
+  auto fault = test::ub_overrun_kernel();  // faults on a UB address past the UB
   const uint64_t ub_bytes =
       t.dev->config().core_kind(isa::CoreKind::AIV)->capacity(isa::Buf::UB);
   REQUIRE(t.dev->launch_group(t.s, {{fault, {ub_bytes, t.x[1]}, 1, nullptr}, t.sum(0, 2)}).ok());
