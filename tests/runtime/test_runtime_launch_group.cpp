@@ -16,16 +16,12 @@ using rt::StatusCode;
 
 namespace {
 
-std::shared_ptr<const isa::Program> vadd() {
-  static auto p = test::load_kernel("kernels/vadd_f16.s");
-  return p;
-}
-
 constexpr uint64_t kElements = 16384, kBytes = kElements * 2;
 
 // Two independent sums on the device: x0 + y0 -> z0 and x1 + y1 -> z1.
 struct TwoSums {
   std::shared_ptr<rt::Device> dev = test::tiny_device();
+  std::shared_ptr<const isa::Program> vadd = test::load_kernel("kernels/vadd_f16.s");
   rt::Stream s;
   uint64_t x[2] = {}, y[2] = {}, z[2] = {};
   std::vector<uint16_t> hx[2], hy[2];
@@ -45,7 +41,7 @@ struct TwoSums {
       for (uint64_t p : {x[i], y[i], z[i]}) CHECK(dev->free(p).ok());
   }
   rt::Device::GroupLaunch sum(int i, int blocks) const {
-    return {vadd(), {x[i], y[i], z[i], kElements}, blocks, nullptr};
+    return {vadd, {x[i], y[i], z[i], kElements}, blocks, nullptr};
   }
   void check_outputs() {
     for (int i = 0; i < 2; ++i) {
