@@ -6,7 +6,9 @@ steps of a TF graph"), each case a child process with the switch and one without
   switch the two launches start on one cycle (one group) and the graph's launches span fewer
   cycles than in order;
 - a chain (each op reads the one before): the same outputs, the same launches with the same
-  cycles each, one after another.
+  cycles each, one after another;
+- a fault in a group (the watchdog at one instruction): the graph's error names the node of a
+  faulting member; both members ran from one start.
 """
 
 import textwrap
@@ -78,3 +80,39 @@ def test_a_chain_stays_in_order_with_the_same_cycles(runs):
     assert on["chain"]["launches"] == off["chain"]["launches"]
     starts = [start for _, _, start, _ in on["chain"]["launches"]]
     assert len(set(starts)) == len(starts)
+
+
+FAULT = textwrap.dedent("""
+    import json, os
+    import numpy as np
+    import npusim
+    os.environ["NPUSIM_MAX_INSNS_PER_BLOCK"] = "1"  # every launch faults at its first block
+    import tensorflow as tf
+
+    @tf.function
+    def f(x, w, z):
+        return tf.matmul(tf.matmul(x, w, name="the_matmul"), tf.nn.relu(z, name="the_relu"))
+
+    a = tf.constant(np.ones((16, 16), np.float16))
+    out = {}
+    try:
+        f(a, a, a).numpy()
+    except tf.errors.OpError as e:
+        out["error"] = [type(e).__name__, e.message]
+    recs = npusim.launch_records()
+    out["faulted"] = sorted([r["op_type"], r["start_cycle"]] for r in recs if not r["ok"])
+    print("RESULT" + json.dumps(out))
+    """)
+
+
+def test_a_fault_in_a_group_is_the_graphs_error_naming_a_node():
+    result = child_result(FAULT, extra_env={"NPUSIM_GRAPH_CONCURRENT": "1"})
+    kind, message = result["error"]
+    assert kind == "InternalError", result
+    assert "NpuGraph" in message and ("of node 'the_matmul' (MatMul)" in message or
+                                      "of node 'the_relu' (Relu)" in message), message
+    # Both members of the group ran, from one start, and faulted.
+    relu_start = [start for op, start in result["faulted"] if op == "Relu"]
+    assert len(relu_start) == 1, result
+    assert sorted(op for op, start in result["faulted"] if start == relu_start[0]) == [
+        "MatMul", "Relu"], result
