@@ -14,6 +14,8 @@
 //      node by node); all share one LaunchLabel::graph_run id, and the run pays the chip's
 //      host.graph_dispatch_us once (LaunchLabel::HostDispatch::graph, then none);
 //      (an AI CPU step whose inputs are the graph's queued first: Plan::queue_order);
+//      with NPUSIM_GRAPH_CONCURRENT=1 in groups of independent steps, each group of two or more
+//      one rt::Device::launch_group (Plan::groups, schedule_groups);
 //   4. one synchronisation of the stream; a fault is this op's error, naming the node whose
 //      kernel faulted (the runtime names it for graph launches).
 // With variable updates (npu_graph.h): before 1 the variables are locked (GraphVariables) and
@@ -132,7 +134,7 @@ struct Plan {
   // AI cores from the run's start, as MindSpore puts an AI CPU kernel whose inputs are all
   // constants on a stream of its own (docs/validation.md, "Dropout masks off the AI cores").
   std::vector<size_t> queue_order;
-  // NPUSIM_GRAPH_CONCURRENT=1 when the plan was built: the steps in groups (group_steps: the
+  // NPUSIM_GRAPH_CONCURRENT=1 when the plan was built: the steps in groups (schedule_groups: the
   // steps `ahead` in none, queued first as above), each group of two or more queued as one
   // rt::Device::launch_group, run at once on disjoint cores. Empty: queue_order, one by one.
   std::vector<std::vector<size_t>> groups;
