@@ -83,6 +83,21 @@ rows = npusim.op_summary()
 busy_us = sum(r["time_us"] for r in rows) or 1.0
 print(f"simulated cycles {sum(r['cycles'] for r in recs):,}  "
       f"cube utilisation {sum(r['cube_utilization_pct'] * r['time_us'] for r in rows) / busy_us:.1f}%")
+# Launches that ran beside others (NPUSIM_GRAPH_CONCURRENT=1 runs a group's launches at once):
+# how many, the cycles some launch was running (the union of their intervals; the launches'
+# cycles summed when none overlap) and the cube utilisation over that union: the same cube work
+# over the time the chip was busy, where the figure above divides by the summed durations.
+spans = sorted((r["start_cycle"], r["start_cycle"] + r["cycles"]) for r in recs)
+beside = sum(any(a < e and s < b for j, (a, b) in enumerate(spans) if j != i)
+             for i, (s, e) in enumerate(spans))
+if beside:
+    union, reach = 0, 0
+    for s, e in spans:
+        union += max(0, e - max(s, reach))
+        reach = max(reach, e)
+    us_per_cycle = sum(r["time_us"] for r in recs) / max(1, sum(r["cycles"] for r in recs))
+    print(f"launches beside others {beside}  busy (union) {union:,} cycles  cube utilisation "
+          f"over it {sum(r['cube_utilization_pct'] * r['time_us'] for r in rows) / (union * us_per_cycle):.1f}%")
 # The step on the device timeline: from its first launch's host dispatch to its last launch's
 # end (host dispatch, copies between launches and kernels; NPUSIM_GRAPH=0 vs whole graphs), and
 # the task lists it ran (a whole graph's run, or one op dispatched on its own).

@@ -12,6 +12,7 @@
 
 #include "adapter/graph/graph.h"
 #include "common/error.h"
+#include "sim/config/core_taker.h"
 #include "sim/verifier/verifier.h"
 
 namespace npusim::graph {
@@ -125,63 +126,6 @@ struct Extent {
   bool overlaps(const Extent& o) const {
     return region == o.region && begin < o.end && o.begin < end;
   }
-};
-
-// The chip's cores as the concurrent groups take them: per kind, which are taken, first-free
-// in core order (Simulator::run_concurrent's own order for launches that name none).
-class CoreTaker {
- public:
-  explicit CoreTaker(const ChipConfig& cfg) : m_cfg(cfg) {
-    for (const CoreKindConfig& k : cfg.core_kinds)
-      m_taken[int(k.kind)].assign(size_t(std::max(0, k.count)), false);
-  }
-  void clear() {
-    for (auto& t : m_taken) t.assign(t.size(), false);
-  }
-  // Could the task's block_dim blocks have cores of their own on an idle chip?
-  bool fits_alone(const isa::Program& p, int block_dim) const {
-    CoreTaker idle(m_cfg);
-    return idle.take(p, block_dim, nullptr);
-  }
-  // Takes block_dim free cores (a mix kernel: groups) for program p, appending their names to
-  // `names` if given; false (nothing taken) if they are not free.
-  bool take(const isa::Program& p, int block_dim, std::vector<std::string>* names) {
-    const size_t want = size_t(std::max(1, block_dim));
-    const bool aic = p.find(isa::CoreKind::AIC) != nullptr;
-    const bool aiv = p.find(isa::CoreKind::AIV) != nullptr;
-    std::vector<std::pair<isa::CoreKind, size_t>> picked;
-    if (m_cfg.split && aic && aiv) {
-      const size_t per = size_t(std::max(1, m_cfg.aiv_per_aic));
-      const auto& cube = m_taken[int(isa::CoreKind::AIC)];
-      const auto& vec = m_taken[int(isa::CoreKind::AIV)];
-      for (size_t g = 0; g < cube.size() && picked.size() < want * (1 + per); ++g) {
-        if (cube[g] || (g + 1) * per > vec.size()) continue;
-        bool free = true;
-        for (size_t k = 0; k < per; ++k) free = free && !vec[g * per + k];
-        if (!free) continue;
-        picked.emplace_back(isa::CoreKind::AIC, g);
-        for (size_t k = 0; k < per; ++k) picked.emplace_back(isa::CoreKind::AIV, g * per + k);
-      }
-      if (picked.size() < want * (1 + per)) return false;
-    } else {
-      const isa::CoreKind kind = !m_cfg.split ? isa::CoreKind::AICORE
-                                 : aic        ? isa::CoreKind::AIC
-                                              : isa::CoreKind::AIV;
-      const auto& taken = m_taken[int(kind)];
-      for (size_t i = 0; i < taken.size() && picked.size() < want; ++i)
-        if (!taken[i]) picked.emplace_back(kind, i);
-      if (picked.size() < want) return false;
-    }
-    for (const auto& [kind, i] : picked) {
-      m_taken[int(kind)][i] = true;
-      if (names) names->push_back(isa::core_kind_name(kind) + std::to_string(i));
-    }
-    return true;
-  }
-
- private:
-  const ChipConfig& m_cfg;
-  std::array<std::vector<bool>, 3> m_taken;  // by isa::CoreKind
 };
 
 }  // namespace

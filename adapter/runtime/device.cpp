@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "adapter/runtime/driver.h"
+#include "sim/config/core_taker.h"
 #include "sim/verifier/verifier.h"
 
 namespace npusim::rt {
@@ -573,6 +574,39 @@ Status Device::submit_launch(Stream s, std::shared_ptr<const isa::Program> progr
   };
   op.chip = m_chip;
   return m_driver->submit(s, std::move(op));
+}
+
+Status Device::launch_group(Stream s, std::vector<GroupLaunch> launches) {
+  return guard("launch_group", [&]() -> Status {
+    if (launches.size() == 1)
+      return submit_launch(s, std::move(launches[0].program), std::move(launches[0].args),
+                           launches[0].block_dim, std::move(launches[0].label), {});
+    DeviceOp group;
+    group.kind = OpKind::launch_group;
+    group.chip = m_chip;
+    CoreTaker cores(m_cfg);
+    for (size_t j = 0; j < launches.size(); ++j) {
+      GroupLaunch& l = launches[j];
+      if (Status st = check_launch(l.program, l.args, l.block_dim); !st.ok()) return st;
+      if (!cores.take(*l.program, l.block_dim, nullptr))
+        return Status(StatusCode::invalid_argument,
+                      fmt::format("launch_group: launch {} (kernel '{}', block_dim {}) finds no "
+                                  "free cores of its kind beside the launches before it",
+                                  j, l.program->name, l.block_dim));
+      DeviceOp op;
+      op.kind = OpKind::launch;
+      op.program = std::move(l.program);
+      op.label = std::move(l.label);
+      op.args = std::move(l.args);
+      op.block_dim = l.block_dim;
+      op.gm_blocks = [allocator = m_allocator](uint64_t addr, uint64_t* start, uint64_t* bytes) {
+        return allocator->block_of(addr, start, bytes);
+      };
+      op.chip = m_chip;
+      group.members.push_back(std::move(op));
+    }
+    return m_driver->submit(s, std::move(group));
+  });
 }
 
 Status Device::launch_derived(Stream s, std::shared_ptr<const isa::Program> program,

@@ -226,6 +226,26 @@ class Device {
   Status launch_derived(Stream s, std::shared_ptr<const isa::Program> program,
                         std::vector<uint64_t> args, int block_dim,
                         std::shared_ptr<const LaunchLabel> label, DerivedSource source);
+  // One launch of a group (launch_group).
+  struct GroupLaunch {
+    std::shared_ptr<const isa::Program> program;
+    std::vector<uint64_t> args;
+    int block_dim = 1;
+    std::shared_ptr<const LaunchLabel> label;  // null: none
+  };
+  // Queues launches that run at once, each on cores of its own (as CANN runs independent tasks
+  // of a graph on several streams): on a single chip one Simulator::run_concurrent, every
+  // launch given block_dim free cores of its kernel's kind, first in core order (a mix kernel:
+  // block_dim groups of a cube core and its vector cores), the L2 and HBM shared; the group
+  // starts once the stream is ready, after the launches' host dispatches; each LaunchRecord
+  // starts at the group's start and lasts its launch's own cycles. Never replayed. The caller
+  // guarantees the launches are independent (no one writes what another reads or writes).
+  // Checked as launch_kernel checks each (invalid_argument naming the kernel), and the group's
+  // cores must fit the chip (invalid_argument naming the launch that finds none free). A
+  // member's fault is kernel_fault at the next synchronize, naming it (and its node, for a
+  // graph's launch); the other members run to their end. One launch: launch_kernel. On a chip
+  // of a system the launches run one after another.
+  Status launch_group(Stream s, std::vector<GroupLaunch> launches);
   // Queues a host callback (aclrtLaunchCallback); see "Host callbacks" above.
   Status launch_callback(Stream s, HostCallback callback);
 

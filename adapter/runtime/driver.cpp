@@ -297,6 +297,9 @@ void for_each_read(const DeviceOp& op, const std::function<void(uint64_t, uint64
         for (const DerivedRange& r : op.derived.more) reads(r.addr, r.bytes);
       }
       break;
+    case OpKind::launch_group:
+      for (const DeviceOp& m : op.members) for_each_read(m, reads);
+      break;
     case OpKind::ai_cpu_task:
       for (const DerivedRange& r : op.ai_cpu->inputs) reads(r.addr, r.bytes);
       for (const DerivedRange& r : op.ai_cpu->outputs) reads(r.addr, r.bytes);
@@ -696,6 +699,8 @@ Status Driver::execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t*
       case OpKind::launch:
         return op.derived.state ? run_derived_launch(stream, op, ready)
                                 : run_launch(stream, op, ready);
+      case OpKind::launch_group:
+        return run_launch_group(stream, op, ready);
       case OpKind::record_event:
         // Complete once its stream's earlier ops have run, on its chip's timeline (after a copy
         // timed by its data: at that copy's end, off the timeline).
@@ -789,7 +794,7 @@ void Driver::add_modelled_time(uint64_t stream, const DeviceOp& op, uint64_t cyc
   *ready = device_cycles(op.chip);
 }
 
-Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) {
+KernelLaunch Driver::kernel_launch(const DeviceOp& op) {
   KernelLaunch launch;
   launch.program = op.program.get();
   launch.args = op.args;
@@ -801,6 +806,11 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) 
   if (op.label) launch.planned_blocks = op.label->planned_blocks;
   launch.block_dim = op.block_dim;
   launch.counter_tree = false;  // records keep the flat delta; the tree is built when read
+  return launch;
+}
+
+Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) {
+  const KernelLaunch launch = kernel_launch(op);
   // The device idles while the host dispatches the op.
   const uint64_t host_dispatch = take_host_dispatch(op);
   const auto wall_start = std::chrono::steady_clock::now();
@@ -812,6 +822,51 @@ Status Driver::run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready) 
   *ready = device_cycles(op.chip);
   const double wall_us = std::chrono::duration<double, std::micro>(
       std::chrono::steady_clock::now() - wall_start).count();
+  return finish_launch(stream, op, std::move(r), p, wall_us, host_dispatch, reads_collective);
+}
+
+Status Driver::run_launch_group(uint64_t stream, const DeviceOp& op, uint64_t* ready) {
+  if (m_sys) {  // a chip of a system: one after another (SystemSimulator runs lone launches)
+    Status first;
+    for (const DeviceOp& m : op.members) {
+      DeviceOp member = m;
+      member.host_cycle = op.host_cycle;
+      Status st = run_launch(stream, member, ready);
+      if (first.ok()) first = std::move(st);
+    }
+    return first;
+  }
+  std::vector<ConcurrentLaunch> launches;
+  std::vector<uint64_t> host_dispatch, reads_collective(op.members.size(), 0);
+  uint64_t idle = 0, data_ready = 0;
+  for (size_t j = 0; j < op.members.size(); ++j) {
+    const DeviceOp& m = op.members[j];
+    launches.push_back({kernel_launch(m), {}});  // cores: first free of its kind, in order
+    host_dispatch.push_back(take_host_dispatch(m));
+    idle += host_dispatch.back();
+    data_ready = std::max(data_ready, comm_output_ready(m, &reads_collective[j]));
+  }
+  const auto wall_start = std::chrono::steady_clock::now();
+  ConcurrentResult r;
+  const Placement p = place({op.chip}, *ready, idle, 0,
+                            [&] { r = m_sim->run_concurrent(launches); }, data_ready);
+  *ready = device_cycles(op.chip);
+  // The host's time is the group's; each record gets an equal share.
+  const double wall_us = std::chrono::duration<double, std::micro>(
+                             std::chrono::steady_clock::now() - wall_start).count() /
+                         static_cast<double>(op.members.size());
+  Status first;
+  for (size_t j = 0; j < op.members.size(); ++j) {
+    Status st = finish_launch(stream, op.members[j], std::move(r.launches.at(j)), p, wall_us,
+                              host_dispatch[j], reads_collective[j]);
+    if (first.ok()) first = std::move(st);
+  }
+  return first;
+}
+
+Status Driver::finish_launch(uint64_t stream, const DeviceOp& op, KernelResult r,
+                             const Placement& p, double wall_us, uint64_t host_dispatch,
+                             uint64_t reads_collective) {
   const uint64_t index = m_launch_count.at(static_cast<size_t>(op.chip))++;
   if (m_sys) {  // the launch's writes stamped p.write_epoch: which kernel wrote what
     WrittenBy& w = m_written.at(static_cast<size_t>(op.chip));

@@ -201,6 +201,15 @@ class Driver {
   // *event_cycle receives the time of a record_event.
   Status execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t* event_cycle);
   Status run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready);
+  // A launch_group (DeviceOp::members): on a single chip every member at once on disjoint cores
+  // (Simulator::run_concurrent, each given the first free cores of its kind in core order), the
+  // group placed on the timeline as one op after the members' host dispatches (their sum) and
+  // the readiness of what they read; each member's record starts at the group's start and lasts
+  // its own cycles. On a chip of a system the members run one after another as launches.
+  // Returns the first failed member's status (naming its node, as run_launch does).
+  Status run_launch_group(uint64_t stream, const DeviceOp& op, uint64_t* ready);
+  // The simulator's description of a launch op.
+  static KernelLaunch kernel_launch(const DeviceOp& op);
   // Where an op placed on the timelines ran: its start on them and the simulation's clock when
   // it began, so that a cycle of the simulation's clock during the op maps onto the timeline.
   struct Placement {
@@ -208,6 +217,10 @@ class Driver {
     uint64_t write_epoch = 0;  // the epoch the op's writes stamp on its first chip (begin_writes)
     uint64_t at(uint64_t sim_cycle) const { return start + (sim_cycle - sim_start); }
   };
+  // Counts and records launch `op` (placed at p, its result r) and returns its status: ok, or
+  // kernel_fault naming the kernel (and its node, for a graph's launch).
+  Status finish_launch(uint64_t stream, const DeviceOp& op, KernelResult r, const Placement& p,
+                       double wall_us, uint64_t host_dispatch, uint64_t reads_collective);
   // Runs `run` (which advances the simulation's clock, or not) as an op of `chips`, whose
   // streams are ready at `ready`, after `idle` cycles of host time: it starts at the latest of
   // the chips' timelines and `ready`, plus idle, and every chip's timeline moves to its end (its

@@ -18,6 +18,7 @@ const char* op_kind_name(OpKind k) {
     case OpKind::memcpy_peer: return "memcpy_peer";
     case OpKind::collective: return "collective";
     case OpKind::ai_cpu_task: return "ai_cpu_task";
+    case OpKind::launch_group: return "launch_group";
   }
   return "unknown";
 }
@@ -57,6 +58,12 @@ std::string DeviceOp::describe() const {
     case OpKind::ai_cpu_task:
       return fmt::format("AI CPU task '{}'{}", ai_cpu ? ai_cpu->kernel : "",
                          ai_cpu && ai_cpu->label ? " (" + ai_cpu->label->op_name + ")" : "");
+    case OpKind::launch_group: {
+      std::string kernels;
+      for (const DeviceOp& m : members)
+        kernels += (kernels.empty() ? "" : ", ") + m.describe();
+      return fmt::format("launch_group of {} launches ({})", members.size(), kernels);
+    }
   }
   return "unknown op";
 }

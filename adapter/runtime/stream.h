@@ -155,6 +155,7 @@ enum class OpKind {
   memcpy_peer,  // a copy to another chip of the system, over the links (SystemSimulator)
   collective,   // one rank's part of a collective over several chips (CollectiveGroup)
   ai_cpu_task,  // a task of the chip's AI CPU (AiCpuTask), on the chip's AI CPU timeline
+  launch_group,  // launches at once on disjoint cores (DeviceOp::members, Device::launch_group)
 };
 const char* op_kind_name(OpKind k);  // "memcpy_h2d", ...
 
@@ -323,6 +324,9 @@ struct DeviceOp {
   // collective: this rank's buffers in pieces (CollectiveCall::send_pieces); empty: src / dst.
   std::vector<CollectivePiece> send_pieces, recv_pieces;
   std::shared_ptr<const AiCpuTask> ai_cpu;  // ai_cpu_task: the task
+  // launch_group: the launches (each kind `launch`, no derived source, this op's chip), run at
+  // once on disjoint cores (Simulator::run_concurrent).
+  std::vector<DeviceOp> members;
 
   // Filled in by the driver at submission.
   uint64_t seq = 0;                 // device-wide submission order

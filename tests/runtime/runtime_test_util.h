@@ -43,6 +43,22 @@ inline std::shared_ptr<const isa::Program> assemble_text(const std::string& text
   return std::make_shared<const isa::Program>(isa::assemble(text, name));
 }
 
+// A vector kernel that faults: it copies one 32-byte block from GM (argument src) to the UB
+// address passed as argument ub; the verifier cannot see that address, the chip model faults
+// on it when ub lies past the UB.
+inline std::shared_ptr<const isa::Program> ub_overrun_kernel() {
+  return assemble_text(R"(
+.kernel ub_overrun
+.arg ub
+.arg src
+.section aiv
+    ldarg x1, ub
+    ldarg x2, src
+    copy_gm2ub x1, x2, 1, 1, 0, 0
+    end
+)", "ub_overrun.s");
+}
+
 // n random fp16 values (bit patterns) in [-8, 8), from a fixed seed.
 inline std::vector<uint16_t> random_f16(size_t n, uint32_t seed) {
   std::mt19937 gen(seed);

@@ -124,18 +124,7 @@ TEST_CASE("4 host threads, each with its own stream, give the same bytes as a se
 
 TEST_CASE("a faulting kernel returns kernel_fault naming it; the stream and device stay usable") {
   auto dev = test::tiny_device();
-  // Copies one 32-byte block from GM to the UB address passed as an argument; the verifier
-  // cannot see that address, the chip model faults on it.
-  auto fault = test::assemble_text(R"(
-.kernel ub_overrun
-.arg ub
-.arg src
-.section aiv
-    ldarg x1, ub
-    ldarg x2, src
-    copy_gm2ub x1, x2, 1, 1, 0, 0
-    end
-)", "ub_overrun.s");
+  auto fault = test::ub_overrun_kernel();  // faults on a UB address past the UB
   uint64_t src = 0;
   REQUIRE(dev->malloc(64, &src).ok());
   const uint64_t ub_bytes = dev->config().core_kind(isa::CoreKind::AIV)->capacity(isa::Buf::UB);

@@ -14,6 +14,8 @@
 //      node by node); all share one LaunchLabel::graph_run id, and the run pays the chip's
 //      host.graph_dispatch_us once (LaunchLabel::HostDispatch::graph, then none);
 //      (an AI CPU step whose inputs are the graph's queued first: Plan::queue_order);
+//      with NPUSIM_GRAPH_CONCURRENT=1 in groups of independent steps, each group of two or more
+//      one rt::Device::launch_group (Plan::groups, schedule_groups);
 //   4. one synchronisation of the stream; a fault is this op's error, naming the node whose
 //      kernel faulted (the runtime names it for graph launches).
 // With variable updates (npu_graph.h): before 1 the variables are locked (GraphVariables) and
@@ -30,6 +32,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,6 +45,7 @@
 #include "tensorflow/c/ops.h"
 
 #include "adapter/graph/memory_plan.h"
+#include "adapter/graph/step_groups.h"
 #include "adapter/tf/plugin/compiled_op_kernel.h"
 #include "adapter/tf/plugin/compiled_op_table.h"
 #include "adapter/tf/plugin/dense_update.h"
@@ -130,6 +134,10 @@ struct Plan {
   // AI cores from the run's start, as MindSpore puts an AI CPU kernel whose inputs are all
   // constants on a stream of its own (docs/validation.md, "Dropout masks off the AI cores").
   std::vector<size_t> queue_order;
+  // NPUSIM_GRAPH_CONCURRENT=1 when the plan was built: the steps in groups (schedule_groups: the
+  // steps `ahead` in none, queued first as above), each group of two or more queued as one
+  // rt::Device::launch_group, run at once on disjoint cores. Empty: queue_order, one by one.
+  std::vector<std::vector<size_t>> groups;
 };
 
 // Figures of every plan built in this process (npu_graph_stats).
@@ -308,7 +316,8 @@ class NpuGraphKernel : public OpKernel {
     std::shared_ptr<rt::Device> device;
     NPU_OP_REQUIRES_OK(ctx, ctx->npu_device(&device));
     std::shared_ptr<const Plan> plan;
-    NPU_OP_REQUIRES_OK(ctx, plan_for(*ctx, signature, descs, variable_descs, &plan));
+    NPU_OP_REQUIRES_OK(ctx,
+                       plan_for(*ctx, device->config(), signature, descs, variable_descs, &plan));
     // Every updated variable's new value: a buffer of its own, published after the run; a
     // variable updated in place: its own buffer, shared with no tensor read before.
     for (int k = 0; k < static_cast<int>(m_variables); ++k) {
@@ -375,11 +384,26 @@ class NpuGraphKernel : public OpKernel {
     std::vector<std::shared_ptr<const void>> hold;
     // Where each step's derived tensors live in this run (DerivedPlacement::placed).
     std::vector<std::vector<uint64_t>> derived(plan->steps.size());
-    rt::Status st = rt::ok_status();
-    for (const size_t n : plan->queue_order) {
+    // Step s's label in this run: its own dispatch id, the run's id, the graph's host dispatch
+    // paid by the first launch queued.
+    const auto run_label = [&](const Step& s) {
+      auto label = std::make_shared<rt::LaunchLabel>(*s.label);
+      label->dispatch = next_dispatch_id();
+      label->graph_run = run;
+      label->host_dispatch =
+          paid ? rt::LaunchLabel::HostDispatch::none : rt::LaunchLabel::HostDispatch::graph;
+      label->planned_blocks = planned_blocks(s, arena_addr);
+      paid = true;
+      return label;
+    };
+    const auto node_error = [](const Step& s, const rt::Status& st) {
+      return rt::Status(st.code(),
+                        "node '" + s.label->op_name + "' (" + s.op.str() + "): " + st.message());
+    };
+    const auto queue_step = [&](size_t n) -> rt::Status {
       const Step& s = plan->steps[n];
       if (s.gen_mask) {  // an AI CPU step; it pays no host dispatch (as node by node)
-        if (s.gen_mask->elements == 0) continue;
+        if (s.gen_mask->elements == 0) return rt::ok_status();
         GenMaskTask task = *s.gen_mask;
         task.key_addr = address(s.inputs.at(kGenMaskKeyInput));
         task.counter_addr = address(s.inputs.at(kGenMaskCounterInput));
@@ -388,11 +412,9 @@ class NpuGraphKernel : public OpKernel {
         label->dispatch = next_dispatch_id();
         label->graph_run = run;
         label->host_dispatch = rt::LaunchLabel::HostDispatch::none;
-        st = queue_gen_mask(*device, stream, task, std::move(label));
-        if (!st.ok()) break;  // the status names the node
-        continue;
+        return queue_gen_mask(*device, stream, task, std::move(label));  // names the node
       }
-      if (s.in_place || s.compiled->kernel.launches.empty()) continue;  // nothing to run
+      if (s.in_place || s.compiled->kernel.launches.empty()) return rt::ok_status();
       std::vector<uint64_t> in, out;
       for (const Place& p : s.inputs) in.push_back(address(p));
       for (const Place& p : s.outputs) out.push_back(address(p));
@@ -406,25 +428,47 @@ class NpuGraphKernel : public OpKernel {
           reuse = derived[static_cast<size_t>(from)][static_cast<size_t>(from_d)];
         placement.reuse.push_back(reuse);
       }
-      auto label = std::make_shared<rt::LaunchLabel>(*s.label);
-      label->dispatch = next_dispatch_id();
-      label->graph_run = run;
-      label->host_dispatch =
-          paid ? rt::LaunchLabel::HostDispatch::none : rt::LaunchLabel::HostDispatch::graph;
-      label->planned_blocks = planned_blocks(s, arena_addr);
-      paid = true;
-      if (s.kept >= 0)
-        st = queue_kept_output_op(device, stream, s.op, *s.compiled, in,
-                                  address(plan->kept_fallback[static_cast<size_t>(s.kept)]), label,
-                                  &hold, &kept_addrs[static_cast<size_t>(s.kept)]);
-      else
-        st = queue_compiled_op(device, stream, s.op, *s.compiled, in, out, address(s.workspace),
-                               s.stable_inputs, label, &hold, &placement);
-      if (!st.ok()) {
-        st = rt::Status(st.code(),
-                        "node '" + s.label->op_name + "' (" + s.op.str() + "): " + st.message());
-        break;
+      const std::shared_ptr<const rt::LaunchLabel> label = run_label(s);
+      rt::Status st =
+          s.kept >= 0
+              ? queue_kept_output_op(device, stream, s.op, *s.compiled, in,
+                                     address(plan->kept_fallback[static_cast<size_t>(s.kept)]),
+                                     label, &hold, &kept_addrs[static_cast<size_t>(s.kept)])
+              : queue_compiled_op(device, stream, s.op, *s.compiled, in, out, address(s.workspace),
+                                  s.stable_inputs, label, &hold, &placement);
+      return st.ok() ? st : node_error(s, st);
+    };
+    // A group of steps of one launch each (schedule_groups), at once on disjoint cores.
+    const auto queue_group = [&](const std::vector<size_t>& group) -> rt::Status {
+      std::vector<rt::Device::GroupLaunch> launches;
+      for (const size_t n : group) {
+        const Step& s = plan->steps[n];
+        std::vector<uint64_t> in, out;
+        for (const Place& p : s.inputs) in.push_back(address(p));
+        for (const Place& p : s.outputs) out.push_back(address(p));
+        const compiler::Launch& l = s.compiled->kernel.launches.at(0);
+        launches.push_back({s.compiled->programs.at(0), l.bind(in, out, address(s.workspace), {}),
+                            l.block_dim, run_label(s)});
       }
+      rt::Status st = device->launch_group(stream, std::move(launches));
+      if (st.ok()) return st;
+      std::string nodes;
+      for (const size_t n : group)
+        nodes += (nodes.empty() ? "'" : ", '") + plan->steps[n].label->op_name + "'";
+      return rt::Status(st.code(), "nodes " + nodes + " at once: " + st.message());
+    };
+    rt::Status st = rt::ok_status();
+    if (plan->groups.empty()) {
+      for (const size_t n : plan->queue_order)
+        if (st = queue_step(n); !st.ok()) break;
+    } else {
+      for (const size_t n : plan->queue_order) {  // the steps ahead come first
+        if (!plan->steps[n].ahead) break;
+        if (st = queue_step(n); !st.ok()) break;
+      }
+      for (size_t g = 0; g < plan->groups.size() && st.ok(); ++g)
+        st = plan->groups[g].size() == 1 ? queue_step(plan->groups[g][0])
+                                         : queue_group(plan->groups[g]);
     }
     // Always wait, also after a failed launch: launches already queued use the inputs, outputs
     // and arena, which TensorFlow may reuse once Compute returns. (The emulator's wait: the host
@@ -442,8 +486,8 @@ class NpuGraphKernel : public OpKernel {
  private:
   // The plan for the inputs `in` (signature: their descriptions), compiled for the chip of
   // ctx's stream.
-  rt::Status plan_for(const OpKernelContext& ctx, const std::string& signature,
-                      const std::vector<compiler::TensorDesc>& in,
+  rt::Status plan_for(const OpKernelContext& ctx, const ChipConfig& chip,
+                      const std::string& signature, const std::vector<compiler::TensorDesc>& in,
                       const std::vector<compiler::TensorDesc>& variables,
                       std::shared_ptr<const Plan>* out) {
     {
@@ -458,7 +502,7 @@ class NpuGraphKernel : public OpKernel {
     rt::Status st;
     {
       HostCpuScope timed("graph_plan", "plan");  // the compiles inside count as "compile"
-      st = build_plan(ctx, in, variables, plan.get());
+      st = build_plan(ctx, chip, in, variables, plan.get());
     }
     if (!st.ok()) return st;
     {
@@ -474,7 +518,8 @@ class NpuGraphKernel : public OpKernel {
     return rt::ok_status();
   }
 
-  rt::Status build_plan(const OpKernelContext& ctx, const std::vector<compiler::TensorDesc>& in,
+  rt::Status build_plan(const OpKernelContext& ctx, const ChipConfig& chip,
+                        const std::vector<compiler::TensorDesc>& in,
                         const std::vector<compiler::TensorDesc>& variables, Plan* plan) const {
     if (static_cast<int>(in.size()) < m_spec.num_inputs)
       return rt::Status(rt::StatusCode::internal,
@@ -614,9 +659,15 @@ class NpuGraphKernel : public OpKernel {
       plan->steps.push_back(std::move(s));
       share_derived(n, plan, &buffers, &derived_key);
     }
+    // Kept casts (their launches skip while their source is unchanged) run alone in a group.
+    std::vector<Place> within(buffers.size());
+    if (graph_concurrent_enabled()) {
+      std::vector<char> keepable(plan->steps.size(), 0);
+      keep_stable_casts(within, plan, &keepable);
+      schedule_groups(chip, keepable, workspace_of, plan, &buffers);
+    }
     // Buffers placed inside another place (a slice's outputs in its input, a concatenation's
     // pieces in its output) take no bytes of their own; the rest are planned.
-    std::vector<Place> within(buffers.size());
     if (in_place_enabled()) place_in_place(plan, &buffers, &within);
     std::vector<graph::PlannedBuffer> own;
     std::vector<size_t> own_index(buffers.size(), 0);
@@ -687,6 +738,80 @@ class NpuGraphKernel : public OpKernel {
     return rt::ok_status();
   }
 
+  // NPUSIM_GRAPH_CONCURRENT=1 (Plan::groups): schedules the steps into groups from their data
+  // dependences (graph::schedule_step_groups; docs/graph_engine.md, "Concurrent steps of a TF
+  // graph") and turns the buffers' lifetimes from steps into group positions, so that the memory
+  // plan gives the buffers of steps that run at once bytes of their own. A step joins groups
+  // when it queues exactly one launch (no derived tensor, no merged members, no kept output:
+  // `keepable`); the others, AI CPU steps after the run's start among them, run alone. The
+  // dependences: its inputs' producers, the step that computes a derived tensor it reads, and,
+  // for steps reading or writing a variable's buffers, every earlier such step (an in-place
+  // update must not pass a read of the old value). Before in-place placement (which joins the
+  // lifetimes it nests) and before any place is placed: places hold buffer indices.
+  void schedule_groups(const ChipConfig& chip, const std::vector<char>& keepable,
+                       const std::vector<int>& workspace_of, Plan* plan,
+                       std::vector<graph::PlannedBuffer>* buffers) const {
+    const size_t n_steps = plan->steps.size();
+    std::vector<graph::GroupStep> steps(n_steps);
+    const auto on_variable = [](const Place& p) {
+      return p.kind == Place::Kind::variable || p.kind == Place::Kind::new_value;
+    };
+    int last_on_variable = -1;
+    for (size_t n = 0; n < n_steps; ++n) {
+      const Step& s = plan->steps[n];
+      graph::GroupStep& g = steps[n];
+      for (const NpuGraphSpec::Source& src : m_spec.nodes[n].inputs)
+        if (src.node >= 0) g.after.push_back(static_cast<size_t>(src.node));
+      for (const auto& [from, from_d] : s.derived_from)
+        if (from >= 0) g.after.push_back(static_cast<size_t>(from));
+      bool variable = false;
+      for (const std::vector<Place>* places : {&s.inputs, &s.outputs})
+        for (const Place& p : *places) variable = variable || on_variable(p);
+      if (variable) {
+        if (last_on_variable >= 0) g.after.push_back(static_cast<size_t>(last_on_variable));
+        last_on_variable = static_cast<int>(n);
+      }
+      const compiler::CompiledKernel& k = s.compiled->kernel;
+      if (s.gen_mask) {
+        g.alone = !s.ahead;  // queued ahead of every group: in none
+      } else if (!s.in_place && !k.launches.empty()) {
+        const bool one = k.launches.size() == 1 && k.derived.empty() && !keepable[n] &&
+                         m_spec.nodes[n].members.empty();
+        g.alone = !one;
+        if (one) {
+          g.program = s.compiled->programs.at(0).get();
+          g.block_dim = k.launches[0].block_dim;
+        }
+      }
+    }
+    const graph::StepGroups sg = graph::schedule_step_groups(steps, chip);
+    // Each buffer lives from the first to the last group position of the steps touching it.
+    std::vector<int> first(buffers->size(), std::numeric_limits<int>::max()),
+        last(buffers->size(), -1);
+    const auto touch = [&](const Place& p, size_t n) {
+      if (p.kind != Place::Kind::arena) return;
+      first.at(p.index) = std::min(first[p.index], sg.position[n]);
+      last.at(p.index) = std::max(last[p.index], sg.position[n]);
+    };
+    for (size_t n = 0; n < n_steps; ++n) {
+      const Step& s = plan->steps[n];
+      for (const std::vector<Place>* places : {&s.inputs, &s.outputs, &s.derived_at})
+        for (const Place& p : *places) touch(p, n);
+      if (workspace_of[n] >= 0)
+        touch({Place::Kind::arena, static_cast<uint64_t>(workspace_of[n])}, n);
+      for (const auto& [from, from_d] : s.derived_from)
+        if (from >= 0)
+          touch(plan->steps[static_cast<size_t>(from)].derived_at.at(static_cast<size_t>(from_d)),
+                n);
+    }
+    for (size_t b = 0; b < buffers->size(); ++b)
+      if (last[b] >= 0) {
+        (*buffers)[b].first = first[b];
+        (*buffers)[b].last = last[b];
+      }
+    plan->groups = sg.groups;
+  }
+
   // Marks the steps whose output is kept across runs (Step::kept): a Cast reading stable inputs
   // of the graph alone (StableInputs) into an arena buffer of its own (no place lies inside it,
   // it lies inside none), compiled as one launch (keepable_output). Before the places are
@@ -694,7 +819,11 @@ class NpuGraphKernel : public OpKernel {
   // the buffer stays in the plan, where the output goes when the cache gives it no buffer.
   // CANN's graph engine likewise fuses a variable's Cast into the variable
   // (derived_tensor_cache.h).
-  static void keep_stable_casts(const std::vector<Place>& within, Plan* plan) {
+  // With `candidates` nothing is marked: (*candidates)[n] is set for each step that would be
+  // kept if no place lay inside or around its buffer (the group schedule, before in-place
+  // placement, runs those alone).
+  static void keep_stable_casts(const std::vector<Place>& within, Plan* plan,
+                                std::vector<char>* candidates = nullptr) {
     if (!keep_derived_tensors()) return;
     std::vector<char> hosts(within.size(), 0);  // buffers some other buffer lies in
     for (const Place& w : within)
@@ -707,8 +836,9 @@ class NpuGraphKernel : public OpKernel {
         stable = stable && s.inputs[i].kind == Place::Kind::input &&
                  s.stable_inputs.stable(static_cast<int64_t>(i));
       const Place out = s.outputs.at(0);
-      if (!stable || out.kind != Place::Kind::arena || out.offset != 0 || hosts.at(out.index) ||
-          within.at(out.index).kind != Place::Kind::none)
+      if (candidates && stable) (*candidates).at(static_cast<size_t>(&s - plan->steps.data())) = 1;
+      if (candidates || !stable || out.kind != Place::Kind::arena || out.offset != 0 ||
+          hosts.at(out.index) || within.at(out.index).kind != Place::Kind::none)
         continue;
       s.kept = static_cast<int>(plan->kept_fallback.size());
       plan->kept_fallback.push_back(out);
@@ -1254,6 +1384,11 @@ bool graph_mode_enabled() {
 bool in_place_enabled() {
   const char* v = std::getenv("NPUSIM_GRAPH_IN_PLACE");
   return !(v && std::string(v) == "0");
+}
+
+bool graph_concurrent_enabled() {
+  const char* v = std::getenv("NPUSIM_GRAPH_CONCURRENT");
+  return v && std::string(v) == "1";
 }
 
 ControlFlowClustering graph_control_flow_clustering() {

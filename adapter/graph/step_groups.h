@@ -1,0 +1,52 @@
+// Groups of a task list's steps to run at once on disjoint cores (Simulator::run_concurrent),
+// scheduled from the steps' data dependences: the TF plugin's NpuGraph under
+// NPUSIM_GRAPH_CONCURRENT=1 (docs/graph_engine.md, "Concurrent steps of a TF graph").
+//
+// The schedule (schedule_step_groups) is a list scheduler over the dependence graph, one group
+// at a time: the ready steps are those whose every launching predecessor is in an earlier group
+// (a step that launches nothing passes its predecessors on to its readers). Priority: the
+// length of the longest chain of launching steps from the step to the list's end, longest
+// first, ties in task order. The ready step of highest priority opens the group; the other
+// ready steps join it by priority while their cores fit beside the group's (CoreTaker:
+// block_dim free cores of their kernel's kind). So in a backward pass the data gradients and
+// batch-norm gradients (the chain every later layer waits for) go first, and a filter gradient
+// (cube; only its update reads it) runs beside the next batch-norm gradient (vector) instead
+// of alone. A step that must run alone (several launches, an AI CPU task, more cores than the
+// chip has) is a group of its own and fills none. Deterministic: the steps and the chip alone
+// decide.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "isa/isa.h"
+#include "sim/config/chip_config.h"
+
+namespace npusim::graph {
+
+struct GroupStep {
+  // The steps whose results it reads (or that must precede it otherwise), all earlier in the
+  // list: the list is a topological order.
+  std::vector<size_t> after;
+  // Its one kernel launch and block count; program null: the step launches nothing (a view, a
+  // slice placed in its input) unless `alone`.
+  const isa::Program* program = nullptr;
+  int block_dim = 1;
+  // Runs as a group of its own (queued as in order): several launches, an AI CPU task, a
+  // launch whose block_dim exceeds the chip's cores of its kind.
+  bool alone = false;
+};
+
+struct StepGroups {
+  // The groups in run order, each its steps in task order; steps that launch nothing are in
+  // none.
+  std::vector<std::vector<size_t>> groups;
+  // Per step, the position of its group; a step that launches nothing: that of its latest
+  // launching predecessor (0 without one). A buffer written by a step of group g and last
+  // read in group h is live from g to h (the memory plan's lifetimes in group units).
+  std::vector<int> position;
+};
+
+StepGroups schedule_step_groups(const std::vector<GroupStep>& steps, const ChipConfig& cfg);
+
+}  // namespace npusim::graph

@@ -1,0 +1,56 @@
+#include "sim/config/core_taker.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace npusim {
+
+CoreTaker::CoreTaker(const ChipConfig& cfg) : m_cfg(cfg) {
+  for (const CoreKindConfig& k : cfg.core_kinds)
+    m_taken[int(k.kind)].assign(size_t(std::max(0, k.count)), false);
+}
+
+void CoreTaker::clear() {
+  for (auto& t : m_taken) t.assign(t.size(), false);
+}
+
+bool CoreTaker::fits_alone(const isa::Program& p, int block_dim) const {
+  CoreTaker idle(m_cfg);
+  return idle.take(p, block_dim, nullptr);
+}
+
+bool CoreTaker::take(const isa::Program& p, int block_dim, std::vector<std::string>* names) {
+  const size_t want = size_t(std::max(1, block_dim));
+  const bool aic = p.find(isa::CoreKind::AIC) != nullptr;
+  const bool aiv = p.find(isa::CoreKind::AIV) != nullptr;
+  std::vector<std::pair<isa::CoreKind, size_t>> picked;
+  if (m_cfg.split && aic && aiv) {
+    const size_t per = size_t(std::max(1, m_cfg.aiv_per_aic));
+    const auto& cube = m_taken[int(isa::CoreKind::AIC)];
+    const auto& vec = m_taken[int(isa::CoreKind::AIV)];
+    for (size_t g = 0; g < cube.size() && picked.size() < want * (1 + per); ++g) {
+      if (cube[g] || (g + 1) * per > vec.size()) continue;
+      bool free = true;
+      for (size_t k = 0; k < per; ++k) free = free && !vec[g * per + k];
+      if (!free) continue;
+      picked.emplace_back(isa::CoreKind::AIC, g);
+      for (size_t k = 0; k < per; ++k) picked.emplace_back(isa::CoreKind::AIV, g * per + k);
+    }
+    if (picked.size() < want * (1 + per)) return false;
+  } else {
+    const isa::CoreKind kind = !m_cfg.split ? isa::CoreKind::AICORE
+                               : aic        ? isa::CoreKind::AIC
+                                            : isa::CoreKind::AIV;
+    const auto& taken = m_taken[int(kind)];
+    for (size_t i = 0; i < taken.size() && picked.size() < want; ++i)
+      if (!taken[i]) picked.emplace_back(kind, i);
+    if (picked.size() < want) return false;
+  }
+  for (const auto& [kind, i] : picked) {
+    m_taken[int(kind)][i] = true;
+    if (names) names->push_back(isa::core_kind_name(kind) + std::to_string(i));
+  }
+  return true;
+}
+
+}  // namespace npusim

@@ -1,0 +1,36 @@
+// The chip's cores as concurrent groups of launches take them (Simulator::run_concurrent,
+// docs/chip_model.md "Concurrent launches"): per core kind, which cores are taken, each launch
+// given the first free ones in core order, which is run_concurrent's own order for launches
+// that name no cores. Used by the offline runner's groups (concurrent_groups) and by the TF
+// plugin's NpuGraph schedule (adapter/graph/step_groups.h), and checked by the runtime's
+// launch groups (rt::Device::launch_group).
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "isa/isa.h"
+#include "sim/config/chip_config.h"
+
+namespace npusim {
+
+class CoreTaker {
+ public:
+  explicit CoreTaker(const ChipConfig& cfg);
+  // Every core free again.
+  void clear();
+  // Could the launch's block_dim blocks have cores of their own on an idle chip?
+  bool fits_alone(const isa::Program& p, int block_dim) const;
+  // Takes block_dim free cores (a mix kernel, with AIC and AIV sections on a split chip:
+  // block_dim groups of a cube core and its aiv_per_aic vector cores) for program p, appending
+  // their names ("aic0", "aiv3", "aicore5") to `names` if given; false, nothing taken, if that
+  // many are not free.
+  bool take(const isa::Program& p, int block_dim, std::vector<std::string>* names);
+
+ private:
+  const ChipConfig& m_cfg;
+  std::array<std::vector<bool>, 3> m_taken;  // by isa::CoreKind
+};
+
+}  // namespace npusim

@@ -1,0 +1,115 @@
+// Launch groups (rt::Device::launch_group) on the tiny chip (4 vector cores): two vadd_f16
+// launches of 2 blocks each on separate buffers run at once (Simulator::run_concurrent): each
+// output equals the fp16 reference and the launches' outputs run in sequence; both records start
+// at the group's start, each lasting its own cycles, and the stream's next launch starts after
+// the later of them; together they take less time than in sequence. A group whose cores do not
+// fit the chip is refused when queued, naming the launch; a member's fault is the stream's
+// kernel_fault naming its kernel while the other member still runs to its correct end.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "tests/runtime/runtime_test_util.h"
+
+using namespace npusim;
+using rt::StatusCode;
+
+namespace {
+
+constexpr uint64_t kElements = 16384, kBytes = kElements * 2;
+
+// Two independent sums on the device: x0 + y0 -> z0 and x1 + y1 -> z1.
+struct TwoSums {
+  std::shared_ptr<rt::Device> dev = test::tiny_device();
+  std::shared_ptr<const isa::Program> vadd = test::load_kernel("kernels/vadd_f16.s");
+  rt::Stream s;
+  uint64_t x[2] = {}, y[2] = {}, z[2] = {};
+  std::vector<uint16_t> hx[2], hy[2];
+
+  TwoSums() {
+    REQUIRE(dev->create_stream(&s).ok());
+    for (int i = 0; i < 2; ++i) {
+      hx[i] = test::random_f16(kElements, 11 + i);
+      hy[i] = test::random_f16(kElements, 21 + i);
+      for (uint64_t* p : {&x[i], &y[i], &z[i]}) REQUIRE(dev->malloc(kBytes, p).ok());
+      REQUIRE(dev->memcpy_h2d(x[i], hx[i].data(), kBytes).ok());
+      REQUIRE(dev->memcpy_h2d(y[i], hy[i].data(), kBytes).ok());
+    }
+  }
+  ~TwoSums() {
+    for (int i = 0; i < 2; ++i)
+      for (uint64_t p : {x[i], y[i], z[i]}) CHECK(dev->free(p).ok());
+  }
+  rt::Device::GroupLaunch sum(int i, int blocks) const {
+    return {vadd, {x[i], y[i], z[i], kElements}, blocks, nullptr};
+  }
+  void check_outputs() {
+    for (int i = 0; i < 2; ++i) {
+      std::vector<uint16_t> out(kElements);
+      REQUIRE(dev->memcpy_d2h(out.data(), z[i], kBytes).ok());
+      CHECK(out == test::reference_add_f16(hx[i], hy[i]));
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a launch group runs its launches at once: same start, own cycles, shorter than in "
+          "sequence") {
+  TwoSums t;
+  t.dev->clear_launch_records();
+  // In sequence, each on 2 of the 4 vector cores.
+  for (int i = 0; i < 2; ++i) {
+    const rt::Device::GroupLaunch l = t.sum(i, 2);
+    REQUIRE(t.dev->launch_kernel(t.s, l.program, l.args, l.block_dim).ok());
+  }
+  REQUIRE(t.dev->synchronize_stream(t.s).ok());
+  t.check_outputs();
+  for (uint64_t z : t.z) REQUIRE(t.dev->memset8(z, 0, kBytes).ok());
+  // The same two as a group, then one more launch on the stream.
+  REQUIRE(t.dev->launch_group(t.s, {t.sum(0, 2), t.sum(1, 2)}).ok());
+  const rt::Device::GroupLaunch after = t.sum(0, 4);
+  REQUIRE(t.dev->launch_kernel(t.s, after.program, after.args, after.block_dim).ok());
+  REQUIRE(t.dev->synchronize_stream(t.s).ok());
+  t.check_outputs();
+
+  const std::vector<rt::LaunchRecord> r = t.dev->launch_records();
+  REQUIRE(r.size() == 5);
+  for (const rt::LaunchRecord& rec : r) CHECK(rec.ok);
+  // In sequence: the second starts after the first's end.
+  CHECK(r[1].start_cycle >= r[0].start_cycle + r[0].cycles);
+  const uint64_t sequence = r[1].start_cycle + r[1].cycles - r[0].start_cycle;
+  // The group: one start, each its own duration, the next launch after the later end.
+  CHECK(r[2].start_cycle == r[3].start_cycle);
+  CHECK(r[2].cycles > 0);
+  CHECK(r[3].cycles > 0);
+  CHECK(!r[2].replayed);
+  CHECK(!r[3].replayed);
+  const uint64_t group_end = std::max(r[2].start_cycle + r[2].cycles,
+                                      r[3].start_cycle + r[3].cycles);
+  CHECK(r[4].start_cycle >= group_end);
+  CHECK(group_end - r[2].start_cycle < sequence);
+  CHECK(r[2].index + 1 == r[3].index);
+}
+
+TEST_CASE("a launch group whose cores do not fit the chip is refused, naming the launch") {
+  TwoSums t;
+  const rt::Status st = t.dev->launch_group(t.s, {t.sum(0, 3), t.sum(1, 2)});
+  CHECK(st.code() == StatusCode::invalid_argument);
+  CHECK_THAT(st.message(), Catch::Contains("launch 1 (kernel 'vadd_f16', block_dim 2)"));
+  CHECK(t.dev->synchronize_stream(t.s).ok());  // nothing was queued
+}
+
+TEST_CASE("a fault in one launch of a group is the stream's kernel_fault; the other runs on") {
+  TwoSums t;
+  auto fault = test::ub_overrun_kernel();  // faults on a UB address past the UB
+  const uint64_t ub_bytes =
+      t.dev->config().core_kind(isa::CoreKind::AIV)->capacity(isa::Buf::UB);
+  REQUIRE(t.dev->launch_group(t.s, {{fault, {ub_bytes, t.x[1]}, 1, nullptr}, t.sum(0, 2)}).ok());
+  const rt::Status st = t.dev->synchronize_stream(t.s);
+  CHECK(st.code() == StatusCode::kernel_fault);
+  CHECK_THAT(st.message(), Catch::Contains("kernel 'ub_overrun'"));
+  std::vector<uint16_t> out(kElements);
+  REQUIRE(t.dev->memcpy_d2h(out.data(), t.z[0], kBytes).ok());
+  CHECK(out == test::reference_add_f16(t.hx[0], t.hy[0]));
+}
