@@ -7,10 +7,13 @@
 // reference rounds the difference to the type too.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 
 #include "adapter/compiler/compiler.h"
+#include "adapter/compiler/ops/elementwise.h"
 #include "sim/config/chip_config.h"
 #include "sim/replay/address_flow.h"
 #include "tests/compiler/compiler_test_util.h"
@@ -269,4 +272,97 @@ TEST_CASE("binary op errors name the op and the reason") {
   compiler::OpDesc op = make_op("Sub", {{DataType::F32, {3}}, {DataType::F32, {3}}});
   op.outputs = {{DataType::F32, {4}}};
   CHECK_THROWS_WITH(compiler::compile(op, cfg), Catch::Contains("expects outputs (f32[4])"));
+}
+
+TEST_CASE("shared reads in staggered parts: the plan and its order") {
+  // The 910b with same-line serialisation in the L2 (memory.l2.line_read_bytes_per_cycle R =
+  // 302.6): the broadcast row of Maximum f16 [255, 8193] op [8193] (16,386 bytes, read by all 48
+  // vector cores) is cut into parts of whole L2 lines; block b loads part (b + step) % parts at
+  // each step, so that at most ceil(blocks / parts) blocks in step read one part.
+  const ChipConfig plain = load_chip_config("910b", {});
+  const ChipConfig serial = load_chip_config("910b", {"memory.l2.line_read_bytes_per_cycle=302.6"});
+  REQUIRE(plain.l2_line_read_bytes_per_cycle == 0);
+  const int64_t row = 8193 * 2, line = serial.l2_line_bytes;
+  const int64_t blocks = serial.core_kind(isa::CoreKind::AIV)->count;
+  using compiler::ops::plan_shared_read_parts;
+  const compiler::ops::SharedReadParts p = plan_shared_read_parts(serial, row, blocks, "Maximum");
+  INFO("parts of " << p.part_bytes << " B: " << p.parts << ", " << p.sharers << " blocks a part");
+  REQUIRE(p.part_bytes > 0);
+  CHECK(p.part_bytes % line == 0);
+  CHECK(p.part_bytes < row);
+  CHECK(p.parts == (row + p.part_bytes - 1) / p.part_bytes);  // the row's parts, whole lines
+  CHECK(p.sharers == (blocks + p.parts - 1) / p.parts);
+  // Fewer blocks on a line than unsplit, each at a larger share of R.
+  CHECK(p.sharers < blocks);
+  for (int64_t step = 0; step < p.parts; ++step) {
+    std::vector<int64_t> on(static_cast<size_t>(p.parts), 0);
+    for (int64_t b = 0; b < blocks; ++b)
+      ++on[static_cast<size_t>(compiler::ops::shared_read_part_at(p.parts, b, step))];
+    CHECK(*std::max_element(on.begin(), on.end()) <= p.sharers);
+  }
+  for (int64_t b = 0; b < blocks; ++b) {  // each block loads every part once
+    std::vector<int> seen(static_cast<size_t>(p.parts), 0);
+    for (int64_t step = 0; step < p.parts; ++step)
+      ++seen[static_cast<size_t>(compiler::ops::shared_read_part_at(p.parts, b, step))];
+    CHECK(std::count(seen.begin(), seen.end(), 1) == p.parts);
+  }
+  // No split: R = 0, one block, a piece of one line.
+  CHECK(plan_shared_read_parts(plain, row, blocks, "Maximum").part_bytes == 0);
+  CHECK(plan_shared_read_parts(serial, row, 1, "Maximum").part_bytes == 0);
+  CHECK(plan_shared_read_parts(serial, line, blocks, "Maximum").part_bytes == 0);
+  // The switch, and its bad value named.
+  setenv("NPUSIM_STAGGERED_SHARED_READS", "0", 1);
+  CHECK(plan_shared_read_parts(serial, row, blocks, "Maximum").part_bytes == 0);
+  const compiler::OpDesc op = make_op("Maximum", {{DataType::F16, {255, 8193}}, {DataType::F16, {8193}}});
+  for (const compiler::Launch& l : compiler::compile(op, serial).launches)
+    CHECK(l.summary.find("staggered parts") == std::string::npos);
+  setenv("NPUSIM_STAGGERED_SHARED_READS", "2", 1);
+  CHECK_THROWS_WITH(plan_shared_read_parts(serial, row, blocks, "Maximum"),
+                    Catch::Contains("NPUSIM_STAGGERED_SHARED_READS='2'"));
+  unsetenv("NPUSIM_STAGGERED_SHARED_READS");
+  bool staggered = false;
+  for (const compiler::Launch& l : compiler::compile(op, serial).launches) {
+    INFO(l.summary);
+    staggered |= l.summary.find("in staggered parts of") != std::string::npos;
+  }
+  CHECK(staggered);
+  for (const compiler::Launch& l : compiler::compile(op, plain).launches)
+    CHECK(l.summary.find("staggered parts") == std::string::npos);
+}
+
+TEST_CASE("shared reads in staggered parts: the kernel gives the same bits as one load a piece") {
+  // A plan for the test chip with R set (R moves only time), run on the test chip: values
+  // against the reference, and bit for bit against the kernel without parts. Rows of 8193 and
+  // 3001 elements (pieces starting anywhere in a part, the first before the input's start),
+  // rows repeated along a dim above a contiguous one, f32; a resident row loaded whole (one
+  // period, 4 KiB).
+  const ChipConfig& chip = test_sim().config();
+  ChipConfig serial = chip;
+  serial.l2_line_read_bytes_per_cycle = 302.6;
+  struct Shapes {
+    std::vector<int64_t> a, b;
+    DataType t;
+  };
+  int staggered = 0;
+  uint32_t seed = 700;
+  for (const Shapes& s : {Shapes{{24, 8193}, {8193}, DataType::F16},
+                          Shapes{{37, 3001}, {3001}, DataType::F32},
+                          Shapes{{5, 7, 1500}, {5, 1, 1500}, DataType::F16},
+                          Shapes{{3001}, {40, 3001}, DataType::F32},
+                          Shapes{{64, 1024}, {1024}, DataType::F32}}) {
+    INFO(compiler::shape_str(s.a) << " op " << compiler::shape_str(s.b));
+    const compiler::CompiledKernel k = check_binary("Maximum", s.t, s.a, s.b, seed, &serial);
+    for (const compiler::Launch& l : k.launches) {
+      INFO(l.summary);
+      staggered += l.summary.find("in staggered parts of") != std::string::npos;
+    }
+    HostTensor a = random_tensor(s.t, s.a, -4, 4, seed), b = random_tensor(s.t, s.b, -4, 4, seed + 1);
+    const compiler::OpDesc op = make_op("Maximum", {a.desc, b.desc});
+    const RunResult parted = run_compiled(test_sim(), compiler::compile(op, serial), {a, b});
+    const RunResult whole = run_compiled(test_sim(), compiler::compile(op, chip), {a, b});
+    CHECK(parted.outputs[0].values == whole.outputs[0].values);
+    ++seed;
+  }
+  if (chip.core_kind(chip.split ? isa::CoreKind::AIV : isa::CoreKind::AICORE)->count > 1)
+    CHECK(staggered >= 4);
 }

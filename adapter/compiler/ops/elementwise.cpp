@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "adapter/compiler/buffer_plan.h"
+#include "adapter/compiler/ops/conv_slab.h"
 #include "common/int_math.h"
 #include "isa/layout.h"
 
@@ -227,6 +228,55 @@ void emit_block_range(KernelBuilder& b, const Reg& pos, const Reg& end, int64_t 
   b.min(end, end, n);
 }
 
+// ---- shared reads in staggered parts ----
+
+namespace {
+
+// NPUSIM_STAGGERED_SHARED_READS: unset or "1" on, "0" off; anything else a CompileError naming
+// the variable and op. Read at every compile.
+bool staggered_shared_reads_enabled(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_STAGGERED_SHARED_READS");
+  if (!v || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  throw CompileError(
+      fmt::format("{}: NPUSIM_STAGGERED_SHARED_READS='{}' is neither '0' nor '1'", op, v));
+}
+
+}  // namespace
+
+SharedReadParts plan_shared_read_parts(const ChipConfig& cfg, int64_t piece_bytes,
+                                       int64_t block_dim, const std::string& op) {
+  const double line_rate = cfg.l2_line_read_bytes_per_cycle;  // R, bytes per cycle
+  const int64_t line = cfg.l2_line_bytes;
+  if (line_rate <= 0 || block_dim <= 1 || line <= 0 || line % kBlockBytes != 0 ||
+      piece_bytes <= line || !staggered_shared_reads_enabled(op))
+    return {};
+  const double port = cfg.l2_read_bytes_per_cycle;  // 0: no port limit
+  // One load of `bytes` with `sharers` blocks on its lines: the DMA's issue or its bytes at
+  // the line's share, whichever is longer.
+  const auto load_cycles = [&](int64_t bytes, int64_t sharers) {
+    const double share = line_rate / static_cast<double>(sharers);
+    const double rate = port > 0 ? std::min(port, share) : share;
+    return std::max(copy_issue_estimate(cfg, 1, bytes, bytes), static_cast<double>(bytes) / rate);
+  };
+  const int64_t lines = ceil_div(piece_bytes, line);
+  double best = load_cycles(piece_bytes, block_dim);  // unsplit: every block in step on it
+  SharedReadParts plan;
+  for (int64_t per = 1; per < lines; ++per) {
+    const int64_t parts = ceil_div(lines, per), sharers = ceil_div(block_dim, parts);
+    const double cycles = static_cast<double>(parts) * load_cycles(per * line, sharers);
+    if (cycles < best) {
+      best = cycles;
+      plan = {per * line, parts, sharers};
+    }
+  }
+  return plan;
+}
+
+int64_t shared_read_part_at(int64_t parts, int64_t block, int64_t step) {
+  return (block + step) % parts;
+}
+
 // ---- the streaming kernel ----
 
 namespace {
@@ -347,6 +397,14 @@ class StreamEmitter {
   void store_outputs(int q);
   void emit_drain();
   void emit_gather(int k, uint64_t buf, const Reg& pos, const Reg& cnt, bool reuse_rows);
+  // Shared reads staggered (plan_shared_read_parts): each input's part bytes (0: one load a
+  // piece), planned once the blocks and the tile are; and a piece's load in parts from this
+  // block's part on (g.src, g.t blocks into the gather scratch).
+  // load_in_parts: `blocks` (clobbered: the load's end) 32-byte blocks of input k from GM
+  // `src` to UB `dst` in parts, `first_block` a scratch register.
+  void plan_shared_reads();
+  void load_in_parts(int k, const Reg& src, const Reg& first_block, const Reg& blocks,
+                     uint64_t dst);
   void add_outer_offsets(const BroadcastView& v, int size, GatherRegs& g);
   void fill_piece(int k, int size, bool contiguous, const Reg& pos, uint64_t buf, GatherRegs& g);
   std::string summary() const;
@@ -370,7 +428,8 @@ class StreamEmitter {
   int64_t m_n = 1;                      // output elements
   int64_t m_granule = 0;                // output elements per 32-byte block (smallest output)
   std::vector<InputPlan> m_in;
-  int m_scratch_size = 0;  // bytes per element of the gather scratch; 0: none
+  std::vector<SharedReadParts> m_shared_parts;  // per input (plan_shared_reads)
+  int m_scratch_size = 0;                       // bytes per element of the gather scratch; 0: none
   bool m_any_flat = false;
   int64_t m_period = 0;  // tiles and block ranges are whole multiples of it
   int64_t m_tile = 0;    // elements per tile
@@ -835,8 +894,13 @@ void StreamEmitter::build_resident_inputs(bool doubled,
       m_resident_ready = m_b.flag(Pipe::MTE2, Pipe::V, "resident inputs loaded");
     for (size_t k : direct) {
       KernelBuilder::Origin o(m_b, fmt::format("resident in{}: period {}, loaded", k, m_period));
-      m_b.emit(Opcode::op_copy_gm2ub,
-               {m_in[k].buf[0], m_in_addr[k], 1, m_period * m_in[k].size / kBlockBytes, 0, 0},
+      const int64_t blocks = m_period * m_in[k].size / kBlockBytes;
+      if (m_shared_parts[k].part_bytes > 0) {
+        Reg first = m_b.reg("resident: first block"), end = m_b.reg_imm("resident: blocks", blocks);
+        load_in_parts(static_cast<int>(k), m_in_addr[k], first, end, m_in[k].buf[0]);
+        continue;
+      }
+      m_b.emit(Opcode::op_copy_gm2ub, {m_in[k].buf[0], m_in_addr[k], 1, blocks, 0, 0},
                fmt::format("load in{}'s period", k));
     }
     if (first_tile_loads) first_tile_loads();
@@ -1264,8 +1328,12 @@ void StreamEmitter::fill_piece(int k, int size, bool contiguous, const Reg& pos,
   m_b.add(g.t, g.t, kBlockBytes - 1);
   m_b.shr(g.t, g.t, kLog2Block, "blocks to load");
   m_b.wait_flag(Pipe::V, Pipe::MTE2, m_scratch_free, "gather scratch free");
-  m_b.emit(Opcode::op_copy_gm2ub, {m_scratch, g.src, 1, g.t, 0, 0},
-           fmt::format("load the piece of in{}", k));
+  if (static_cast<size_t>(k) < m_shared_parts.size() &&
+      m_shared_parts[static_cast<size_t>(k)].part_bytes > 0)
+    load_in_parts(k, g.src, g.row, g.t, m_scratch);
+  else
+    m_b.emit(Opcode::op_copy_gm2ub, {m_scratch, g.src, 1, g.t, 0, 0},
+             fmt::format("load the piece of in{}", k));
   m_b.set_flag(Pipe::MTE2, Pipe::V, m_scratch_ready);
   m_b.wait_flag(Pipe::MTE2, Pipe::V, m_scratch_ready);
   vec_copy_bits(m_b, size, g.rest, m_scratch, g.f);
@@ -1278,10 +1346,83 @@ void StreamEmitter::fill_piece(int k, int size, bool contiguous, const Reg& pos,
   }
 }
 
+// Inputs with a broadcast dim above contiguous rows, every block reading the same rows: those
+// gathered in contiguous runs (pieces of at most a row, the innermost dim, and a tile), and the
+// resident ones loaded whole (one period).
+void StreamEmitter::plan_shared_reads() {
+  m_shared_parts.assign(m_in.size(), SharedReadParts{});
+  for (size_t k = 0; k < m_in.size(); ++k) {
+    const BroadcastView& v = m_spec->inputs[k].view;
+    if (m_in[k].access == Access::kFlat || !needs_scratch(v) ||
+        std::none_of(v.strides.begin(), v.strides.end(), [](int64_t s) { return s == 0; }))
+      continue;
+    const int64_t piece =
+        (resident_loaded_whole(k) ? m_period : std::min(v.dims.back(), m_tile)) * m_in[k].size;
+    m_shared_parts[k] =
+        plan_shared_read_parts(m_b.config(), piece, m_block_dim, m_spec->kernel_name);
+  }
+}
+
+// The load's blocks [S, E) counted from the input's start less one part (so that the 32-byte
+// block start of a gather's first piece, which may lie before the input, counts from a positive
+// offset), part p being blocks [p * P, (p + 1) * P): the parts first .. first + n - 1 the load
+// touches, loaded from part first + block_id % n on, wrapping (shared_read_part_at), each a copy
+// of its blocks of the load to their place from dst.
+void StreamEmitter::load_in_parts(int k, const Reg& src, const Reg& first_block, const Reg& blocks,
+                                  uint64_t dst) {
+  const SharedReadParts& parts = m_shared_parts[static_cast<size_t>(k)];
+  const int64_t P = parts.part_bytes / kBlockBytes;  // blocks a part
+  KernelBuilder::Origin o(m_b, fmt::format("load in{} in parts of {} bytes, from this block's on",
+                                           k, parts.part_bytes));
+  Reg first = m_b.reg("parts: first block of the piece's first part");
+  Reg wrap = m_b.reg("parts: end of the piece's last part");
+  Reg cur = m_b.reg("parts: first block of the part loaded now");
+  Reg left = m_b.reg("parts: parts left to load");
+  Reg lo = m_b.reg("parts: first block of the load");
+  Reg hi = m_b.reg("parts: end of the load");
+  Reg from = m_b.reg("parts: source of the load");
+  const Reg &S = first_block, &E = blocks;
+  m_b.sub(S, src, m_in_addr[static_cast<size_t>(k)]);
+  m_b.add(S, S, parts.part_bytes);
+  m_b.shr(S, S, kLog2Block, "S: the load's first block, from one part before the input");
+  m_b.add(E, E, S, "E: the end of the load's blocks");
+  m_b.div(first, S, P);
+  m_b.mul(first, first, P, "the first part's first block");
+  m_b.sub(wrap, E, 1);
+  m_b.div(wrap, wrap, P);
+  m_b.add(wrap, wrap, 1);
+  m_b.mul(wrap, wrap, P, "the last part's end");
+  m_b.sub(left, wrap, first);
+  m_b.div(left, left, P, "n: the parts the load touches");
+  m_b.emit(Opcode::op_get_block_id, {cur});
+  m_b.rem(cur, cur, left, "this block's first part: block_id % n");
+  m_b.mul(cur, cur, P);
+  m_b.add(cur, cur, first);
+  const Label top = m_b.label(fmt::format("in{}_part", k));
+  m_b.bind(top);
+  m_b.max(lo, cur, S, "the part's blocks of the load");
+  m_b.add(hi, cur, P);
+  m_b.min(hi, hi, E);
+  m_b.sub(hi, hi, lo, "blocks");
+  m_b.sub(lo, lo, S, "from the load's first block");
+  m_b.shl(lo, lo, kLog2Block);
+  m_b.add(from, src, lo);
+  m_b.add(lo, lo, static_cast<int64_t>(dst));
+  m_b.emit(Opcode::op_copy_gm2ub, {lo, from, 1, hi, 0, 0}, fmt::format("load a part of in{}", k));
+  m_b.add(cur, cur, P, "the next part");
+  m_b.if_(ge(cur, wrap), [&] { m_b.mov(cur, first, "wrapped to the first part"); });
+  m_b.sub(left, left, 1);
+  m_b.branch(ne(left, 0), top);
+}
+
 std::string StreamEmitter::summary() const {
   std::string accesses;
   for (size_t k = 0; k < m_in.size(); ++k)
-    accesses += fmt::format("{}in{} {}", k ? ", " : "", k, access_name(m_in[k].access));
+    accesses +=
+        fmt::format("{}in{} {}{}", k ? ", " : "", k, access_name(m_in[k].access),
+                    k < m_shared_parts.size() && m_shared_parts[k].part_bytes > 0
+                        ? fmt::format(" in staggered parts of {} B", m_shared_parts[k].part_bytes)
+                        : std::string());
   std::string outs;
   for (size_t j = 1; j < m_out_types.size(); ++j)
     outs += fmt::format(" + {}", isa::dtype_name(m_out_types[j]));
@@ -1528,6 +1669,7 @@ Launch StreamEmitter::build() {
   plan_tiles();
   check_resident();
   plan_l2();
+  plan_shared_reads();
   m_b.begin_section(m_kind);
   allocate();
   Launch launch;

@@ -247,6 +247,33 @@ bool stream_keeps_resident(const StreamSpec& spec, const ChipConfig& cfg);
 // cycle), so HBM, not the ports, is what the round trips leave waiting.
 bool load_round_trips_idle_hbm(const ChipConfig& cfg, int64_t vector_cores);
 
+// Shared reads staggered over the cores, for a chip that serialises concurrent reads of one L2
+// line (memory.l2.line_read_bytes_per_cycle R > 0; docs/compiler.md "Shared reads in staggered
+// parts"). An input with a broadcast dim above its contiguous rows (the [N] of [M, N] op [N], a
+// per-channel vector) is read by every block at once: gathered piece by piece (each block's
+// piece of a row covers the same L2 lines) or, resident and loaded whole, one period at the
+// start; k blocks in step each read at R / k. Staggered, each such load is cut into parts of
+// `part_bytes` (whole L2 lines, counted from the input's start) and block b takes its parts
+// from part b % n on (n the parts the load touches), wrapping, so that blocks in step read
+// different parts. The part size is the one of least estimated cycles for a load of
+// piece_bytes: per part the longer of the DMA's issue (copy_issue_estimate) and its bytes at
+// min(the core's L2 read port, R / ceil(block_dim / parts)), against the one load's (R /
+// block_dim). The bytes landing in the UB are the same either way, so the results are too.
+// part_bytes 0 (one load, as without staggering) where R = 0, with one block, a load of at most
+// one line, where splitting is estimated no faster, or under NPUSIM_STAGGERED_SHARED_READS=0
+// (read at every compile; another value: a CompileError naming op).
+struct SharedReadParts {
+  int64_t part_bytes = 0;  // bytes per part (whole L2 lines); 0: one load a piece
+  int64_t parts = 1;       // parts of a piece of piece_bytes starting on a part's boundary
+  int64_t sharers = 1;     // blocks in step that read one part at a time: ceil(block_dim / parts)
+};
+SharedReadParts plan_shared_read_parts(const ChipConfig& cfg, int64_t piece_bytes,
+                                       int64_t block_dim, const std::string& op);
+// The part (0 .. parts - 1, of the parts a piece touches) block `block` loads at its step `step`
+// (0 .. parts - 1) of a piece: (block + step) % parts. The kernel's order (the emitter
+// computes the same on the scalar unit).
+int64_t shared_read_part_at(int64_t parts, int64_t block, int64_t step);
+
 // The staggered first tile (StreamSpec::stagger_first_tiles, ChannelSumSpec::
 // stagger_first_tiles) of block `block` (a register, 0 .. blocks - 1) of `blocks`, a tile
 // being `units` units of `unit` elements (or pixels): into `limit`, ceil((block + 1) * units
