@@ -398,6 +398,8 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
   out.cycles = ceil_cycles(makespan_ps);
   out.time_us = I.cfg.cycles_to_us(static_cast<double>(makespan_ps) / kPsPerCycle);
   out.counters = I.counters.delta_since(base);
+  std::vector<uint64_t> end_raw;
+  I.counters.raw_values(end_raw);
   out.counters.set_root(kChipName);
   for (size_t i = 0; i < launches.size(); ++i) {
     // The launch's cores' counters: "chip.<core>." for each of its cores.
@@ -406,11 +408,22 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
       prefixes.push_back(std::string(kChipName) + "." +
                          I.chip->cores()[static_cast<size_t>(c)]->core_name() + ".");
     KernelResult& r = out.launches[i];
-    r.counter_delta = out.counters.filtered([&](const CounterInfo& info) {
+    const auto own = [&](const CounterInfo& info) {
       return std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) {
         return info.name.compare(0, p.size(), p) == 0;
       });
-    });
+    };
+    const std::vector<uint64_t>* from = I.chip->counters_at_start(i);
+    const std::vector<uint64_t>* to = I.chip->counters_at_end(i);
+    if (from || to) {
+      // Its cores may have run other launches of the group before or after it: only the
+      // counters' growth from its start to its end.
+      CounterDelta d = I.counters.delta_between(from ? *from : base, to ? *to : end_raw);
+      d.set_root(kChipName);
+      r.counter_delta = d.filtered(own);
+    } else {
+      r.counter_delta = out.counters.filtered(own);
+    }
     if (launches[i].launch.counter_tree) r.counters = r.counter_delta.tree();
     I.launcher->log(launches[i].launch, r);
   }

@@ -184,8 +184,9 @@ struct ConcurrentResult {
   // Each launch's result, in the order given. start_cycle is its own start (the group's start
   // for a launch that waits for none); cycles its own duration (from its start to its end:
   // Chip::end_time; 0 for a launch that did not run). counter_delta / counters hold only the
-  // counters of the launch's own cores (names "chip.<core>."): what its blocks did, and on
-  // cores it shares with launches ordered before or after it (a stream's), theirs too.
+  // counters of the launch's own cores (names "chip.<core>."): what its blocks did (on cores
+  // it shares with ordered launches, a stream's, their growth from its start to its end; a
+  // high-water counter there gives the group's maximum).
   std::vector<KernelResult> launches;
   uint64_t start_cycle = 0;
   uint64_t cycles = 0;  // makespan: from the start to the last launch's end
@@ -222,9 +223,10 @@ class Simulator {
   // ended, each on its own cores (ConcurrentLaunch::cores; shared only between ordered
   // launches) with its own task scheduler state (blocks, workers, dispatch / block start /
   // completion overheads as if alone), until every one has finished, faulted, deadlocked or
-  // not run (a launch it waits for failed: its error names that one). The L2 and HBM are shared: the launches' transfers share their
-  // bandwidth, and the group starts with the L2 select_l2 chooses for its first launch
-  // (l2_run, gm_blocks, planned_blocks; every launch must have the same l2_run). Concurrent
+  // not run (a launch it waits for failed: its error names that one). The L2 and HBM are
+  // shared: the launches' transfers share their bandwidth, and the group starts with the L2
+  // select_l2 chooses for its first launch (l2_run, gm_blocks, planned_blocks; every launch
+  // must have the same l2_run). Concurrent
   // launches are always simulated, never replayed or recorded (SimOptions::replay does not
   // apply). A fault or deadlock in one launch is that launch's error: its cores and transfers
   // are aborted there and the other launches run on to their end and report normally. Throws

@@ -29,6 +29,7 @@ Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm
            const std::string& counter_root)
     : sc_module(name),
       m_counter_root(counter_root.empty() ? std::string(basename()) : counter_root),
+      m_counters(counters),
       m_cfg(cfg),
       m_gm(gm),
       m_observers(std::move(observers)),
@@ -241,6 +242,7 @@ void Chip::start_slot(size_t i) {
   }
   s.started = true;
   s.start = s.end = sc_time_stamp();
+  if (!s.after.empty()) m_counters.raw_values(s.raw_at_start);
   for (ChipObserver* o : m_observers)
     o->on_kernel_begin(*s.launch.program, s.launch.block_dim, time_ps(s.start));
   s.scheduler.start(std::move(s.workers), s.launch.block_dim, static_cast<int>(m_cores.size()),
@@ -358,7 +360,8 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
   m_active_slots = group.size();
   m_waiting = false;
   // A core belongs to its first launch until a later one begins on it (start_slot).
-  for (size_t c = 0; c < m_cores.size(); ++c) m_slot_of_core[c] = users[c].empty() ? 0 : users[c][0];
+  for (size_t c = 0; c < m_cores.size(); ++c)
+    m_slot_of_core[c] = users[c].empty() ? 0 : users[c][0];
   for (size_t i = 0; i < group.size(); ++i)
     for (size_t j : group[i].after) {
       m_slots[j]->awaited = true;
@@ -388,6 +391,7 @@ void Chip::settle_waiting(bool may_start) {
                  !m_memory->writebacks_in_flight_of(s.cores)) {
         s.ended = true;
         s.ended_at = std::max(s.end, m_memory->writebacks_end_of(s.cores));
+        m_counters.raw_values(s.raw_at_end);
       }
       continue;
     }

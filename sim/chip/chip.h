@@ -115,6 +115,16 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // Launch i's begin: the group's, or the end of the last launch it waited for (a launch that
   // did not run: when the failure of what it waited for was known).
   sc_core::sc_time start_time(size_t i) const { return m_slots[i]->start; }
+  // The raw counter values (CounterRegistry::raw_values) when launch i began, if it began
+  // after the group's start, and when it ended, if a later launch waited for it; else nullptr
+  // (then the group's start or end bounds its counters).
+  const std::vector<uint64_t>* counters_at_start(size_t i) const {
+    return m_slots[i]->started && !m_slots[i]->after.empty() ? &m_slots[i]->raw_at_start
+                                                             : nullptr;
+  }
+  const std::vector<uint64_t>* counters_at_end(size_t i) const {
+    return m_slots[i]->ended && m_slots[i]->fault.empty() ? &m_slots[i]->raw_at_end : nullptr;
+  }
   // Launch i's end: its last block's end with the completion overhead, or if later the end of
   // the last write-back flow of the lines its cores' transfers evicted; its fault; or
   // (deadlock) now. A launch that did not run ends where it began.
@@ -186,6 +196,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
     bool awaited = false;
     bool ended = false;
     sc_core::sc_time ended_at;
+    std::vector<uint64_t> raw_at_start, raw_at_end;  // counters_at_start / counters_at_end
   };
   Slot& slot_of(const AiCore& core) {
     return *m_slots[static_cast<size_t>(m_slot_of_core[static_cast<size_t>(core.chip_index())])];
@@ -217,6 +228,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   void schedule_starts();  // notifies m_block_start_due for the next block start, if any
 
   const std::string m_counter_root;  // declared first: the counters below register under it
+  CounterRegistry& m_counters;
   const ChipConfig& m_cfg;
   DeviceMemory& m_gm;
   std::vector<ChipObserver*> m_observers;

@@ -94,6 +94,13 @@ TEST_CASE("two vector launches ordered on the same cores take the sum of their a
   CHECK(g.launches[0].cycles == a.cycles);
   CHECK(g.launches[1].cycles == b.cycles);
   CHECK(g.cycles == a.cycles + b.cycles);
+  // Each launch's counters are its own blocks', as alone (the cores ran both launches).
+  const nlohmann::json alone[2] = {a.counter_delta.tree(), b.counter_delta.tree()};
+  for (size_t k = 0; k < 2; ++k)
+    for (const std::string& core : kPair) {
+      INFO("launch " << k << " core " << core);
+      CHECK(g.launches[k].counters["chip"][core] == alone[k]["chip"][core]);
+    }
   const std::vector<uint16_t> u = ramp(kN, 53, 3.0f);
   std::vector<uint16_t> v(kN);
   for (uint64_t i = 0; i < kN; ++i) v[i] = f32_to_f16(2 * f16_to_f32(u[i]));
@@ -122,7 +129,7 @@ TEST_CASE("a chain A -> B beside an independent C: C overlaps both, B begins at 
   CHECK(a.start_cycle == g.start_cycle);
   CHECK(c.start_cycle == g.start_cycle);
   CHECK(b.start_cycle == a.start_cycle + a.cycles);
-  CHECK(c.start_cycle < a.start_cycle + a.cycles);              // C begins before A's end
+  CHECK(c.start_cycle < a.start_cycle + a.cycles);             // C begins before A's end
   CHECK(c.start_cycle + c.cycles > b.start_cycle + b.cycles);  // and runs past B's end
   CHECK(g.cycles == c.cycles);
   CHECK(read_gm<uint16_t>(sim(), kW, kN) == expected_w());
@@ -145,18 +152,20 @@ TEST_CASE("unnamed cores: a launch takes the cores of the launches it waits for"
   CHECK(counter(tree, "chip.aiv1.blocks") == 2);
   CHECK(counter(tree, "chip.aiv2.blocks") == 1);
   CHECK(counter(tree, "chip.aiv3.blocks") == 1);
+  CHECK(counter(g.launches[0].counters, "chip.aiv0.blocks") == 1);  // each launch its own
+  CHECK(counter(g.launches[1].counters, "chip.aiv0.blocks") == 1);
   CHECK(g.launches[1].start_cycle == g.launches[0].start_cycle + g.launches[0].cycles);
   CHECK(read_gm<uint16_t>(sim(), kW, kN) == expected_w());
 }
 
 TEST_CASE("a faulting launch: those waiting for it do not run, the launch beside it completes") {
   write_operands();
-  isa::Program bad = isa::assemble(".section aiv\n    movi x3, 0\n    div x4, x3, 0\n    end\n",
-                                   "bad.s");
-  ConcurrentResult g = sim().run_concurrent({on(bad, {}, 1, {"aiv0"}),
-                                             on(vadd(), {kZ, kY, kW, kN}, 2, kPair, {0}),
-                                             on(vadd(), {kU, kU, kV, kCN}, 2, {"aiv2", "aiv3"}),
-                                             on(vadd(), {kZ, kY, kW, kN}, 1, {"aiv0"}, {1})});
+  isa::Program bad =
+      isa::assemble(".section aiv\n    movi x3, 0\n    div x4, x3, 0\n    end\n", "bad.s");
+  ConcurrentResult g =
+      sim().run_concurrent({on(bad, {}, 1, {"aiv0"}), on(vadd(), {kZ, kY, kW, kN}, 2, kPair, {0}),
+                            on(vadd(), {kU, kU, kV, kCN}, 2, {"aiv2", "aiv3"}),
+                            on(vadd(), {kZ, kY, kW, kN}, 1, {"aiv0"}, {1})});
   REQUIRE_FALSE(g.launches[0].ok);
   CHECK(g.launches[0].error == "core aiv0 pc 1 (bad.s:3): div x4, x3, 0: division by zero");
   REQUIRE_FALSE(g.launches[1].ok);
@@ -199,8 +208,7 @@ TEST_CASE("refused: unordered launches on one core, waits for a launch not befor
     }
   };
   // Launches 1 and 2 both wait for 0 but not for each other: they may overlap.
-  refused({on(nop, {}, 1, {"aiv0"}), on(nop, {}, 1, {"aiv1"}, {0}),
-           on(nop, {}, 1, {"aiv1"}, {0})},
+  refused({on(nop, {}, 1, {"aiv0"}), on(nop, {}, 1, {"aiv1"}, {0}), on(nop, {}, 1, {"aiv1"}, {0})},
           "concurrent launch 2 'nop': core aiv1 is also launch 1's ('nop'), and neither waits "
           "for the other");
   refused({on(nop, {}, 1, {"aiv0"}, {1}), on(nop, {}, 1, {"aiv1"})},
@@ -209,9 +217,8 @@ TEST_CASE("refused: unordered launches on one core, waits for a launch not befor
   refused({on(nop, {}, 1, {"aiv0"}), on(nop, {}, 1, {"aiv1"}, {1})},
           "concurrent launch 1 'nop' waits for launch 1");
   // Ordered through another launch: a core may be shared.
-  ConcurrentResult g = sim().run_concurrent({on(nop, {}, 1, {"aiv0"}),
-                                             on(nop, {}, 1, {"aiv1"}, {0}),
-                                             on(nop, {}, 1, {"aiv0"}, {1})});
+  ConcurrentResult g = sim().run_concurrent(
+      {on(nop, {}, 1, {"aiv0"}), on(nop, {}, 1, {"aiv1"}, {0}), on(nop, {}, 1, {"aiv0"}, {1})});
   for (const KernelResult& r : g.launches) REQUIRE(r.ok);
   const uint64_t alone = test::task_overhead(sim().config()) + 1;
   CHECK(g.launches[2].start_cycle == g.start_cycle + 2 * alone);
