@@ -257,9 +257,9 @@ std::vector<std::vector<bool>> Chip::waits_for(const std::vector<GroupLaunch>& g
     for (size_t j : group[i].after) {
       if (j >= i)
         throw Error(fmt::format("concurrent launch {} '{}' waits for launch {}: a launch can "
-                                "wait only for earlier launches of the group (indices 0..{})",
+                                "wait only for earlier launches of the group ({})",
                                 i, group[i].program ? group[i].program->name : "", j,
-                                static_cast<long>(i) - 1));
+                                i == 0 ? "launch 0 has none" : fmt::format("0..{}", i - 1)));
       waits[i][j] = true;
       for (size_t k = 0; k < j; ++k)
         if (waits[j][k]) waits[i][k] = true;

@@ -213,9 +213,10 @@ TEST_CASE("refused: unordered launches on one core, waits for a launch not befor
           "for the other");
   refused({on(nop, {}, 1, {"aiv0"}, {1}), on(nop, {}, 1, {"aiv1"})},
           "concurrent launch 0 'nop' waits for launch 1: a launch can wait only for earlier "
-          "launches of the group");
+          "launches of the group (launch 0 has none)");
   refused({on(nop, {}, 1, {"aiv0"}), on(nop, {}, 1, {"aiv1"}, {1})},
-          "concurrent launch 1 'nop' waits for launch 1");
+          "concurrent launch 1 'nop' waits for launch 1: a launch can wait only for earlier "
+          "launches of the group (0..0)");
   // Ordered through another launch: a core may be shared.
   ConcurrentResult g = sim().run_concurrent(
       {on(nop, {}, 1, {"aiv0"}), on(nop, {}, 1, {"aiv1"}, {0}), on(nop, {}, 1, {"aiv0"}, {1})});
