@@ -16,6 +16,7 @@
 #include "tests/sim/sim_test_util.h"
 
 using namespace npusim;
+using npusim::test::concurrent_launch;
 using npusim::test::counter;
 using npusim::test::kernel_launch;
 using npusim::test::read_gm;
@@ -26,11 +27,6 @@ namespace {
 Simulator& sim() {
   static Simulator s(load_chip_config("tiny"), SimOptions{});
   return s;
-}
-
-ConcurrentLaunch on(const isa::Program& p, std::vector<uint64_t> args, int block_dim,
-                    std::vector<std::string> cores, std::vector<size_t> after = {}) {
-  return {kernel_launch(p, std::move(args), block_dim), std::move(cores), std::move(after)};
 }
 
 const isa::Program& vadd() {
@@ -83,8 +79,9 @@ TEST_CASE("two vector launches ordered on the same cores take the sum of their a
   REQUIRE(a.ok);
   REQUIRE(b.ok);
   write_operands();
-  ConcurrentResult g = sim().run_concurrent(
-      {on(vadd(), {kX, kY, kZ, kN}, 2, kPair), on(vadd(), {kU, kU, kV, kN}, 2, kPair, {0})});
+  ConcurrentResult g =
+      sim().run_concurrent({concurrent_launch(vadd(), {kX, kY, kZ, kN}, 2, kPair),
+                            concurrent_launch(vadd(), {kU, kU, kV, kN}, 2, kPair, {0})});
   REQUIRE(g.launches[0].ok);
   REQUIRE(g.launches[1].ok);
   INFO("alone " << a.cycles << " + " << b.cycles << ", ordered " << g.launches[0].cycles << " + "
@@ -110,8 +107,9 @@ TEST_CASE("two vector launches ordered on the same cores take the sum of their a
 
 TEST_CASE("B ordered after A on the same cores reads what A wrote") {
   write_operands();
-  ConcurrentResult g = sim().run_concurrent(
-      {on(vadd(), {kX, kY, kZ, kN}, 2, kPair), on(vadd(), {kZ, kY, kW, kN}, 2, kPair, {0})});
+  ConcurrentResult g =
+      sim().run_concurrent({concurrent_launch(vadd(), {kX, kY, kZ, kN}, 2, kPair),
+                            concurrent_launch(vadd(), {kZ, kY, kW, kN}, 2, kPair, {0})});
   REQUIRE(g.launches[0].ok);
   REQUIRE(g.launches[1].ok);
   CHECK(read_gm<uint16_t>(sim(), kW, kN) == expected_w());
@@ -119,9 +117,10 @@ TEST_CASE("B ordered after A on the same cores reads what A wrote") {
 
 TEST_CASE("a chain A -> B beside an independent C: C overlaps both, B begins at A's end") {
   write_operands();
-  ConcurrentResult g = sim().run_concurrent({on(vadd(), {kX, kY, kZ, kN}, 2, kPair),
-                                             on(vadd(), {kZ, kY, kW, kN}, 2, kPair, {0}),
-                                             on(vadd(), {kU, kU, kV, kCN}, 2, {"aiv2", "aiv3"})});
+  ConcurrentResult g =
+      sim().run_concurrent({concurrent_launch(vadd(), {kX, kY, kZ, kN}, 2, kPair),
+                            concurrent_launch(vadd(), {kZ, kY, kW, kN}, 2, kPair, {0}),
+                            concurrent_launch(vadd(), {kU, kU, kV, kCN}, 2, {"aiv2", "aiv3"})});
   for (const KernelResult& r : g.launches) REQUIRE(r.ok);
   const KernelResult &a = g.launches[0], &b = g.launches[1], &c = g.launches[2];
   INFO("A " << a.start_cycle << "+" << a.cycles << ", B " << b.start_cycle << "+" << b.cycles
@@ -143,9 +142,10 @@ TEST_CASE("a chain A -> B beside an independent C: C overlaps both, B begins at 
 TEST_CASE("unnamed cores: a launch takes the cores of the launches it waits for") {
   write_operands();
   // A and B (after A) take aiv0 and aiv1; C, beside both, aiv2 and aiv3.
-  ConcurrentResult g = sim().run_concurrent({on(vadd(), {kX, kY, kZ, kN}, 2, {}),
-                                             on(vadd(), {kZ, kY, kW, kN}, 2, {}, {0}),
-                                             on(vadd(), {kU, kU, kV, kCN}, 2, {})});
+  ConcurrentResult g =
+      sim().run_concurrent({concurrent_launch(vadd(), {kX, kY, kZ, kN}, 2, {}),
+                            concurrent_launch(vadd(), {kZ, kY, kW, kN}, 2, {}, {0}),
+                            concurrent_launch(vadd(), {kU, kU, kV, kCN}, 2, {})});
   for (const KernelResult& r : g.launches) REQUIRE(r.ok);
   const nlohmann::json tree = g.counters.tree();
   CHECK(counter(tree, "chip.aiv0.blocks") == 2);  // A's block 0, then B's
@@ -163,9 +163,10 @@ TEST_CASE("a faulting launch: those waiting for it do not run, the launch beside
   isa::Program bad =
       isa::assemble(".section aiv\n    movi x3, 0\n    div x4, x3, 0\n    end\n", "bad.s");
   ConcurrentResult g =
-      sim().run_concurrent({on(bad, {}, 1, {"aiv0"}), on(vadd(), {kZ, kY, kW, kN}, 2, kPair, {0}),
-                            on(vadd(), {kU, kU, kV, kCN}, 2, {"aiv2", "aiv3"}),
-                            on(vadd(), {kZ, kY, kW, kN}, 1, {"aiv0"}, {1})});
+      sim().run_concurrent({concurrent_launch(bad, {}, 1, {"aiv0"}),
+                            concurrent_launch(vadd(), {kZ, kY, kW, kN}, 2, kPair, {0}),
+                            concurrent_launch(vadd(), {kU, kU, kV, kCN}, 2, {"aiv2", "aiv3"}),
+                            concurrent_launch(vadd(), {kZ, kY, kW, kN}, 1, {"aiv0"}, {1})});
   REQUIRE_FALSE(g.launches[0].ok);
   CHECK(g.launches[0].error == "core aiv0 pc 1 (bad.s:3): div x4, x3, 0: division by zero");
   REQUIRE_FALSE(g.launches[1].ok);
@@ -182,8 +183,9 @@ TEST_CASE("a faulting launch: those waiting for it do not run, the launch beside
 TEST_CASE("a deadlocked launch: the launch waiting for it does not run, and the host goes on") {
   isa::Program dl = isa::assemble(".section aiv\n    wait_flag mte2, v, 1\n    end\n", "dl.s");
   isa::Program nop = isa::assemble(".section aiv\n    nop\n    end\n", "nop.s");
-  ConcurrentResult g = sim().run_concurrent(
-      {on(dl, {}, 1, {"aiv1"}), on(nop, {}, 1, {"aiv1"}, {0}), on(nop, {}, 1, {"aiv0"})});
+  ConcurrentResult g = sim().run_concurrent({concurrent_launch(dl, {}, 1, {"aiv1"}),
+                                             concurrent_launch(nop, {}, 1, {"aiv1"}, {0}),
+                                             concurrent_launch(nop, {}, 1, {"aiv0"})});
   REQUIRE_FALSE(g.launches[0].ok);
   CHECK(g.launches[0].error == "deadlock: core aiv1 pc 0 (dl.s:2) wait_flag mte2, v, 1 never set");
   REQUIRE_FALSE(g.launches[1].ok);
@@ -208,18 +210,20 @@ TEST_CASE("refused: unordered launches on one core, waits for a launch not befor
     }
   };
   // Launches 1 and 2 both wait for 0 but not for each other: they may overlap.
-  refused({on(nop, {}, 1, {"aiv0"}), on(nop, {}, 1, {"aiv1"}, {0}), on(nop, {}, 1, {"aiv1"}, {0})},
+  refused({concurrent_launch(nop, {}, 1, {"aiv0"}), concurrent_launch(nop, {}, 1, {"aiv1"}, {0}),
+           concurrent_launch(nop, {}, 1, {"aiv1"}, {0})},
           "concurrent launch 2 'nop': core aiv1 is also launch 1's ('nop'), and neither waits "
           "for the other");
-  refused({on(nop, {}, 1, {"aiv0"}, {1}), on(nop, {}, 1, {"aiv1"})},
+  refused({concurrent_launch(nop, {}, 1, {"aiv0"}, {1}), concurrent_launch(nop, {}, 1, {"aiv1"})},
           "concurrent launch 0 'nop' waits for launch 1: a launch can wait only for earlier "
           "launches of the group (launch 0 has none)");
-  refused({on(nop, {}, 1, {"aiv0"}), on(nop, {}, 1, {"aiv1"}, {1})},
+  refused({concurrent_launch(nop, {}, 1, {"aiv0"}), concurrent_launch(nop, {}, 1, {"aiv1"}, {1})},
           "concurrent launch 1 'nop' waits for launch 1: a launch can wait only for earlier "
           "launches of the group (0..0)");
   // Ordered through another launch: a core may be shared.
-  ConcurrentResult g = sim().run_concurrent(
-      {on(nop, {}, 1, {"aiv0"}), on(nop, {}, 1, {"aiv1"}, {0}), on(nop, {}, 1, {"aiv0"}, {1})});
+  ConcurrentResult g = sim().run_concurrent({concurrent_launch(nop, {}, 1, {"aiv0"}),
+                                             concurrent_launch(nop, {}, 1, {"aiv1"}, {0}),
+                                             concurrent_launch(nop, {}, 1, {"aiv0"}, {1})});
   for (const KernelResult& r : g.launches) REQUIRE(r.ok);
   const uint64_t alone = test::task_overhead(sim().config()) + 1;
   CHECK(g.launches[2].start_cycle == g.start_cycle + 2 * alone);
