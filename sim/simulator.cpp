@@ -331,15 +331,27 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
   }
   // The cores: named ones first, then the free ones for launches that name none.
   std::vector<Chip::GroupLaunch> group(launches.size());
-  std::vector<bool> taken(I.chip->cores().size(), false);
+  for (size_t i = 0; i < launches.size(); ++i) {
+    group[i].program = launches[i].launch.program;
+    group[i].after = launches[i].after;
+  }
+  const std::vector<std::vector<bool>> waits = Chip::waits_for(group);  // throws for a bad after
+  std::vector<bool> named(I.chip->cores().size(), false);
   for (size_t i = 0; i < launches.size(); ++i) {
     group[i].cores = named_cores(*I.chip, I.cfg, i, launches[i]);
-    for (int c : group[i].cores) taken[static_cast<size_t>(c)] = true;
+    for (int c : group[i].cores) named[static_cast<size_t>(c)] = true;
   }
   for (size_t i = 0; i < launches.size(); ++i) {
     const KernelLaunch& l = launches[i].launch;
-    if (launches[i].cores.empty())
+    if (launches[i].cores.empty()) {
+      // Taken for this launch: the named cores and those of earlier unnamed launches it may
+      // overlap (it does not wait for them).
+      std::vector<bool> taken = named;
+      for (size_t j = 0; j < i; ++j)
+        if (launches[j].cores.empty() && !waits[i][j])
+          for (int c : group[j].cores) taken[static_cast<size_t>(c)] = true;
       group[i].cores = free_cores(*I.chip, I.cfg, i, launches[i], taken);
+    }
     group[i].program = l.program;
     group[i].args = &l.args;
     group[i].block_dim = l.block_dim;
@@ -375,9 +387,10 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
     KernelResult& r = out.launches[i];
     r.ok = I.chip->outcome(i) == Chip::Outcome::Done;
     if (!r.ok) r.error = I.chip->fault_message(i);
-    const uint64_t ps = time_ps(I.chip->end_time(i) - start);
-    makespan_ps = std::max(makespan_ps, ps);
-    r.start_cycle = out.start_cycle;
+    const sc_time begun = I.chip->start_time(i);
+    makespan_ps = std::max(makespan_ps, time_ps(I.chip->end_time(i) - start));
+    const uint64_t ps = time_ps(I.chip->end_time(i) - begun);
+    r.start_cycle = time_ps(begun) / kPsPerCycle;
     r.cycles = ceil_cycles(ps);
     r.time_us = I.cfg.cycles_to_us(static_cast<double>(ps) / kPsPerCycle);
   }
@@ -385,6 +398,8 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
   out.cycles = ceil_cycles(makespan_ps);
   out.time_us = I.cfg.cycles_to_us(static_cast<double>(makespan_ps) / kPsPerCycle);
   out.counters = I.counters.delta_since(base);
+  std::vector<uint64_t> end_raw;
+  I.counters.raw_values(end_raw);
   out.counters.set_root(kChipName);
   for (size_t i = 0; i < launches.size(); ++i) {
     // The launch's cores' counters: "chip.<core>." for each of its cores.
@@ -393,11 +408,22 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
       prefixes.push_back(std::string(kChipName) + "." +
                          I.chip->cores()[static_cast<size_t>(c)]->core_name() + ".");
     KernelResult& r = out.launches[i];
-    r.counter_delta = out.counters.filtered([&](const CounterInfo& info) {
+    const auto own = [&](const CounterInfo& info) {
       return std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) {
         return info.name.compare(0, p.size(), p) == 0;
       });
-    });
+    };
+    const std::vector<uint64_t>* from = I.chip->counters_at_start(i);
+    const std::vector<uint64_t>* to = I.chip->counters_at_end(i);
+    if (from || to) {
+      // Its cores may have run other launches of the group before or after it: only the
+      // counters' growth from its start to its end.
+      CounterDelta d = I.counters.delta_between(from ? *from : base, to ? *to : end_raw);
+      d.set_root(kChipName);
+      r.counter_delta = d.filtered(own);
+    } else {
+      r.counter_delta = out.counters.filtered(own);
+    }
     if (launches[i].launch.counter_tree) r.counters = r.counter_delta.tree();
     I.launcher->log(launches[i].launch, r);
   }

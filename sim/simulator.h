@@ -157,24 +157,36 @@ struct KernelResult {
   CounterDelta counter_delta;  // the same counters, flat
 };
 
-// One launch of a concurrent group (Simulator::run_concurrent) and the cores it may use.
+// One launch of a concurrent group (Simulator::run_concurrent), the cores it may use and the
+// launches it waits for.
 struct ConcurrentLaunch {
   KernelLaunch launch;
   // The cores the launch may use, by name ("aic0", "aiv3"; "aicore5" on a coupled chip): its
   // blocks run on these only (its workers are built from them as a lone launch's are from all
-  // the chip's cores), as a CANN stream's task runs on the cores it was given. No core may be
-  // in two launches. Empty: of each core kind its program runs on, the first cores in chip
-  // order that no launch of the group names and no earlier launch took, as many as block_dim
-  // (a mix kernel: block_dim groups of a free cube core and its aiv_per_aic vector cores), at
+  // the chip's cores), as a CANN stream's task runs on the cores it was given. Two launches may
+  // share a core only if one waits for the other (`after`, directly or through others): a
+  // stream's launches reuse its cores one after another. Empty: of each core kind its program
+  // runs on, the first cores in chip order that no launch of the group names and no earlier
+  // launch took that this one may overlap (one it does not wait for), as many as block_dim (a
+  // mix kernel: block_dim groups of a free cube core and its aiv_per_aic vector cores), at
   // least one.
   std::vector<std::string> cores;
+  // The launches this one waits for, by index in the group; each must be an earlier one's
+  // (which also rules out cycles). Empty: it begins at the group's start. Otherwise it begins
+  // when the last of them has ended (its end_time: blocks, completion overhead, write-backs),
+  // as a CANN stream's task waits for the events recorded after other tasks; if one of them
+  // failed it does not run.
+  std::vector<size_t> after;
 };
 
 // What run_concurrent gives back.
 struct ConcurrentResult {
-  // Each launch's result, in the order given. start_cycle is the group's start; cycles its own
-  // duration (to its end: Chip::end_time). counter_delta / counters hold only the counters of
-  // the launch's own cores (names "chip.<core>."): what its blocks did.
+  // Each launch's result, in the order given. start_cycle is its own start (the group's start
+  // for a launch that waits for none); cycles its own duration (from its start to its end:
+  // Chip::end_time; 0 for a launch that did not run). counter_delta / counters hold only the
+  // counters of the launch's own cores (names "chip.<core>."): what its blocks did (on cores
+  // it shares with ordered launches, a stream's, their growth from its start to its end; a
+  // high-water counter there gives the group's maximum).
   std::vector<KernelResult> launches;
   uint64_t start_cycle = 0;
   uint64_t cycles = 0;  // makespan: from the start to the last launch's end
@@ -206,18 +218,22 @@ class Simulator {
   // Throws npusim::Error only for a malformed launch (no program, no section for this chip).
   KernelResult run(const KernelLaunch& launch);
 
-  // Runs several launches at once on one chip, all starting now on one clock edge, each on its
-  // own cores (ConcurrentLaunch::cores) with its own task scheduler state (blocks, workers,
-  // dispatch / block start / completion overheads as if alone), until every one has finished,
-  // faulted or deadlocked. The L2 and HBM are shared: the launches' transfers share their
-  // bandwidth, and the group starts with the L2 select_l2 chooses for its first launch
-  // (l2_run, gm_blocks, planned_blocks; every launch must have the same l2_run). Concurrent
+  // Runs several launches at once on one chip, those that wait for no other (ConcurrentLaunch::
+  // after) starting now on one clock edge, the others when the launches they wait for have
+  // ended, each on its own cores (ConcurrentLaunch::cores; shared only between ordered
+  // launches) with its own task scheduler state (blocks, workers, dispatch / block start /
+  // completion overheads as if alone), until every one has finished, faulted, deadlocked or
+  // not run (a launch it waits for failed: its error names that one). The L2 and HBM are
+  // shared: the launches' transfers share their bandwidth, and the group starts with the L2
+  // select_l2 chooses for its first launch (l2_run, gm_blocks, planned_blocks; every launch
+  // must have the same l2_run). Concurrent
   // launches are always simulated, never replayed or recorded (SimOptions::replay does not
   // apply). A fault or deadlock in one launch is that launch's error: its cores and transfers
   // are aborted there and the other launches run on to their end and report normally. Throws
   // npusim::Error naming the launch (its index and kernel) for a malformed group: no program,
-  // an unknown core name, more cores than the chip has, a core in two launches, no core the
-  // program can run on, different l2_run values; nothing runs then. The launch log
+  // an unknown core name, more cores than the chip has, a core in two launches neither of which
+  // waits for the other (both named), an `after` index that is not an earlier launch's, no core
+  // the program can run on, different l2_run values; nothing runs then. The launch log
   // (SimOptions::launch_log) gets a line per launch in the order given. Attached observers see
   // the launches interleaved (docs/chip_model.md "Concurrent launches": the trace and the
   // profiler are written for one launch at a time).

@@ -29,6 +29,7 @@ Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm
            const std::string& counter_root)
     : sc_module(name),
       m_counter_root(counter_root.empty() ? std::string(basename()) : counter_root),
+      m_counters(counters),
       m_cfg(cfg),
       m_gm(gm),
       m_observers(std::move(observers)),
@@ -64,6 +65,9 @@ Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm
   dont_initialize();
   SC_METHOD(start_blocks);
   sensitive << m_block_start_due;
+  dont_initialize();
+  SC_METHOD(start_waiting);
+  sensitive << m_launch_ended << m_memory->writeback_finished();
   dont_initialize();
 }
 
@@ -222,12 +226,46 @@ void Chip::prepare_slot(Slot& s, const isa::Program& program, const std::vector<
   s.fault.clear();
   s.cc_arrivals.clear();
   s.aborted = false;
-  std::vector<TaskScheduler::Worker> workers = make_workers(s, program);
+  s.workers = make_workers(s, program);
   s.launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block, false, 0};
   s.scheduler.clear();
-  s.scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),
+  s.started = s.awaited = s.ended = false;
+}
+
+void Chip::start_slot(size_t i) {
+  Slot& s = *m_slots[i];
+  for (auto& c : m_cores) {
+    const size_t ci = static_cast<size_t>(c->chip_index());
+    if (!s.cores[ci]) continue;
+    m_slot_of_core[ci] = static_cast<int>(i);
+    if (!s.after.empty()) c->reset();  // clean after the launches it waited for
+  }
+  s.started = true;
+  s.start = s.end = sc_time_stamp();
+  if (!s.after.empty()) m_counters.raw_values(s.raw_at_start);
+  for (ChipObserver* o : m_observers)
+    o->on_kernel_begin(*s.launch.program, s.launch.block_dim, time_ps(s.start));
+  s.scheduler.start(std::move(s.workers), s.launch.block_dim, static_cast<int>(m_cores.size()),
                     cycles_to_time(static_cast<double>(m_cfg.task_dispatch_cycles())),
                     cycles_to_time(m_cfg.task_block_start_cycles));
+  s.workers.clear();
+}
+
+std::vector<std::vector<bool>> Chip::waits_for(const std::vector<GroupLaunch>& group) {
+  std::vector<std::vector<bool>> waits(group.size(), std::vector<bool>(group.size(), false));
+  for (size_t i = 0; i < group.size(); ++i) {
+    for (size_t j : group[i].after) {
+      if (j >= i)
+        throw Error(fmt::format("concurrent launch {} '{}' waits for launch {}: a launch can "
+                                "wait only for earlier launches of the group ({})",
+                                i, group[i].program ? group[i].program->name : "", j,
+                                i == 0 ? "launch 0 has none" : fmt::format("0..{}", i - 1)));
+      waits[i][j] = true;
+      for (size_t k = 0; k < j; ++k)
+        if (waits[j][k]) waits[i][k] = true;
+    }
+  }
+  return waits;
 }
 
 void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>& args,
@@ -245,6 +283,9 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   s.fault.clear();
   s.cc_arrivals.clear();
   s.aborted = false;
+  s.after.clear();
+  s.started = true;
+  s.awaited = s.ended = false;
   std::vector<TaskScheduler::Worker> workers = make_workers(s, program);
   s.launch = LaunchInfo{&program, &args, block_dim, functional, max_insns_per_block, record,
                         record_max_bytes};
@@ -272,7 +313,9 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
 void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool functional) {
   if (group.empty()) throw Error("begin_concurrent: no launches");
   // Check every launch before touching any slot: a bad one begins nothing.
-  std::vector<int> owner(m_cores.size(), -1);
+  const std::vector<std::vector<bool>> waits = waits_for(group);
+  // users: by chip index, the launches that use the core, in order.
+  std::vector<std::vector<int>> users(m_cores.size());
   for (size_t i = 0; i < group.size(); ++i) {
     const GroupLaunch& g = group[i];
     const std::string name = g.program ? "'" + g.program->name + "'" : "(no program)";
@@ -284,13 +327,18 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
       if (c < 0 || static_cast<size_t>(c) >= m_cores.size())
         throw Error(fmt::format("concurrent launch {} {}: core index {} is not on chip '{}' "
                                 "({} cores)", i, name, c, m_cfg.name, m_cores.size()));
-      int& o = owner[static_cast<size_t>(c)];
-      if (o >= 0)
-        throw Error(fmt::format("concurrent launch {} {}: core {} is {}", i, name,
-                                m_cores[static_cast<size_t>(c)]->core_name(),
-                                o == static_cast<int>(i) ? "listed twice"
-                                                         : fmt::format("also launch {}'s", o)));
-      o = static_cast<int>(i);
+      // The launches before that use the core: each must be one this launch waits for.
+      std::vector<int>& used = users[static_cast<size_t>(c)];
+      for (int o : used)
+        if (o == static_cast<int>(i) || !waits[i][static_cast<size_t>(o)])
+          throw Error(fmt::format(
+              "concurrent launch {} {}: core {} is {}", i, name,
+              m_cores[static_cast<size_t>(c)]->core_name(),
+              o == static_cast<int>(i)
+                  ? "listed twice"
+                  : fmt::format("also launch {}'s ('{}'), and neither waits for the other", o,
+                                group[static_cast<size_t>(o)].program->name)));
+      used.push_back(static_cast<int>(i));
     }
   }
   while (m_slots.size() < group.size()) m_slots.push_back(std::make_unique<Slot>());
@@ -298,34 +346,86 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
     Slot& s = *m_slots[i];
     s.cores.assign(m_cores.size(), false);
     for (int c : group[i].cores) s.cores[static_cast<size_t>(c)] = true;
+    s.after = group[i].after;
   }
   for (size_t i = 0; i < group.size(); ++i) {
     try {
       prepare_slot(*m_slots[i], *group[i].program, *group[i].args, group[i].block_dim,
                    functional, group[i].max_insns_per_block);
     } catch (const Error& e) {
-      for (size_t j = 0; j <= i; ++j) m_slots[j]->scheduler.clear();
+      for (size_t j = 0; j <= i; ++j) m_slots[j]->workers.clear();
       throw Error(fmt::format("concurrent launch {}: {}", i, e.what()));
     }
   }
   m_active_slots = group.size();
-  for (size_t c = 0; c < m_cores.size(); ++c) m_slot_of_core[c] = std::max(owner[c], 0);
+  m_waiting = false;
+  // A core belongs to its first launch until a later one begins on it (start_slot).
+  for (size_t c = 0; c < m_cores.size(); ++c)
+    m_slot_of_core[c] = users[c].empty() ? 0 : users[c][0];
+  for (size_t i = 0; i < group.size(); ++i)
+    for (size_t j : group[i].after) {
+      m_slots[j]->awaited = true;
+      m_waiting = true;
+    }
   m_recorded_bytes = 0;
   detach_recordings();
   m_memory->begin_launch();
-  for (size_t i = 0; i < group.size(); ++i) {
-    Slot& s = *m_slots[i];
-    s.start = s.end = sc_time_stamp();
-    for (ChipObserver* o : m_observers)
-      o->on_kernel_begin(*group[i].program, group[i].block_dim, time_ps(s.start));
-  }
+  for (size_t i = 0; i < group.size(); ++i)
+    if (group[i].after.empty()) start_slot(i);
   schedule_starts();
+}
+
+void Chip::start_waiting() { settle_waiting(true); }
+
+void Chip::settle_waiting(bool may_start) {
+  if (!m_waiting) return;
+  bool begun = false;
+  // Index order: a launch waits only for earlier ones, so one pass sees every change.
+  for (size_t i = 0; i < m_active_slots; ++i) {
+    Slot& s = *m_slots[i];
+    if (s.started && s.awaited && !s.ended) {
+      if (!s.fault.empty()) {
+        s.ended = true;
+        s.ended_at = s.end;
+      } else if (s.scheduler.all_done() && s.end <= sc_time_stamp() &&
+                 !m_memory->writebacks_in_flight_of(s.cores)) {
+        s.ended = true;
+        s.ended_at = std::max(s.end, m_memory->writebacks_end_of(s.cores));
+        m_counters.raw_values(s.raw_at_end);
+      }
+      continue;
+    }
+    if (s.started || !s.fault.empty()) continue;
+    // Not begun: the first launch it waits for that failed, else whether all have ended.
+    bool all_ended = true;
+    const size_t* failed = nullptr;
+    for (const size_t& j : s.after) {
+      const Slot& w = *m_slots[j];
+      if (w.ended && !w.fault.empty()) {
+        failed = &j;
+        break;
+      }
+      all_ended = all_ended && w.ended;
+    }
+    if (failed || !may_start) {
+      s.start = s.end = sc_time_stamp();
+      s.fault = failed ? fmt::format("did not run: launch {} ('{}') it waits for failed", *failed,
+                                     m_slots[*failed]->launch.program->name)
+                       : std::string("did not run: a launch it waits for did not end");
+      s.ended = true;
+      s.ended_at = s.end;
+    } else if (all_ended) {
+      start_slot(i);
+      begun = true;
+    }
+  }
+  if (begun) schedule_starts();
 }
 
 Chip::Outcome Chip::outcome(size_t i) const {
   const Slot& s = *m_slots[i];
   if (!s.fault.empty()) return Outcome::Fault;
-  return s.scheduler.all_done() ? Outcome::Done : Outcome::Deadlock;
+  return s.started && s.scheduler.all_done() ? Outcome::Done : Outcome::Deadlock;
 }
 
 Chip::Outcome Chip::outcome() const { return outcome(0); }
@@ -337,6 +437,8 @@ sc_core::sc_time Chip::end_time(size_t i) const {
   switch (outcome(i)) {
     case Outcome::Deadlock: return sc_time_stamp();
     case Outcome::Done:
+      // An awaited launch's end was noted when it came: a later launch may reuse its cores.
+      if (s.ended) return s.ended_at;
       return std::max(s.end, m_active_slots == 1 ? m_memory->writebacks_end()
                                                  : m_memory->writebacks_end_of(s.cores));
     case Outcome::Fault: break;
@@ -375,20 +477,21 @@ void Chip::abort() { raise_abort(*m_slots.front()); }
 bool Chip::abort_deadlocked() {
   bool any = false;
   for (size_t i = 0; i < m_active_slots; ++i) {
-    if (outcome(i) != Outcome::Deadlock) continue;
     Slot& s = *m_slots[i];
+    if (!s.started || outcome(i) != Outcome::Deadlock) continue;
     s.fault = deadlock_report(i);
     s.end = sc_time_stamp();
     raise_abort(s);
     any = true;
   }
+  settle_waiting(false);  // the launches waiting for them do not run
   return any;
 }
 
 void Chip::stop_group_at_time_limit() {
   for (size_t i = 0; i < m_active_slots; ++i) {
-    if (outcome(i) != Outcome::Deadlock) continue;
     Slot& s = *m_slots[i];
+    if (!s.started || outcome(i) != Outcome::Deadlock) continue;
     s.fault = fmt::format("simulated time would pass {} ps (cycle {}), half of SystemC's range of "
                           "2^64 ps: the launch (begun at cycle {}) is stopped at cycle {}",
                           kSimTimeLimitPs, kSimTimeLimitPs / kPsPerCycle,
@@ -396,9 +499,11 @@ void Chip::stop_group_at_time_limit() {
     s.end = sc_time_stamp();
     raise_abort(s);
   }
+  settle_waiting(false);
 }
 
 void Chip::end_slot(Slot& s, const sc_core::sc_time& end, bool ok) {
+  if (!s.started) return;  // did not run: not a launch of the chip's
   m_total_cycles.add(time_ps(end - s.start));
   m_launches.inc();
   if (!ok) m_failed_launches.inc();
@@ -416,8 +521,11 @@ void Chip::reset_after_launches() {
     m_slots[i]->scheduler.clear();
     m_slots[i]->cc_arrivals.clear();
     m_slots[i]->aborted = false;
+    m_slots[i]->workers.clear();
   }
   m_block_start_due.cancel();
+  m_launch_ended.cancel_all();
+  m_waiting = false;
 }
 
 void Chip::end_launch(bool ok) {
@@ -463,6 +571,7 @@ void Chip::fault(const AiCore& core, uint32_t pc, const isa::Instruction* in,
   s.fault += what;
   s.end = sc_time_stamp();
   raise_abort(s);
+  if (s.awaited) m_launch_ended.notify(sc_core::SC_ZERO_TIME);
 }
 
 void Chip::block_done(AiCore& core) {
@@ -474,6 +583,7 @@ void Chip::block_done(AiCore& core) {
   const uint64_t done = m_cfg.task_done_cycles();
   s.end = sc_time_stamp() + cycles_to_time(static_cast<double>(done));
   s.task_done.notify(cycles_to_time(static_cast<double>(done)));
+  if (s.awaited) m_launch_ended.notify(cycles_to_time(static_cast<double>(done)));
   const uint64_t starts = static_cast<uint64_t>(s.scheduler.worker_of(core)->blocks_run) *
                           static_cast<uint64_t>(m_cfg.task_block_start_cycles);
   m_task_overhead_cycles.add((m_cfg.task_dispatch_cycles() + starts + done) * kPsPerCycle);

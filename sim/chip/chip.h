@@ -79,33 +79,59 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // accounts the launch's cycles.
   void end_launch(bool ok);
 
-  // One launch of a concurrent group: what begin_launch takes, and the cores it may use (chip
-  // indices, as cores(); pairwise disjoint between the group's launches). Never recorded.
+  // One launch of a concurrent group: what begin_launch takes, the cores it may use (chip
+  // indices, as cores()) and the launches it waits for (indices of earlier launches of the
+  // group). Two launches may share a core only if one waits for the other, directly or through
+  // others (ordered launches: a stream's). Never recorded.
   struct GroupLaunch {
     const isa::Program* program = nullptr;
     const std::vector<uint64_t>* args = nullptr;
     int block_dim = 1;
     uint64_t max_insns_per_block = 0;
     std::vector<int> cores;
+    std::vector<size_t> after;
   };
-  // Begins every launch of `group` now, each on its own cores with its own task scheduler
-  // (dispatch, block starts, completion overheads as a lone launch's). The memory system's L2
-  // state is the one memory().select_l2() chose for the group. Throws npusim::Error naming the
-  // launch (its index in `group`) for one this chip cannot run on its cores (no section for
-  // them, no core of the kind its section needs among them, block_dim < 1, a core outside the
-  // chip or in two launches); nothing is begun then. A fault in one launch aborts its cores
-  // and its transfers only: the others run on to their end.
+  // waits[i][j]: launch i of `group` waits for launch j, directly (GroupLaunch::after) or
+  // through others. Throws npusim::Error naming the launch for an index in `after` that is not
+  // an earlier launch's (itself, a later one, none: a cycle could only be made so).
+  static std::vector<std::vector<bool>> waits_for(const std::vector<GroupLaunch>& group);
+  // Begins the group now: every launch that waits for none begins now, each on its own cores
+  // with its own task scheduler (dispatch, block starts, completion overheads as a lone
+  // launch's); a launch that waits for others begins when the last of them has ended
+  // (end_time), on a clean set of its cores (as a lone launch after another), or does not run
+  // if one of them failed (its fault_message names that one). The memory system's L2 state is
+  // the one memory().select_l2() chose for the group. Throws npusim::Error naming the launch
+  // (its index in `group`) for one this chip cannot run on its cores (no section for them, no
+  // core of the kind its section needs among them, block_dim < 1, a core outside the chip,
+  // listed twice, or also another launch's that neither waits for, a bad `after`); nothing is
+  // begun then. A fault in one launch aborts its cores and its transfers only: the others run
+  // on to their end.
   void begin_concurrent(const std::vector<GroupLaunch>& group, bool functional);
-  // After sc_start() returned, of launch i of the group (Outcome::Deadlock: still unfinished).
+  // After sc_start() returned, of launch i of the group (Outcome::Deadlock: still unfinished,
+  // or not begun while what it waits for runs; Outcome::Fault also: it did not run).
   Outcome outcome(size_t i) const;
   const std::string& fault_message(size_t i) const;
   std::string deadlock_report(size_t i) const;
+  // Launch i's begin: the group's, or the end of the last launch it waited for (a launch that
+  // did not run: when the failure of what it waited for was known).
+  sc_core::sc_time start_time(size_t i) const { return m_slots[i]->start; }
+  // The raw counter values (CounterRegistry::raw_values) when launch i began, if it began
+  // after the group's start, and when it ended, if a later launch waited for it; else nullptr
+  // (then the group's start or end bounds its counters).
+  const std::vector<uint64_t>* counters_at_start(size_t i) const {
+    return m_slots[i]->started && !m_slots[i]->after.empty() ? &m_slots[i]->raw_at_start
+                                                             : nullptr;
+  }
+  const std::vector<uint64_t>* counters_at_end(size_t i) const {
+    return m_slots[i]->ended && m_slots[i]->fault.empty() ? &m_slots[i]->raw_at_end : nullptr;
+  }
   // Launch i's end: its last block's end with the completion overhead, or if later the end of
   // the last write-back flow of the lines its cores' transfers evicted; its fault; or
-  // (deadlock) now.
+  // (deadlock) now. A launch that did not run ends where it began.
   sc_core::sc_time end_time(size_t i) const;
   // After the simulation went quiescent with launches unfinished (deadlocked): faults them and
-  // aborts their cores; sc_start() then unwinds their blocked processes. Returns whether any was.
+  // aborts their cores, and the launches waiting for them do not run; sc_start() then unwinds
+  // their blocked processes. Returns whether any was.
   bool abort_deadlocked();
   // Stops every unfinished launch of the group at the time limit (as stop_at_time_limit).
   void stop_group_at_time_limit();
@@ -161,13 +187,33 @@ class Chip : public sc_core::sc_module, public CoreEnv {
     // Barrier-mode cross-core sets (modes 0 and 1) that arrived so far: (group, id) -> count.
     std::map<std::pair<int, int>, int> cc_arrivals;
     sc_core::sc_event task_done;  // the launch's completion overhead has passed
+    // Ordered concurrent launches (GroupLaunch::after): the launches this one waits for, the
+    // workers it begins with (made by begin_concurrent), whether it has begun, whether some
+    // launch waits for it and, for such a launch, whether and when it ended (end_time).
+    std::vector<size_t> after;
+    std::vector<TaskScheduler::Worker> workers;
+    bool started = false;
+    bool awaited = false;
+    bool ended = false;
+    sc_core::sc_time ended_at;
+    std::vector<uint64_t> raw_at_start, raw_at_end;  // counters_at_start / counters_at_end
   };
   Slot& slot_of(const AiCore& core) {
     return *m_slots[static_cast<size_t>(m_slot_of_core[static_cast<size_t>(core.chip_index())])];
   }
-  // Resets slot `s` for a new launch and fills its workers (throws like begin_launch).
+  // Resets slot `s` for a new launch and makes its workers (throws like begin_launch);
+  // start_slot() begins it.
   void prepare_slot(Slot& s, const isa::Program& program, const std::vector<uint64_t>& args,
                     int block_dim, bool functional, uint64_t max_insns_per_block);
+  // Begins launch `i` of the group now: its cores become its own (slot_of) and are reset if a
+  // launch ran on them before in the group, its first blocks are dispatched.
+  void start_slot(size_t i);
+  // Ordered launches: notes the ends of awaited launches that have ended, begins the launches
+  // whose awaited launches have all ended, marks as not run those waiting for a failed one.
+  // may_start false (outside the simulation, after a deadlock or the time limit): begins none,
+  // and every launch still not begun does not run.
+  void settle_waiting(bool may_start);
+  void start_waiting();  // method: settle_waiting(true) when a launch may have ended
   std::vector<TaskScheduler::Worker> make_workers(Slot& slot, const isa::Program& program);
   const SectionRun& prepare_section(Slot& slot, const isa::Section& s);
   void post(AiCore& from, Lane lane, AiCore& to, int id);
@@ -182,6 +228,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   void schedule_starts();  // notifies m_block_start_due for the next block start, if any
 
   const std::string m_counter_root;  // declared first: the counters below register under it
+  CounterRegistry& m_counters;
   const ChipConfig& m_cfg;
   DeviceMemory& m_gm;
   std::vector<ChipObserver*> m_observers;
@@ -190,6 +237,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   std::unique_ptr<HdcLink> m_hdc;
   sc_core::sc_event m_worker_freed;
   sc_core::sc_event m_block_start_due;
+  // A launch's completion or fault, for the launches waiting for it (one notification each).
+  sc_core::sc_event_queue m_launch_ended;
+  bool m_waiting = false;  // the group has launches that wait for others (settle_waiting)
 
   // The launches in progress: slot 0 the lone launch; slots 0..m_active_slots-1 a concurrent
   // group's. Slots are kept for later launches (their events stay alive).

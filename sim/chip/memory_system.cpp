@@ -171,6 +171,13 @@ void MemorySystem::abort_transfers_of(const std::vector<bool>& ports) {
   settle();  // the others' rates without them
 }
 
+bool MemorySystem::writebacks_in_flight_of(const std::vector<bool>& ports) const {
+  return std::any_of(m_active.begin(), m_active.end(), [&](const GmTransfer* t) {
+    return t->writeback_flow && t->origin >= 0 && static_cast<size_t>(t->origin) < ports.size() &&
+           ports[static_cast<size_t>(t->origin)];
+  });
+}
+
 sc_core::sc_time MemorySystem::writebacks_end_of(const std::vector<bool>& ports) const {
   sc_core::sc_time end = m_launch_begin;
   for (size_t i = 0; i < m_writebacks_end_of.size() && i < ports.size(); ++i)
@@ -382,6 +389,7 @@ void MemorySystem::settle() {
           if (m_writebacks_end_of.size() <= o) m_writebacks_end_of.resize(o + 1, m_launch_begin);
           m_writebacks_end_of[o] = m_writebacks_end;
         }
+        m_writeback_finished.notify(SC_ZERO_TIME);
         if (t->evictor) {
           t->evictor->writeback_pending = false;
           t->evictor->done.notify(SC_ZERO_TIME);

@@ -135,6 +135,11 @@ class MemorySystem : public sc_core::sc_module {
   // The same for the write-back flows of the transfers from `ports` (by core chip index: a
   // launch's cores among concurrent ones); the launch's start if none finished.
   sc_core::sc_time writebacks_end_of(const std::vector<bool>& ports) const;
+  // Whether a write-back flow of a transfer from `ports` is still moving lines to HBM.
+  bool writebacks_in_flight_of(const std::vector<bool>& ports) const;
+  // Notified (in the next delta cycle) whenever a write-back flow has finished: a launch that
+  // others wait for (Chip, ordered concurrent launches) may have ended then.
+  const sc_core::sc_event& writeback_finished() const { return m_writeback_finished; }
   // Abort: drops the transfers in flight (their initiators unwind on their abort signals,
   // GmTransfer::abort_signal) and the pending rate-change event, so simulated time stops at the
   // fault.
@@ -194,6 +199,7 @@ class MemorySystem : public sc_core::sc_module {
   bool m_line_readers_changed = false;
   uint64_t m_last_ps = 0;
   sc_core::sc_event m_rate_change;
+  sc_core::sc_event m_writeback_finished;  // see writeback_finished()
 
   Counter& m_l2_hits;
   Counter& m_l2_misses;

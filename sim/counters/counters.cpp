@@ -137,6 +137,32 @@ CounterDelta CounterRegistry::delta_since(const std::vector<uint64_t>& base) con
   return d;
 }
 
+void CounterRegistry::raw_values(std::vector<uint64_t>& raw) const {
+  raw.resize(m_counters.size());
+  for (size_t i = 0; i < m_counters.size(); ++i) raw[i] = m_counters[i].m_raw;
+}
+
+CounterDelta CounterRegistry::delta_between(const std::vector<uint64_t>& from,
+                                            const std::vector<uint64_t>& to) const {
+  CounterDelta d;
+  d.m_keep = m_info;
+  CounterDelta::Values values;
+  for (size_t i = 0; i < m_counters.size(); ++i) {
+    const Counter& c = m_counters[i];
+    uint64_t value = 0;
+    if (c.m_kind == CounterKind::kHighWater) {
+      value = c.report(c.m_window);
+    } else {
+      const uint64_t a = i < from.size() ? from[i] : 0;
+      const uint64_t b = i < to.size() ? to[i] : c.m_raw;
+      value = b > a ? c.report(b - a) : 0;
+    }
+    if (value) values.emplace_back(&(*m_info)[i], value);
+  }
+  d.m_values = intern(std::move(values));
+  return d;
+}
+
 CounterRegistry::RawDelta CounterRegistry::raw_delta_since(
     const std::vector<uint64_t>& base) const {
   RawDelta d;

@@ -158,6 +158,14 @@ class CounterRegistry {
   nlohmann::json dump_since(const std::vector<uint64_t>& base, bool changed_only = false) const;
   // dump_since(base, true) as a flat delta: the same counters and values, no tree built.
   CounterDelta delta_since(const std::vector<uint64_t>& base) const;
+  // Raw values of all counters, as snapshot() gives them, without starting new high-water
+  // windows (a point inside a launch group: Chip's ordered launches).
+  void raw_values(std::vector<uint64_t>& raw) const;
+  // The counters that grew from `from` to `to` (raw_values or snapshot vectors; a counter past
+  // the end of `to` counts its value now, past the end of `from` from zero) as a flat delta; a
+  // high-water counter reports its maximum since the latest snapshot() (the group's).
+  CounterDelta delta_between(const std::vector<uint64_t>& from,
+                             const std::vector<uint64_t>& to) const;
 
   // A launch's raw growth, to be applied again later (the launch replay, sim/replay/): for each
   // counter that moved since `base` (the latest snapshot), its index and its raw growth (sums)

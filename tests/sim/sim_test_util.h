@@ -67,6 +67,14 @@ inline KernelLaunch kernel_launch(const isa::Program& prog, std::vector<uint64_t
   return l;
 }
 
+// A launch of a concurrent group (Simulator::run_concurrent): kernel_launch's on `cores`,
+// waiting for the launches `after` (indices in the group).
+inline ConcurrentLaunch concurrent_launch(const isa::Program& prog, std::vector<uint64_t> args,
+                                          int block_dim, std::vector<std::string> cores,
+                                          std::vector<size_t> after = {}) {
+  return {kernel_launch(prog, std::move(args), block_dim), std::move(cores), std::move(after)};
+}
+
 inline KernelResult launch(Simulator& sim, const isa::Program& prog, std::vector<uint64_t> args,
                            int block_dim) {
   return sim.run(kernel_launch(prog, std::move(args), block_dim));

@@ -17,6 +17,7 @@
 #include "tests/sim/sim_test_util.h"
 
 using namespace npusim;
+using npusim::test::concurrent_launch;
 using npusim::test::counter;
 using npusim::test::kernel_launch;
 using npusim::test::read_gm;
@@ -27,11 +28,6 @@ namespace {
 Simulator& sim() {
   static Simulator s(load_chip_config("tiny"), SimOptions{});
   return s;
-}
-
-ConcurrentLaunch on(const isa::Program& p, std::vector<uint64_t> args, int block_dim,
-                    std::vector<std::string> cores) {
-  return {kernel_launch(p, std::move(args), block_dim), std::move(cores)};
 }
 
 const isa::Program& gemm() {
@@ -78,9 +74,9 @@ TEST_CASE("a cube GEMM beside a vector vadd: the bytes of running them in sequen
   write_operands();
   const std::vector<uint64_t> gemm_args0 = {kA, kB, kC[0], M, N, K};
   const std::vector<uint64_t> vadd_args0 = {kX, kY, kZ[0], kN};
-  ConcurrentResult g =
-      sim().run_concurrent({on(gemm(), gemm_args0, 2, {"aic0", "aic1"}),
-                            on(vadd(), vadd_args0, 4, {"aiv0", "aiv1", "aiv2", "aiv3"})});
+  ConcurrentResult g = sim().run_concurrent(
+      {concurrent_launch(gemm(), gemm_args0, 2, {"aic0", "aic1"}),
+       concurrent_launch(vadd(), vadd_args0, 4, {"aiv0", "aiv1", "aiv2", "aiv3"})});
   REQUIRE(g.launches.size() == 2);
   REQUIRE(g.launches[0].ok);
   REQUIRE(g.launches[1].ok);
@@ -129,7 +125,8 @@ TEST_CASE("a group of one launch on every core is Simulator::run's launch") {
   write_operands();
   std::vector<std::string> all;
   for (int i = 0; i < 4; ++i) all.push_back("aiv" + std::to_string(i));
-  ConcurrentResult g = sim().run_concurrent({on(vadd(), {kX, kY, kZ[0], kN}, 4, all)});
+  ConcurrentResult g =
+      sim().run_concurrent({concurrent_launch(vadd(), {kX, kY, kZ[0], kN}, 4, all)});
   KernelLaunch l = kernel_launch(vadd(), {kX, kY, kZ[1], kN}, 4);
   KernelResult r = sim().run(l);
   REQUIRE(g.launches[0].ok);
@@ -163,8 +160,9 @@ TEST_CASE("a faulting launch reports its error; the launch beside it completes")
     end
 )",
                                    "bad.s");
-  ConcurrentResult g = sim().run_concurrent(
-      {on(bad, {kA}, 1, {"aiv0"}), on(vadd(), {kX, kY, kZ[0], kN}, 2, {"aiv2", "aiv3"})});
+  ConcurrentResult g =
+      sim().run_concurrent({concurrent_launch(bad, {kA}, 1, {"aiv0"}),
+                            concurrent_launch(vadd(), {kX, kY, kZ[0], kN}, 2, {"aiv2", "aiv3"})});
   REQUIRE_FALSE(g.launches[0].ok);
   CHECK(g.launches[0].error == "core aiv0 pc 3 (bad.s:7): div x4, x3, 0: division by zero");
   REQUIRE(g.launches[1].ok);
@@ -203,7 +201,8 @@ TEST_CASE("a deadlocked launch reports its wait; the launch beside it completes"
 )",
                                   "dl.s");
   ConcurrentResult g =
-      sim().run_concurrent({on(vadd(), {kX, kY, kZ[0], kN}, 1, {"aiv0"}), on(dl, {}, 1, {"aiv1"})});
+      sim().run_concurrent({concurrent_launch(vadd(), {kX, kY, kZ[0], kN}, 1, {"aiv0"}),
+                            concurrent_launch(dl, {}, 1, {"aiv1"})});
   REQUIRE(g.launches[0].ok);
   REQUIRE_FALSE(g.launches[1].ok);
   CHECK(g.launches[1].error == "deadlock: core aiv1 pc 1 (dl.s:4) wait_flag mte2, v, 1 never set");
@@ -211,9 +210,10 @@ TEST_CASE("a deadlocked launch reports its wait; the launch beside it completes"
 
 TEST_CASE("cores left unnamed: the first free ones of the program's kind, block_dim of them") {
   write_operands();
-  ConcurrentResult g = sim().run_concurrent({on(vadd(), {kX, kY, kZ[0], kN}, 2, {"aiv0"}),
-                                             on(vadd(), {kX, kY, kZ[1], kN}, 2, {}),
-                                             on(gemm(), {kA, kB, kC[0], M, N, K}, 1, {})});
+  ConcurrentResult g =
+      sim().run_concurrent({concurrent_launch(vadd(), {kX, kY, kZ[0], kN}, 2, {"aiv0"}),
+                            concurrent_launch(vadd(), {kX, kY, kZ[1], kN}, 2, {}),
+                            concurrent_launch(gemm(), {kA, kB, kC[0], M, N, K}, 1, {})});
   REQUIRE(g.launches[0].ok);
   REQUIRE(g.launches[1].ok);
   REQUIRE(g.launches[2].ok);
@@ -239,24 +239,26 @@ TEST_CASE("malformed groups are refused naming the launch, and nothing runs") {
       CHECK(std::string(e.what()).find(what) != std::string::npos);
     }
   };
-  refused({on(nop, {}, 1, {"aiv0", "aiv1"}), on(nop, {}, 1, {"aiv1"})},
-          "concurrent launch 1 'nop': core aiv1 is also launch 0's");
-  refused({on(nop, {}, 1, {"aiv0", "aiv0"})}, "core aiv0 is listed twice");
-  refused({on(nop, {}, 1, {"aiv0", "aiv1", "aiv2", "aiv3", "aic0", "aic1", "aiv4"})},
+  refused(
+      {concurrent_launch(nop, {}, 1, {"aiv0", "aiv1"}), concurrent_launch(nop, {}, 1, {"aiv1"})},
+      "concurrent launch 1 'nop': core aiv1 is also launch 0's");
+  refused({concurrent_launch(nop, {}, 1, {"aiv0", "aiv0"})}, "core aiv0 is listed twice");
+  refused({concurrent_launch(nop, {}, 1, {"aiv0", "aiv1", "aiv2", "aiv3", "aic0", "aic1", "aiv4"})},
           "launch 0 ('nop') names 7 cores; chip 'tiny' has 6");
-  refused({on(nop, {}, 1, {}), on(nop, {}, 1, {"aiv9"})},
+  refused({concurrent_launch(nop, {}, 1, {}), concurrent_launch(nop, {}, 1, {"aiv9"})},
           "launch 1 ('nop'): chip 'tiny' has no core 'aiv9' (its cores: aic0..aic1, aiv0..aiv3)");
   refused(
-      {on(cube, {}, 1, {"aiv0"})},
+      {concurrent_launch(cube, {}, 1, {"aiv0"})},
       "concurrent launch 0: kernel 'cube' runs on aic cores and none of the launch's cores is one");
-  refused({on(nop, {}, 4, {}), on(nop, {}, 1, {})},
+  refused({concurrent_launch(nop, {}, 4, {}), concurrent_launch(nop, {}, 1, {})},
           "launch 1 ('nop'): no free core of the kind its program runs on is left");
-  refused({on(nop, {}, 0, {"aiv0"})}, "concurrent launch 0: kernel 'nop': block_dim 0");
+  refused({concurrent_launch(nop, {}, 0, {"aiv0"})},
+          "concurrent launch 0: kernel 'nop': block_dim 0");
   ConcurrentLaunch none;
-  refused({on(nop, {}, 1, {}), none}, "run_concurrent: launch 1 has no program");
+  refused({concurrent_launch(nop, {}, 1, {}), none}, "run_concurrent: launch 1 has no program");
   refused({}, "run_concurrent: no launches");
   // The chip is clean afterwards.
-  ConcurrentResult g = sim().run_concurrent({on(nop, {}, 4, {})});
+  ConcurrentResult g = sim().run_concurrent({concurrent_launch(nop, {}, 4, {})});
   REQUIRE(g.launches[0].ok);
   CHECK(g.cycles == test::task_overhead(sim().config()) + 1);
 }
@@ -300,8 +302,9 @@ TEST_CASE("a mix kernel on one group's cores beside a vector kernel on another c
   write_gm(sim(), out, std::vector<int64_t>(2 * 3 * 2, -1));
   write_operands();
   // Group 1 (aic1 with aiv2 and aiv3) runs both blocks, one after the other.
-  ConcurrentResult g = sim().run_concurrent(
-      {on(mix, {out}, 2, {"aic1", "aiv2", "aiv3"}), on(vadd(), {kX, kY, kZ[0], kN}, 1, {"aiv0"})});
+  ConcurrentResult g =
+      sim().run_concurrent({concurrent_launch(mix, {out}, 2, {"aic1", "aiv2", "aiv3"}),
+                            concurrent_launch(vadd(), {kX, kY, kZ[0], kN}, 1, {"aiv0"})});
   REQUIRE(g.launches[0].ok);
   REQUIRE(g.launches[1].ok);
   auto v = read_gm<int64_t>(sim(), out, 2 * 3 * 2);
@@ -318,12 +321,13 @@ TEST_CASE("a mix kernel on one group's cores beside a vector kernel on another c
   CHECK(only_cores(g.launches[0].counters, {"aic1", "aiv2", "aiv3"}));
   // Unnamed cores: the first free group (group 0) for a mix kernel.
   ConcurrentResult h =
-      sim().run_concurrent({on(vadd(), {kX, kY, kZ[0], kN}, 1, {"aiv0"}), on(mix, {out}, 1, {})});
+      sim().run_concurrent({concurrent_launch(vadd(), {kX, kY, kZ[0], kN}, 1, {"aiv0"}),
+                            concurrent_launch(mix, {out}, 1, {})});
   REQUIRE(h.launches[1].ok);
   CHECK(only_cores(h.launches[1].counters, {"aic1", "aiv2", "aiv3"}));
   // A cube core without both of its vector cores is no group.
   try {
-    sim().run_concurrent({on(mix, {out}, 1, {"aic1", "aiv2"})});
+    sim().run_concurrent({concurrent_launch(mix, {out}, 1, {"aic1", "aiv2"})});
     FAIL("accepted");
   } catch (const Error& e) {
     CHECK(std::string(e.what()) ==
