@@ -370,6 +370,7 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
   m_recorded_bytes = 0;
   detach_recordings();
   m_memory->begin_launch();
+  if (m_waiting) m_memory->watch_writebacks();
   for (size_t i = 0; i < group.size(); ++i)
     if (group[i].after.empty()) start_slot(i);
   schedule_starts();

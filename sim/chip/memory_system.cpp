@@ -137,6 +137,7 @@ void MemorySystem::begin_launch(bool record, uint64_t trace_max) {
   m_transfer_order.clear();
   m_l2_trace.clear();
   m_l2_fingerprint = kL2FingerprintSeed;
+  m_watch_writebacks = false;
 }
 
 void MemorySystem::abort_transfers() {
@@ -389,7 +390,7 @@ void MemorySystem::settle() {
           if (m_writebacks_end_of.size() <= o) m_writebacks_end_of.resize(o + 1, m_launch_begin);
           m_writebacks_end_of[o] = m_writebacks_end;
         }
-        m_writeback_finished.notify(SC_ZERO_TIME);
+        if (m_watch_writebacks) m_writeback_finished.notify(SC_ZERO_TIME);
         if (t->evictor) {
           t->evictor->writeback_pending = false;
           t->evictor->done.notify(SC_ZERO_TIME);

@@ -137,9 +137,11 @@ class MemorySystem : public sc_core::sc_module {
   sc_core::sc_time writebacks_end_of(const std::vector<bool>& ports) const;
   // Whether a write-back flow of a transfer from `ports` is still moving lines to HBM.
   bool writebacks_in_flight_of(const std::vector<bool>& ports) const;
-  // Notified (in the next delta cycle) whenever a write-back flow has finished: a launch that
-  // others wait for (Chip, ordered concurrent launches) may have ended then.
+  // Notified (in the next delta cycle) whenever a write-back flow has finished, while watched:
+  // a launch that others wait for (Chip, ordered concurrent launches) may have ended then.
+  // begin_launch stops the watch, so a launch nobody waits for pays no notification.
   const sc_core::sc_event& writeback_finished() const { return m_writeback_finished; }
+  void watch_writebacks() { m_watch_writebacks = true; }
   // Abort: drops the transfers in flight (their initiators unwind on their abort signals,
   // GmTransfer::abort_signal) and the pending rate-change event, so simulated time stops at the
   // fault.
@@ -200,6 +202,7 @@ class MemorySystem : public sc_core::sc_module {
   uint64_t m_last_ps = 0;
   sc_core::sc_event m_rate_change;
   sc_core::sc_event m_writeback_finished;  // see writeback_finished()
+  bool m_watch_writebacks = false;         // see writeback_finished()
 
   Counter& m_l2_hits;
   Counter& m_l2_misses;
