@@ -1264,6 +1264,61 @@ TEST_CASE(
         std::string::npos);
 }
 
+TEST_CASE("BNTrainingUpdateGrad's ReLU-masked sums of f16: dy masked in f16 before its widening") {
+  // ops/channel.cpp masked_sum_f16_mask: the select of 1 or 0 and the product dy * factor run on
+  // dy's f16 tile (half the repeats of f32), then the product is widened. dy * 1 and dy * 0 are
+  // exact in f16 and widen exactly, so both sums are the f32 path's (NPUSIM_MASKED_SUM_F16_MASK=0)
+  // bit for bit, ReluGrad's product included: an infinite dy where the ReLU is off makes its
+  // channel's sums NaN either way. The vector unit is busy fewer cycles.
+  for (int64_t c : {128, 256}) {
+    const TensorDesc t{DataType::F16, {4, 8, 8, c}}, v{DataType::F32, {c}};
+    const auto op = make_op("BNTrainingUpdateGrad", {t, t, v, v, v, v}, {{"relu", true}});
+    std::vector<HostTensor> host = {
+        random_tensor(t.dtype, t.shape, -1, 1, 91),     random_tensor(t.dtype, t.shape, -2, 2, 92),
+        random_tensor(v.dtype, v.shape, -0.5, 0.5, 93), random_tensor(v.dtype, v.shape, 0.5, 2, 94),
+        random_tensor(v.dtype, v.shape, 0.5, 2, 95),    random_tensor(v.dtype, v.shape, -1, 1, 96)};
+    // Channel 3: x far below the mean (the ReLU off: mask 0) at the pixel with an infinite dy;
+    // channel 5: a NaN dy at a pixel whose ReLU is on.
+    host[1].values[static_cast<size_t>(7 * c + 3)] = -60000.0;
+    host[0].values[static_cast<size_t>(7 * c + 3)] = INFINITY;
+    host[1].values[static_cast<size_t>(9 * c + 5)] = 60000.0;
+    host[0].values[static_cast<size_t>(9 * c + 5)] = NAN;
+    const auto run = [&](const char* f16_mask) {
+      ScopedEnv env("NPUSIM_MASKED_SUM_F16_MASK", f16_mask);
+      const RunResult r =
+          run_compiled(test_sim(), compiler::compile(op, test_sim().config()), host);
+      uint64_t busy = 0;
+      for (const auto& [name, core] : r.counters.at(0).at("chip").items())
+        if (core.contains("v")) busy += core.at("v").at("busy_cycles").at("value").get<uint64_t>();
+      return std::pair<std::vector<HostTensor>, uint64_t>{r.outputs, busy};
+    };
+    const auto [f16, f16_busy] = run("1");
+    const auto [f32, f32_busy] = run("0");
+    INFO("C = " << c << ": vector busy " << f16_busy << " (f16 mask) against " << f32_busy);
+    CHECK(f16_busy < f32_busy);
+    REQUIRE(f16.size() == 2);
+    REQUIRE(f32.size() == 2);
+    for (size_t i = 0; i < 2; ++i) {
+      const std::vector<double>& a = f16[i].values;
+      const std::vector<double>& b = f32[i].values;
+      REQUIRE(a.size() == static_cast<size_t>(c));
+      REQUIRE(b.size() == a.size());
+      for (size_t k = 0; k < a.size(); ++k) {
+        INFO("output " << i << " channel " << k << ": " << a[k] << " against " << b[k]);
+        const bool nan = k == 3 || k == 5;  // masked inf: inf * 0; NaN * 1
+        CHECK(std::isnan(a[k]) == nan);
+        CHECK(std::isnan(b[k]) == nan);
+        if (!nan) CHECK(std::memcmp(&a[k], &b[k], sizeof(double)) == 0);
+      }
+    }
+  }
+  ScopedEnv bad("NPUSIM_MASKED_SUM_F16_MASK", "yes");
+  const TensorDesc t{DataType::F16, {4, 8, 8, 128}}, v{DataType::F32, {128}};
+  CHECK(compile_refusal(make_op("BNTrainingUpdateGrad", {t, t, v, v, v, v}, {{"relu", true}}))
+            .message.find("NPUSIM_MASKED_SUM_F16_MASK='yes' is neither '0' nor '1'") !=
+        std::string::npos);
+}
+
 TEST_CASE("BNTraining channel sums: squares and products by vmla, the bits of vmul then vadd") {
   // On a chip with vector.multiply_accumulate (tiny and 910b: 910b.yaml) the channel sums add
   // each tile's squares (BNTrainingReduce, Conv2DBNTrainingReduce's vector side) or products

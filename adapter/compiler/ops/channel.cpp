@@ -66,6 +66,21 @@ MaskWindows relu_mask_windows(KernelBuilder& b, bool relu_mask) {
 }
 constexpr uint64_t kMaskBitsWindow = 3;
 
+// Whether the ReLU-masked sums of f16 tensors mask b in f16, before its widening: the select of
+// 1 or 0 and the product b * factor on the raw tile (128 lanes a repeat: half the f32 repeats),
+// then the product widened. b * 1 and b * 0 are exact in f16 and widen exactly, so the masked
+// b32 is the f32 path's value (ReluGrad's product: a NaN where an infinite or NaN b is masked;
+// only a NaN's payload may differ). Measured on the 910b (docs/graph_engine.md "the masked
+// channel sums' mask in f16"). NPUSIM_MASKED_SUM_F16_MASK=0 (read at every compile; anything but
+// unset, "0" or "1" is a CompileError naming it) keeps the mask in f32 after the widening.
+bool masked_sum_f16_mask(KernelBuilder& b, const ChannelSumSpec& s) {
+  if (!s.relu_mask || s.b_type != Dtype::F16) return false;
+  const char* v = std::getenv("NPUSIM_MASKED_SUM_F16_MASK");
+  if (!v || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  b.fail(fmt::format("NPUSIM_MASKED_SUM_F16_MASK='{}' is neither '0' nor '1'", v));
+}
+
 // Every vector core of the launch signals once its partials are in GM (cc_set from MTE3, which
 // issues after the stores and waits for them to land) and waits for all (MTE2: the first to
 // read another core's partials).
@@ -192,7 +207,7 @@ class ChannelSumEmitter {
   void load_vectors(const Reg& g);
   void vectors_ready();
   void load_vector(const std::string& arg, uint64_t dst, const Reg& g);
-  uint64_t relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt);
+  uint64_t relu_mask(uint64_t a32, uint64_t b, const Reg& n, const Reg& cnt);
   void accumulate_tiles(const Reg& p0, const Reg& p1, const Reg& blk, const Reg& item,
                         const Reg& g);
   void fold_into_first(const uint64_t (&acc)[2], int from);
@@ -236,6 +251,7 @@ class ChannelSumEmitter {
   uint64_t m_a32 = 0, m_b32 = 0, m_m = 0, m_t = 0;
   uint64_t m_fa = 0, m_fs = 0, m_z = 0, m_bits = 0, m_one = 0, m_zero = 0;  // relu_mask
   uint64_t m_threshold = 0;      // relu_mask: a repeat of relu_mask_threshold (m_zero where 0)
+  bool m_f16_mask = false;       // relu_mask: b masked in f16 (masked_sum_f16_mask; m_one f16)
   std::vector<uint64_t> m_mask;  // relu_mask: the mask vectors' group
   std::optional<PixelOps> m_px;
   FlagPair m_in_free, m_in_ready;
@@ -261,6 +277,7 @@ ChannelSumEmitter::ChannelSumEmitter(KernelBuilder& b, const ChannelSumSpec& s)
       m_sb(m_has_b ? isa::dtype_size(s.b_type) : 0),
       m_vectors(s.centered || s.relu_mask) {
   m_mla = s.kind != Kind::kSum && multiply_accumulate_enabled(b);
+  m_f16_mask = masked_sum_f16_mask(b, s);
   if (s.channels) {
     if (s.channels % 8 != 0 || s.cp % s.channels != 0 || s.pixels < s.cp / s.channels)
       b.fail(
@@ -823,8 +840,8 @@ void ChannelSumEmitter::emit_body(const std::function<void(const Reg& blk)>& blo
   for (int q = 0; q < 2; ++q) b.set_flag(m_in_free, q);
   b.set_flag(Pipe::V, Pipe::MTE2, m_m_free);
   if (s.relu_mask) {
-    vec_fill_repeat(b, Dtype::F32, m_one, 1.0);
-    vec_fill_repeat(b, Dtype::F32, m_zero, 0.0);
+    vec_fill_repeat(b, m_f16_mask ? Dtype::F16 : Dtype::F32, m_one, 1.0);
+    vec_fill_repeat(b, Dtype::F32, m_zero, 0.0);  // (all bits 0: f16's 0 too)
     if (m_threshold != m_zero)
       vec_fill_repeat(b, Dtype::F32, m_threshold, relu_mask_threshold(s.a_type));
   }
@@ -907,21 +924,26 @@ void ChannelSumEmitter::load_vector(const std::string& arg, uint64_t dst, const 
          fmt::format("{}, channel group", arg));
 }
 
-// b32 * (fa * a32 + fs > threshold ? 1 : 0) over the tile's n pixels (cnt elements) into the
-// pre-activation's tile, which it returns: the pre-activation with the instructions
-// BNTrainingUpdate's apply uses (vmul, then vadd: the same bits), compared with
-// relu_mask_threshold of the type it is stored in (so the mask is ReluGrad's on the stored
-// output), the factor and product as ReluGrad's. No step in place (the bank model, below): the
-// product fa * a32 and the factor go through the scratch m_t, free until the centring.
-uint64_t ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b32, const Reg& n, const Reg& cnt) {
-  KernelBuilder& b = m_b;
+// b * (fa * a32 + fs > threshold ? 1 : 0) over the tile's n pixels (cnt elements), returned as
+// f32: the pre-activation with the instructions BNTrainingUpdate's apply uses (vmul, then vadd:
+// the same bits), compared with relu_mask_threshold of the type it is stored in (so the mask is
+// ReluGrad's on the stored output), the factor and product as ReluGrad's. b is b32 (f32, the
+// product into the pre-activation's tile, which is returned) or, with m_f16_mask, b's raw f16
+// tile (the factor and product in f16, the product into the pre-activation's tile, then widened
+// into m_b32, which is returned). No step in place (the bank model, below): the product
+// fa * a32 and the factor go through the scratch m_t, free until the centring.
+uint64_t ChannelSumEmitter::relu_mask(uint64_t a32, uint64_t b, const Reg& n, const Reg& cnt) {
+  KernelBuilder& kb = m_b;
   PixelOps& px = *m_px;
   px.binary(Opcode::op_vmul, m_t, 1, a32, 1, m_fa, 0, n);
   px.binary(Opcode::op_vadd, m_z, 1, m_t, 1, m_fs, 0, n);
-  vec_compare(b, Dtype::F32, isa::Cmp::GT, m_bits, m_z, m_threshold, cnt, true);
-  vec_select(b, Dtype::F32, m_t, m_one, m_zero, m_bits, cnt, true, true);
-  vec_binary(b, Opcode::op_vmul, Dtype::F32, m_z, b32, m_t, cnt);
-  return m_z;
+  vec_compare(kb, Dtype::F32, isa::Cmp::GT, m_bits, m_z, m_threshold, cnt, true);
+  const Dtype t = m_f16_mask ? Dtype::F16 : Dtype::F32;
+  vec_select(kb, t, m_t, m_one, m_zero, m_bits, cnt, true, true);
+  vec_binary(kb, Opcode::op_vmul, t, m_z, b, m_t, cnt);
+  if (!m_f16_mask) return m_z;
+  px.widen(m_b32, m_z, Dtype::F16, cnt);
+  return m_b32;
 }
 
 // The block's tiles of pixels [p0, p1) in the group, raw tiles alternately into the ping and
@@ -1136,8 +1158,8 @@ void ChannelSumEmitter::accumulate_tile(int q, int k, int j, const Reg& n, const
   const uint64_t a32 = m_sa == 4 ? a_raw : m_a32;
   uint64_t b32 = m_has_b && m_sb == 4 ? b_raw : m_b32;
   px.widen(a32, a_raw, s.a_type, cnt);
-  if (m_has_b) px.widen(b32, b_raw, s.b_type, cnt);
-  if (s.relu_mask) b32 = relu_mask(a32, b32, n, cnt);
+  if (m_has_b && !m_f16_mask) px.widen(b32, b_raw, s.b_type, cnt);
+  if (s.relu_mask) b32 = relu_mask(a32, m_f16_mask ? b_raw : b32, n, cnt);
   if (s.plain_sum) accumulate(m_acc2, m_has_b ? b32 : a32);
   // No step in place where it can be helped (the bank model: a destination that is also a
   // source takes a second access to its banks per repeat): a - m into the scratch, the square
