@@ -328,6 +328,10 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
                               "to {}: the group shares one L2", i,
                               launches[i].launch.program->name, launches[i].launch.l2_run,
                               launches.front().launch.l2_run));
+    if (launches[i].take_cores_when_ready)
+      throw Error(fmt::format("run_concurrent: launch {} ('{}') asks to take its cores when "
+                              "ready (take_cores_when_ready), which this build does not run yet",
+                              i, launches[i].launch.program->name));
   }
   // The cores: named ones first, then the free ones for launches that name none.
   std::vector<Chip::GroupLaunch> group(launches.size());

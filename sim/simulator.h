@@ -177,6 +177,12 @@ struct ConcurrentLaunch {
   // as a CANN stream's task waits for the events recorded after other tasks; if one of them
   // failed it does not run.
   std::vector<size_t> after;
+  // true (cores must be empty): the launch takes its cores when it is ready (each launch of
+  // `after` has ended): block_dim free cores of each kind its program runs on (mix: free
+  // groups), first in chip order; if too few are free it waits until enough are; waiting
+  // launches are served in index order whenever cores free (a later one that fits may start
+  // before an earlier one that does not); it holds them until its end.
+  bool take_cores_when_ready = false;
 };
 
 // What run_concurrent gives back.
