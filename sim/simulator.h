@@ -169,7 +169,8 @@ struct ConcurrentLaunch {
   // runs on, the first cores in chip order that no launch of the group names and no earlier
   // launch took that this one may overlap (one it does not wait for), as many as block_dim (a
   // mix kernel: block_dim groups of a free cube core and its aiv_per_aic vector cores), at
-  // least one.
+  // least one; fixed before the group runs. Launches that take their cores when ready
+  // (take_cores_when_ready) are not among those: they name none and take none before.
   std::vector<std::string> cores;
   // The launches this one waits for, by index in the group; each must be an earlier one's
   // (which also rules out cycles). Empty: it begins at the group's start. Otherwise it begins
@@ -182,6 +183,14 @@ struct ConcurrentLaunch {
   // groups), first in chip order; if too few are free it waits until enough are; waiting
   // launches are served in index order whenever cores free (a later one that fits may start
   // before an earlier one that does not); it holds them until its end.
+  // Its cores come only from those no launch with fixed cores (named or taken before the run)
+  // uses: those launches hold theirs for the whole group. Its blocks run one per core (group),
+  // so a block_dim above the chip's cores (groups) of the kind outside the fixed launches' is
+  // refused before anything runs (npusim::Error naming the launch), as are names in `cores`.
+  // Then it always gets its cores: the cores it may take are held only by launches that
+  // began, which wait for nothing and end; one that failed keeps its cores to the group's end,
+  // and a launch that cannot run without them does not run (its error names the failed ones).
+  // start_cycle: when it took its cores; counters: those of the cores it took.
   bool take_cores_when_ready = false;
 };
 
@@ -239,7 +248,9 @@ class Simulator {
   // npusim::Error naming the launch (its index and kernel) for a malformed group: no program,
   // an unknown core name, more cores than the chip has, a core in two launches neither of which
   // waits for the other (both named), an `after` index that is not an earlier launch's, no core
-  // the program can run on, different l2_run values; nothing runs then. The launch log
+  // the program can run on, different l2_run values, a launch that takes its cores when ready
+  // and names cores or needs more than it may take (ConcurrentLaunch::take_cores_when_ready);
+  // nothing runs then. The launch log
   // (SimOptions::launch_log) gets a line per launch in the order given. Attached observers see
   // the launches interleaved (docs/chip_model.md "Concurrent launches": the trace and the
   // profiler are written for one launch at a time).
