@@ -2,8 +2,9 @@
 // tiny split chip (2 cube cores, 4 vector cores): launches that each need every vector core run
 // one after another in index order, each in its time alone; a chain of them runs beside an
 // independent cube launch; a later launch that fits begins before an earlier one waiting for
-// cores; launches with fixed cores keep theirs; a failed launch keeps its cores and a launch
-// that needs them does not run; launches that can never get their cores are refused.
+// cores; a mix launch takes whole groups; launches with fixed cores keep theirs (and may be
+// ordered with the others); a failed launch keeps its cores and a launch that needs them does
+// not run; launches that can never get their cores are refused.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -39,6 +40,12 @@ const isa::Program& gemm() {
 }
 const isa::Program& nop() {
   static const isa::Program p = isa::assemble(".section aiv\n    nop\n    end\n", "nop.s");
+  return p;
+}
+// A mix kernel: each block on a cube core and its two vector cores.
+const isa::Program& mix_nop() {
+  static const isa::Program p = isa::assemble(
+      ".section aic\n    nop\n    end\n.section aiv\n    nop\n    end\n", "mix_nop.s");
   return p;
 }
 
@@ -227,6 +234,46 @@ TEST_CASE("a launch with named cores keeps them: the others take the rest") {
     CHECK(counter(g.launches[k].counters, "chip.aiv3.blocks") == 1);
   }
   CHECK(counter(g.counters.tree(), "chip.aiv0.blocks") == 1);
+  // Ordered both ways: a launch on aiv0 after one that took aiv1..aiv3, and one taking them
+  // again after it; each begins at the end of the one before.
+  ConcurrentResult o = sim().run_concurrent({when_ready(nop(), {}, 3),
+                                             concurrent_launch(nop(), {}, 1, {"aiv0"}, {0}),
+                                             when_ready(nop(), {}, 3, {1})});
+  for (size_t k = 0; k < 3; ++k) {
+    INFO("launch " << k);
+    REQUIRE(o.launches[k].ok);
+    CHECK(o.launches[k].start_cycle == o.start_cycle + k * nop_alone);
+    CHECK(counter(o.launches[k].counters, k == 1 ? "chip.aiv0.blocks" : "chip.aiv3.blocks") == 1);
+  }
+}
+
+TEST_CASE("a mix launch takes whole groups: a cube core with its vector cores") {
+  write_operands();
+  // 0 takes aiv0 for a long add, so group 0 (aic0, aiv0, aiv1) is not free; 1 takes group 1
+  // (aic1, aiv2, aiv3) at once; 2 needs both groups and begins when 0, the later, ends.
+  ConcurrentResult g =
+      sim().run_concurrent({when_ready(vadd(), {kLongIn, kLongIn, kLongOut, kLongN}, 1),
+                            when_ready(mix_nop(), {}, 1), when_ready(mix_nop(), {}, 2)});
+  for (const KernelResult& r : g.launches) REQUIRE(r.ok);
+  const KernelResult &a = g.launches[0], &b = g.launches[1], &c = g.launches[2];
+  CHECK(a.start_cycle == g.start_cycle);
+  CHECK(b.start_cycle == g.start_cycle);
+  CHECK(b.cycles == test::task_overhead(sim().config()) + 1);
+  for (const char* core : {"aic1", "aiv2", "aiv3"})
+    CHECK(counter(b.counters, std::string("chip.") + core + ".blocks") == 1);
+  CHECK(!b.counters["chip"].contains("aic0"));
+  CHECK(!b.counters["chip"].contains("aiv1"));
+  const uint64_t end = a.start_cycle + a.cycles;
+  CHECK(c.start_cycle <= end);
+  CHECK(c.start_cycle + 1 >= end);
+  for (const char* core : {"aic0", "aic1", "aiv0", "aiv1", "aiv2", "aiv3"})
+    CHECK(counter(c.counters, std::string("chip.") + core + ".blocks") == 1);
+  CHECK(read_gm<uint16_t>(sim(), kLongOut, kLongN) == doubled(kLongN, 53, 3.0f));
+  // Three groups: the chip has two.
+  CHECK(refusal({when_ready(mix_nop(), {}, 3)}) ==
+        "concurrent launch 0: kernel 'mix_nop': block_dim 3 needs 3 groups of one aic and 2 aiv "
+        "cores at once (it takes its cores when ready); the chip has 2, 2 of them on cores no "
+        "launch with fixed cores uses");
 }
 
 TEST_CASE("a failed launch keeps its cores: one that needs them does not run, the others do") {
