@@ -197,8 +197,9 @@ struct ConcurrentLaunch {
 // What run_concurrent gives back.
 struct ConcurrentResult {
   // Each launch's result, in the order given. start_cycle is its own start (the group's start
-  // for a launch that waits for none); cycles its own duration (from its start to its end:
-  // Chip::end_time; 0 for a launch that did not run). counter_delta / counters hold only the
+  // for a launch that waits for none, unless it waited for cores: take_cores_when_ready);
+  // cycles its own duration (from its start to its end: Chip::end_time; 0 for a launch that
+  // did not run). counter_delta / counters hold only the
   // counters of the launch's own cores (names "chip.<core>."): what its blocks did (on cores
   // it shares with ordered launches, a stream's, their growth from its start to its end; a
   // high-water counter there gives the group's maximum).
@@ -235,22 +236,21 @@ class Simulator {
 
   // Runs several launches at once on one chip, those that wait for no other (ConcurrentLaunch::
   // after) starting now on one clock edge, the others when the launches they wait for have
-  // ended, each on its own cores (ConcurrentLaunch::cores; shared only between ordered
-  // launches) with its own task scheduler state (blocks, workers, dispatch / block start /
-  // completion overheads as if alone), until every one has finished, faulted, deadlocked or
-  // not run (a launch it waits for failed: its error names that one). The L2 and HBM are
-  // shared: the launches' transfers share their bandwidth, and the group starts with the L2
-  // select_l2 chooses for its first launch (l2_run, gm_blocks, planned_blocks; every launch
-  // must have the same l2_run). Concurrent
-  // launches are always simulated, never replayed or recorded (SimOptions::replay does not
-  // apply). A fault or deadlock in one launch is that launch's error: its cores and transfers
-  // are aborted there and the other launches run on to their end and report normally. Throws
-  // npusim::Error naming the launch (its index and kernel) for a malformed group: no program,
-  // an unknown core name, more cores than the chip has, a core in two launches neither of which
-  // waits for the other (both named), an `after` index that is not an earlier launch's, no core
-  // the program can run on, different l2_run values, a launch that takes its cores when ready
-  // and names cores or needs more than it may take (ConcurrentLaunch::take_cores_when_ready);
-  // nothing runs then. The launch log
+  // ended, each on its own cores (ConcurrentLaunch::cores, shared only between ordered
+  // launches, or taken when it is ready: take_cores_when_ready) with its own task scheduler
+  // state (blocks, workers, dispatch / block start / completion overheads as if alone), until every
+  // one has finished, faulted, deadlocked or not run (a launch it waits for failed: its error names
+  // that one). The L2 and HBM are shared: the launches' transfers share their bandwidth, and the
+  // group starts with the L2 select_l2 chooses for its first launch (l2_run, gm_blocks,
+  // planned_blocks; every launch must have the same l2_run). Concurrent launches are always
+  // simulated, never replayed or recorded (SimOptions::replay does not apply). A fault or deadlock
+  // in one launch is that launch's error: its cores and transfers are aborted there and the other
+  // launches run on to their end and report normally. Throws npusim::Error naming the launch (its
+  // index and kernel) for a malformed group: no program, an unknown core name, more cores than the
+  // chip has, a core in two launches neither of which waits for the other (both named), an `after`
+  // index that is not an earlier launch's, no core the program can run on, different l2_run values,
+  // a launch that takes its cores when ready and names cores or needs more than it may take
+  // (ConcurrentLaunch::take_cores_when_ready); nothing runs then. The launch log
   // (SimOptions::launch_log) gets a line per launch in the order given. Attached observers see
   // the launches interleaved (docs/chip_model.md "Concurrent launches": the trace and the
   // profiler are written for one launch at a time).
