@@ -263,6 +263,7 @@ void TileKernel::partial_piece(const Reg& off, const Reg& len, const Reg& src) {
       p = b.reg("piece: phase"), n = b.reg("piece: blocks");
   piece_span(off_u, len_u, p, n, off, len, m_ubytes);
   if (m_pass == Pass::kLoad) {
+    wait_scratch_free();
     Reg s = b.reg("piece: load source");
     b.mul(s, p, m_ubytes);
     b.sub(s, src, s, "load from the piece's block phase before it");
@@ -283,21 +284,45 @@ void TileKernel::begin_loads(const Reg& slot, const Reg& limit, int64_t reserve)
   KernelBuilder& b = m_b;
   if (m_pass != Pass::kImmediate || batch_bytes() < reserve)
     b.fail("internal: a batch of partial pieces does not fit the run scratch");
-  b.wait_flag(m_scratch_free, *m_sp, "batch scratch free");
-  b.mul(slot, *m_sp, static_cast<int64_t>(m_scratch[1] - m_scratch[0]));
-  b.add(slot, slot, static_cast<int64_t>(m_scratch[0]), "the batch's first slot");
+  first_slot(slot);
   b.add(limit, slot, batch_bytes() - reserve, "the last slot a unit of work starts from");
   m_slot = &slot;
+  m_limit = &limit;
+  m_reserve = reserve;
   m_pass = Pass::kLoad;
 }
 
-void TileKernel::begin_copies() {
+void TileKernel::first_slot(const Reg& slot) {
+  m_b.mul(slot, *m_sp, static_cast<int64_t>(m_scratch[1] - m_scratch[0]));
+  m_b.add(slot, slot, static_cast<int64_t>(m_scratch[0]), "the batch's first slot");
+}
+
+// gap = limit - slot; the condition: no piece loaded into this batch's scratch yet.
+Cond TileKernel::nothing_loaded(const Reg& gap) {
+  m_b.sub(gap, *m_limit, *m_slot);
+  return eq(gap, batch_bytes() - m_reserve);
+}
+
+// The scratch buffer is waited for before its first load: a batch that loads no piece (rows of
+// whole blocks, rows of padding) does not touch it.
+void TileKernel::wait_scratch_free() {
+  Reg gap = m_b.reg("batch: limit - slot");
+  m_b.if_(nothing_loaded(gap),
+          [&] { m_b.wait_flag(m_scratch_free, *m_sp, "batch scratch free"); });
+}
+
+void TileKernel::begin_copies(const Label* skip_if_empty) {
   KernelBuilder& b = m_b;
   if (m_pass != Pass::kLoad) b.fail("internal: begin_copies outside a load pass");
+  if (skip_if_empty) {
+    Reg gap = b.reg("batch: limit - slot");
+    b.branch(nothing_loaded(gap), *skip_if_empty);
+  } else {
+    wait_scratch_free();  // the flags below pair with end_batch's whether pieces came or not
+  }
   b.set_flag(m_scratch_ready, *m_sp);
   b.wait_flag(m_scratch_ready, *m_sp, "the batch's loads done");
-  b.mul(*m_slot, *m_sp, static_cast<int64_t>(m_scratch[1] - m_scratch[0]));
-  b.add(*m_slot, *m_slot, static_cast<int64_t>(m_scratch[0]), "the batch's first slot");
+  first_slot(*m_slot);
   m_pass = Pass::kCopy;
 }
 
@@ -306,7 +331,7 @@ void TileKernel::end_batch() {
   if (m_pass != Pass::kCopy) b.fail("internal: end_batch outside a copy pass");
   b.set_flag(m_scratch_free, *m_sp, "batch scratch read");
   b.emit(Opcode::op_xor, {*m_sp, *m_sp, 1});
-  m_slot = nullptr;
+  m_slot = m_limit = nullptr;
   m_pass = Pass::kImmediate;
 }
 
@@ -777,21 +802,18 @@ class Assembler {
     b.branch(ge(row, row_end), loaded);
     b.branch(ge(limit, slot), loads);
     b.bind(loaded);
+    // Every region a plain run and no partial piece loaded (rows of whole blocks or of padding
+    // only): the copy pass would write nothing, the batch ends with its loads.
     Label copied = b.label("batch_copied");
-    if (m_runs_only) {  // no partial piece loaded: nothing to copy (whole-block rows)
-      Reg t = b.reg("batch: slot bytes left");
-      b.sub(t, limit, slot);
-      b.branch(eq(t, m_k.batch_bytes() - m_row_batch_bytes), copied);
-    }
+    m_k.begin_copies(m_runs_only ? &copied : nullptr);
     b.mov(last, row);
     b.mov(row, first);
-    m_k.begin_copies();
     b.bind(copies);
     row_regions(row);
     b.add(row, row, 1);
     b.branch(lt(row, last), copies);
-    b.bind(copied);
     m_k.end_batch();
+    b.bind(copied);
     b.branch(lt(row, row_end), batch);
   }
 

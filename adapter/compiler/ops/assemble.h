@@ -140,10 +140,14 @@ class TileKernel {
   int64_t batch_bytes() const;
   // Starts the load pass: slot = the first slot of this batch's buffer, limit = the last slot
   // address from which `reserve` more bytes still fit (the body loads another unit of work,
-  // at most `reserve` bytes, while slot <= limit). slot and limit live until end_batch.
+  // at most `reserve` bytes, while slot <= limit). slot and limit live until end_batch. The
+  // load pass waits for the buffer (V -> MTE2 flag) before its first piece only.
   void begin_loads(const Reg& slot, const Reg& limit, int64_t reserve);
-  void begin_copies();  // one MTE2 -> V flag: every load of the batch done; slot back to first
-  void end_batch();     // the scratch buffer is free again; the next batch takes the other one
+  // Ends the load pass: one MTE2 -> V flag (every load of the batch done), slot back to the
+  // first. skip_if_empty: where to branch, past end_batch, when no piece was loaded (for a body
+  // that then writes nothing in the copy pass); null: the copy pass runs in any case.
+  void begin_copies(const Label* skip_if_empty);
+  void end_batch();  // the scratch buffer is free again; the next batch takes the other one
   bool loading() const { return m_pass == Pass::kLoad; }
 
  private:
@@ -202,6 +206,11 @@ class TileKernel {
   enum class Pass { kImmediate, kLoad, kCopy };
   Pass m_pass = Pass::kImmediate;  // batched partial blocks: which pass is being emitted
   const Reg* m_slot = nullptr;     // batch: UB address of the next partial piece's slot
+  const Reg* m_limit = nullptr;    // batch: the last slot a unit of work starts from
+  int64_t m_reserve = 0;           // batch: bytes from limit to the buffer's end
+  void first_slot(const Reg& slot);
+  Cond nothing_loaded(const Reg& gap);
+  void wait_scratch_free();
   const Reg* m_pos = nullptr;
   const Reg* m_cnt = nullptr;
   const Reg* m_sp = nullptr;       // scratch parity
