@@ -72,6 +72,7 @@ const std::vector<std::string>& lowering_switches() {
   // One name a line, in order.
   // clang-format off
   static const std::vector<std::string> names = {
+      "NPUSIM_ASSEMBLE_BATCHED_PIECES",
       "NPUSIM_BN_RAGGED_CHANNELS",
       "NPUSIM_CONV_PIXEL_LOADS",
       "NPUSIM_CONV_PLAN_RANK",

@@ -70,9 +70,9 @@ HostTensor distinct(DataType dt, Shape shape, uint32_t seed) {
   return t;
 }
 
-// Runs `op` and compares every output with `want` exactly.
-void check(const compiler::OpDesc& op, const std::vector<HostTensor>& inputs,
-           const std::vector<HostTensor>& want) {
+// Runs `op` and compares every output with `want` exactly; returns the run's cycles.
+uint64_t check(const compiler::OpDesc& op, const std::vector<HostTensor>& inputs,
+               const std::vector<HostTensor>& want) {
   INFO(op.str());
   compiler::CompiledKernel k = compiler::compile(op, test_sim().config());
   for (const compiler::Launch& l : k.launches) UNSCOPED_INFO(l.summary);
@@ -83,6 +83,7 @@ void check(const compiler::OpDesc& op, const std::vector<HostTensor>& inputs,
     CHECK(r.outputs[i].desc == want[i].desc);
     check_close(r.outputs[i].values, want[i].values, 0, 0, op.type);
   }
+  return r.cycles;
 }
 
 // out[i] = src.values[fn(i)] for every output multi-index i (fn < 0: the fill value).
@@ -961,4 +962,80 @@ TEST_CASE("data movement tiles follow the config: UB size and vector core count"
   CHECK(k_ub.launches[0].summary.find("tile 12160 elements") != std::string::npos);
   CHECK(k_tiny.launches[0].block_dim == 4);
   CHECK(k_cores.launches[0].block_dim == 2);
+}
+
+TEST_CASE("runs' partial blocks batched behind one flag: same bytes, fewer cycles") {
+  // Rows shorter than a tile's share of the run scratch (64 bytes a run a row), so each tile
+  // takes several batches, and several tiles per core. Each op runs batched (the default) and
+  // with NPUSIM_ASSEMBLE_BATCHED_PIECES=0 (a flag per partial block); both must give the
+  // reference bit for bit.
+  uint32_t seed = 400;
+  auto both = [](const compiler::OpDesc& op, const std::vector<HostTensor>& in,
+                 const std::vector<HostTensor>& want) {
+    unsetenv("NPUSIM_ASSEMBLE_BATCHED_PIECES");
+    const uint64_t batched = check(op, in, want);
+    setenv("NPUSIM_ASSEMBLE_BATCHED_PIECES", "0", 1);
+    const uint64_t per_piece = check(op, in, want);
+    unsetenv("NPUSIM_ASSEMBLE_BATCHED_PIECES");
+    return std::make_pair(batched, per_piece);
+  };
+  auto pad_reference = [](DataType dt, const HostTensor& x, const Index& pads) {
+    const Shape& s = x.desc.shape;
+    const Shape o = {s[0] + pads[0] + pads[1], s[1] + pads[2] + pads[3]};
+    return reference(dt, o, x, [&](const Index& i) -> int64_t {
+      const int64_t r = i[0] - pads[0], c = i[1] - pads[2];
+      if (r < 0 || r >= s[0] || c < 0 || c >= s[1]) return -1;
+      return r * s[1] + c;
+    });
+  };
+  // f32 runs of 5 inside one or two blocks (all through the scratch), rows of 9.
+  {
+    HostTensor x = distinct(DataType::F32, {6000, 5}, seed++);
+    const Index pads = {0, 0, 1, 3};
+    const auto [batched, per_piece] =
+        both(make_op("Pad", {x.desc}, {{"paddings", pads}}), {x},
+             {pad_reference(DataType::F32, x, pads)});
+    INFO("batched " << batched << " cycles, per piece " << per_piece);
+    CHECK(batched < per_piece);
+  }
+  // f16 runs of 37: head, whole blocks straight into the tile, tail; one padded row each side.
+  {
+    HostTensor x = distinct(DataType::F16, {3000, 37}, seed++);
+    const Index pads = {1, 1, 3, 2};
+    const auto [batched, per_piece] =
+        both(make_op("Pad", {x.desc}, {{"paddings", pads}}), {x},
+             {pad_reference(DataType::F16, x, pads)});
+    INFO("batched " << batched << " cycles, per piece " << per_piece);
+    CHECK(batched < per_piece);
+  }
+  // Two run regions a row (ConcatV2 of widths 5 and 6), s64 (two s32 lanes an element).
+  for (DataType dt : {DataType::F32, DataType::S64}) {
+    HostTensor a = distinct(dt, {4000, 5}, seed++), c = distinct(dt, {4000, 6}, seed++);
+    HostTensor want = reference(dt, {4000, 11}, a, [](const Index& i) -> int64_t {
+      return i[1] < 5 ? i[0] * 5 + i[1] : -1;
+    });
+    for (int64_t r = 0; r < 4000; ++r)
+      for (int64_t k = 0; k < 6; ++k)
+        want.values[static_cast<size_t>(r * 11 + 5 + k)] = c.values[static_cast<size_t>(r * 6 + k)];
+    both(make_op("ConcatV2", {a.desc, c.desc}, {{"axis", int64_t{1}}}), {a, c}, {want});
+  }
+  // A later run region over an earlier one (XlaDynamicUpdateSlice, starts read at run time).
+  {
+    HostTensor x = distinct(DataType::F32, {500, 23}, seed++);
+    HostTensor u = distinct(DataType::F32, {500, 13}, seed++);
+    HostTensor starts{TensorDesc{DataType::S32, {2}}, {0, 7}};
+    HostTensor want = x;
+    for (int64_t r = 0; r < 500; ++r)
+      for (int64_t k = 0; k < 13; ++k)
+        want.values[static_cast<size_t>(r * 23 + 7 + k)] =
+            u.values[static_cast<size_t>(r * 13 + k)];
+    both(make_op("XlaDynamicUpdateSlice", {x.desc, u.desc, starts.desc}), {x, u, starts}, {want});
+  }
+  setenv("NPUSIM_ASSEMBLE_BATCHED_PIECES", "yes", 1);
+  HostTensor x = distinct(DataType::F32, {10, 5}, 1);
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("Pad", {x.desc}, {{"paddings", Index{0, 0, 1, 1}}}),
+                        test_sim().config()),
+      Catch::Contains("NPUSIM_ASSEMBLE_BATCHED_PIECES='yes' is neither '0' nor '1'"));
+  unsetenv("NPUSIM_ASSEMBLE_BATCHED_PIECES");
 }

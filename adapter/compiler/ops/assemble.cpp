@@ -1,6 +1,9 @@
 #include "adapter/compiler/ops/assemble.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -147,6 +150,7 @@ void TileKernel::exact(Opcode op, Dtype type, const Reg& off_u, const Reg& len_u
 
 void TileKernel::splat(const Reg& off, const Reg& len, const Reg& value) {
   KernelBuilder& b = m_b;
+  if (m_pass == Pass::kLoad) b.fail("internal: a vector write in the load pass of a batch");
   KernelBuilder::Origin o(b, "splat");
   Reg off_u = b.reg("splat: first lane"), len_u = b.reg("splat: lanes");
   unit_offset(off_u, off);
@@ -175,6 +179,7 @@ void TileKernel::splat(const Reg& off, const Reg& len, const Reg& value) {
 
 void TileKernel::place(const Reg& off, const Reg& value) {
   KernelBuilder& b = m_b;
+  if (m_pass == Pass::kLoad) b.fail("internal: a vector write in the load pass of a batch");
   const int64_t epb = kBlockBytes / m_ubytes;
   Reg d = b.reg("place: block"), p = b.reg("place: lane mask"), v = b.reg("place: value");
   b.mul(d, off, m_units);
@@ -199,24 +204,33 @@ void TileKernel::place(const Reg& off, const Reg& value) {
   }
 }
 
+// The lanes of the piece [off, off + len) (elements) of the tile, its phase in its first block
+// (lanes) and the 32-byte blocks that hold it from that block on: what a load of the piece from
+// its block phase before it brings (src_unit GM bytes per lane).
+void TileKernel::piece_span(const Reg& off_u, const Reg& len_u, const Reg& phase,
+                            const Reg& blocks, const Reg& off, const Reg& len, int src_unit) {
+  KernelBuilder& b = m_b;
+  const int64_t epb = kBlockBytes / m_ubytes;
+  unit_offset(off_u, off);
+  unit_offset(len_u, len);
+  b.and_(phase, off_u, epb - 1);
+  b.add(blocks, phase, len_u);
+  b.mul(blocks, blocks, src_unit);
+  b.add(blocks, blocks, kBlockBytes - 1);
+  b.shr(blocks, blocks, kLog2Block);
+}
+
 void TileKernel::run_piece(const Reg& off, const Reg& len, const Reg& src, bool accumulate) {
   KernelBuilder& b = m_b;
   if (!m_opt.runs) b.fail("internal: TileKernel built without run buffers");
-  const int64_t epb = kBlockBytes / m_ubytes;
   const int src_unit = m_wide ? 1 : m_ubytes;  // GM bytes per lane
   Reg off_u = b.reg("run: first lane"), len_u = b.reg("run: lanes");
-  unit_offset(off_u, off);
-  unit_offset(len_u, len);
   {
     Reg p = b.reg("run: phase"), s = b.reg("run: load source"), n = b.reg("run: blocks"),
         a = b.reg("run: scratch");
-    b.and_(p, off_u, epb - 1);
+    piece_span(off_u, len_u, p, n, off, len, src_unit);
     b.mul(s, p, src_unit);
     b.sub(s, src, s, "load from the run's block phase before it");
-    b.add(n, p, len_u);
-    b.mul(n, n, src_unit);
-    b.add(n, n, kBlockBytes - 1);
-    b.shr(n, n, kLog2Block);
     b.mul(a, *m_sp, static_cast<int64_t>(m_scratch[1] - m_scratch[0]));
     b.add(a, a, static_cast<int64_t>(m_scratch[0]));
     b.wait_flag(m_scratch_free, *m_sp, "scratch free");
@@ -234,6 +248,91 @@ void TileKernel::run_piece(const Reg& off, const Reg& len, const Reg& src, bool 
   }
   b.set_flag(m_scratch_free, *m_sp, "scratch read");
   b.emit(Opcode::op_xor, {*m_sp, *m_sp, 1});
+}
+
+// A partial piece of copy_run (inside one or two blocks of the tile): at once through the
+// ping/pong scratch, or in a batch (the load pass loads it into the next slot, the copy pass
+// copies it from that slot).
+void TileKernel::partial_piece(const Reg& off, const Reg& len, const Reg& src) {
+  if (m_pass == Pass::kImmediate) {
+    run_piece(off, len, src, false);
+    return;
+  }
+  KernelBuilder& b = m_b;
+  Reg off_u = b.reg("piece: first lane"), len_u = b.reg("piece: lanes"),
+      p = b.reg("piece: phase"), n = b.reg("piece: blocks");
+  piece_span(off_u, len_u, p, n, off, len, m_ubytes);
+  if (m_pass == Pass::kLoad) {
+    wait_scratch_free();
+    Reg s = b.reg("piece: load source");
+    b.mul(s, p, m_ubytes);
+    b.sub(s, src, s, "load from the piece's block phase before it");
+    b.emit(Opcode::op_copy_gm2ub, {*m_slot, s, 1, n, 0, 0}, "load the piece into its slot");
+  } else {
+    exact(Opcode::op_vcopy, m_unit, off_u, len_u, *m_slot, false);
+  }
+  b.shl(n, n, kLog2Block);
+  b.add(*m_slot, *m_slot, n, "the next piece's slot");
+}
+
+int64_t TileKernel::batch_bytes() const {
+  if (!m_direct) return 0;
+  return m_tile * m_esize + static_cast<int64_t>(kBlockBytes);  // one run scratch buffer
+}
+
+void TileKernel::begin_loads(const Reg& slot, const Reg& limit, int64_t reserve) {
+  KernelBuilder& b = m_b;
+  if (m_pass != Pass::kImmediate || batch_bytes() < reserve)
+    b.fail("internal: a batch of partial pieces does not fit the run scratch");
+  first_slot(slot);
+  b.add(limit, slot, batch_bytes() - reserve, "the last slot a unit of work starts from");
+  m_slot = &slot;
+  m_limit = &limit;
+  m_reserve = reserve;
+  m_pass = Pass::kLoad;
+}
+
+void TileKernel::first_slot(const Reg& slot) {
+  m_b.mul(slot, *m_sp, static_cast<int64_t>(m_scratch[1] - m_scratch[0]));
+  m_b.add(slot, slot, static_cast<int64_t>(m_scratch[0]), "the batch's first slot");
+}
+
+// gap = limit - slot; the condition: no piece loaded into this batch's scratch yet.
+Cond TileKernel::nothing_loaded(const Reg& gap) {
+  m_b.sub(gap, *m_limit, *m_slot);
+  return eq(gap, batch_bytes() - m_reserve);
+}
+
+// The scratch buffer is waited for before its first load: a batch that loads no piece (rows of
+// whole blocks, rows of padding) does not touch it.
+void TileKernel::wait_scratch_free() {
+  Reg gap = m_b.reg("batch: limit - slot");
+  m_b.if_(nothing_loaded(gap),
+          [&] { m_b.wait_flag(m_scratch_free, *m_sp, "batch scratch free"); });
+}
+
+void TileKernel::begin_copies(const Label* skip_if_empty) {
+  KernelBuilder& b = m_b;
+  if (m_pass != Pass::kLoad) b.fail("internal: begin_copies outside a load pass");
+  if (skip_if_empty) {
+    Reg gap = b.reg("batch: limit - slot");
+    b.branch(nothing_loaded(gap), *skip_if_empty);
+  } else {
+    wait_scratch_free();  // the flags below pair with end_batch's whether pieces came or not
+  }
+  b.set_flag(m_scratch_ready, *m_sp);
+  b.wait_flag(m_scratch_ready, *m_sp, "the batch's loads done");
+  first_slot(*m_slot);
+  m_pass = Pass::kCopy;
+}
+
+void TileKernel::end_batch() {
+  KernelBuilder& b = m_b;
+  if (m_pass != Pass::kCopy) b.fail("internal: end_batch outside a copy pass");
+  b.set_flag(m_scratch_free, *m_sp, "batch scratch read");
+  b.emit(Opcode::op_xor, {*m_sp, *m_sp, 1});
+  m_slot = m_limit = nullptr;
+  m_pass = Pass::kImmediate;
 }
 
 void TileKernel::direct_piece(const Reg& off, const Reg& len, const Reg& src) {
@@ -254,6 +353,7 @@ void TileKernel::copy_run(const Reg& off, const Reg& len, const Reg& src) {
     run_piece(off, len, src, false);
     return;
   }
+  const bool loads = m_pass != Pass::kCopy;  // the copy pass issues no direct loads
   // Split: head [off, a) and tail [e, off + len) through the scratch, [a, e) direct, where a
   // and e are the block boundaries inside the run (e = the run's end when it ends the tile:
   // lanes past the tile's count are never stored as data).
@@ -276,24 +376,28 @@ void TileKernel::copy_run(const Reg& off, const Reg& len, const Reg& src) {
     b.sub(t, e, a);
     b.branch(ge(t, epb), split);
   }
-  run_piece(off, len, src, false);  // no whole block inside: all through the scratch
+  partial_piece(off, len, src);  // no whole block inside: all through the scratch
   b.jmp(done);
   b.bind(split);
   {
     Reg t = b.reg("run: piece length"), s = b.reg("run: piece source");
     b.sub(t, a, off);
-    b.if_(ne(t, 0), [&] { run_piece(off, t, src, false); });
-    b.sub(t, e, a);
-    b.sub(s, a, off);
-    b.mul(s, s, m_esize);
-    b.add(s, s, src);
-    direct_piece(a, t, s);
-    b.sub(t, end, e);
-    b.if_(ne(t, 0), [&] {
-      b.sub(s, e, off);
+    b.if_(ne(t, 0), [&] { partial_piece(off, t, src); });
+    if (loads) {
+      b.sub(t, e, a);
+      b.sub(s, a, off);
       b.mul(s, s, m_esize);
       b.add(s, s, src);
-      run_piece(e, t, s, false);
+      direct_piece(a, t, s);
+    }
+    b.sub(t, end, e);
+    b.if_(ne(t, 0), [&] {
+      if (loads) {  // the copy pass reads the piece from its slot: no source address
+        b.sub(s, e, off);
+        b.mul(s, s, m_esize);
+        b.add(s, s, src);
+      }
+      partial_piece(e, t, s);
     });
   }
   b.bind(done);
@@ -306,6 +410,7 @@ void TileKernel::vector_before_direct() {
 }
 
 void TileKernel::accumulate_run(const Reg& off, const Reg& len, const Reg& src) {
+  if (m_pass != Pass::kImmediate) m_b.fail("internal: accumulate_run inside a batch");
   KernelBuilder::Origin o(m_b, "accumulate a run");
   run_piece(off, len, src, true);
 }
@@ -587,13 +692,60 @@ AssembleSpec view_spec(const std::string& kernel_name, DataType dtype,
 
 namespace {
 
+bool is_run_region(const AsmRegion& r) {
+  return r.input >= 0 && r.col_step == 1 && r.col_stride == 1 &&
+         r.col_hi - r.col_lo >= kMinRunElems;
+}
+
+bool region_gathers(const AsmRegion& r) {
+  return std::any_of(r.rows.begin(), r.rows.end(), [](const AsmRowMap& m) { return m.index >= 0; });
+}
+
+// The columns a region may write in some row: [col_lo, col_hi) moved by its column shift.
+std::pair<int64_t, int64_t> region_columns(const AsmRegion& r) {
+  const int64_t reach = r.col_shift.input >= 0 ? r.col_shift.max * r.col_shift.scale : 0;
+  return {r.col_lo, r.col_hi + reach};
+}
+
+// Whether batching keeps the regions' order (TileKernel::begin_loads): a batch does every load
+// (the runs' whole blocks) before every vector write (partial pieces, splats, elements), so no
+// region written by the vector unit may lie under a later run region's whole blocks. Holds when
+// every region before a run region either has no column in common with it, or is a plain run
+// region (no gather, no column shift) whose columns cover it: its vector writes are its partial
+// end blocks, outside the later region's whole blocks.
+bool batch_keeps_order(const AssembleSpec& spec) {
+  for (size_t j = 0; j < spec.regions.size(); ++j) {
+    if (!is_run_region(spec.regions[j])) continue;
+    const auto [jlo, jhi] = region_columns(spec.regions[j]);
+    for (size_t i = 0; i < j; ++i) {
+      const AsmRegion& ri = spec.regions[i];
+      const auto [ilo, ihi] = region_columns(ri);
+      if (ihi <= jlo || jhi <= ilo) continue;
+      const bool covers = ilo <= jlo && jhi <= ihi;
+      if (!is_run_region(ri) || region_gathers(ri) || ri.col_shift.input >= 0 || !covers)
+        return false;
+    }
+  }
+  return true;
+}
+
 class Assembler {
  public:
-  Assembler(const AssembleSpec& spec, TileKernel& k) : m_spec(spec), m_k(k) {
+  // batch: the runs' partial blocks of as many rows as the run scratch holds go behind one flag
+  // (TileKernel::begin_loads); false: each partial block behind its own flag.
+  Assembler(const AssembleSpec& spec, TileKernel& k, bool batch) : m_spec(spec), m_k(k) {
     const size_t rank = spec.rows.size();
     m_rows = spec.rows;
     m_below.assign(rank, 1);
     for (size_t d = rank; d-- > 1;) m_below[d - 1] = m_below[d] * m_rows[d];
+    int64_t runs = 0;
+    for (const AsmRegion& r : spec.regions) runs += is_run_region(r) ? 1 : 0;
+    m_row_batch_bytes = runs * TileKernel::kBatchBytesPerRun;
+    m_batch = batch && runs > 0 && m_k.batch_bytes() >= m_row_batch_bytes &&
+              batch_keeps_order(spec);
+    m_runs_only = !spec.regions.empty();
+    for (const AsmRegion& r : spec.regions)
+      m_runs_only = m_runs_only && is_run_region(r) && !region_gathers(r);
   }
 
   void tile() {
@@ -606,21 +758,65 @@ class Assembler {
       m_k.vector_before_direct();
     }
     const int64_t w = m_spec.width;
-    Reg row = b.reg("row"), row_end = b.reg("end row"), rs = b.reg("row start in the tile");
+    Reg row = b.reg("row"), row_end = b.reg("end row");
     b.div(row, m_k.pos(), w, "first row of the tile");
     b.add(row_end, m_k.pos(), m_k.cnt());
     b.add(row_end, row_end, w - 1);
     b.div(row_end, row_end, w, "end row of the tile");
+    if (m_batch) {
+      batched_rows(row, row_end);
+      return;
+    }
     Label top = b.label("row_loop");
     b.bind(top);
-    b.mul(rs, row, w);
-    b.sub(rs, rs, m_k.pos(), "row start relative to the tile");
-    for (size_t r = 0; r < m_spec.regions.size(); ++r) region(r, row, rs);
+    row_regions(row);
     b.add(row, row, 1);
     b.branch(lt(row, row_end), top);
   }
 
  private:
+  // Every region's piece of one row.
+  void row_regions(const Reg& row) {
+    KernelBuilder& b = m_k.b();
+    Reg rs = b.reg("row start in the tile");
+    b.mul(rs, row, m_spec.width);
+    b.sub(rs, rs, m_k.pos(), "row start relative to the tile");
+    for (size_t r = 0; r < m_spec.regions.size(); ++r) region(r, row, rs);
+  }
+
+  // The rows [row, row_end) in batches: the load pass takes rows while the scratch holds
+  // another row's partial blocks, the copy pass writes the same rows.
+  void batched_rows(const Reg& row, const Reg& row_end) {
+    KernelBuilder& b = m_k.b();
+    KernelBuilder::Origin o(b, "batched rows");
+    Reg first = b.reg("batch: first row"), last = b.reg("batch: end row"),
+        slot = b.reg("batch: next slot"), limit = b.reg("batch: last slot for a row");
+    Label batch = b.label("batch_loop"), loads = b.label("batch_loads"),
+          loaded = b.label("batch_loaded"), copies = b.label("batch_copies");
+    b.bind(batch);
+    b.mov(first, row);
+    m_k.begin_loads(slot, limit, m_row_batch_bytes);
+    b.bind(loads);
+    row_regions(row);
+    b.add(row, row, 1);
+    b.branch(ge(row, row_end), loaded);
+    b.branch(ge(limit, slot), loads);
+    b.bind(loaded);
+    // Every region a plain run and no partial piece loaded (rows of whole blocks or of padding
+    // only): the copy pass would write nothing, the batch ends with its loads.
+    Label copied = b.label("batch_copied");
+    m_k.begin_copies(m_runs_only ? &copied : nullptr);
+    b.mov(last, row);
+    b.mov(row, first);
+    b.bind(copies);
+    row_regions(row);
+    b.add(row, row, 1);
+    b.branch(lt(row, last), copies);
+    m_k.end_batch();
+    b.bind(copied);
+    b.branch(lt(row, row_end), batch);
+  }
+
   Reg fill_value(const AsmFill& f) {
     KernelBuilder& b = m_k.b();
     Reg v = b.reg("fill value");
@@ -636,11 +832,11 @@ class Assembler {
   void region(size_t ri, const Reg& row, const Reg& rs) {
     KernelBuilder& b = m_k.b();
     const AsmRegion& r = m_spec.regions[ri];
+    if (m_k.loading() && !is_run_region(r)) return;  // nothing to load: written in the copy pass
     KernelBuilder::Origin o(b, fmt::format("region {}", ri));
     const int esize = m_k.elem_bytes();
     Label skip = b.label("region_skip");
-    bool gathers = false;
-    for (const AsmRowMap& m : r.rows) gathers = gathers || m.index >= 0;
+    const bool gathers = region_gathers(r);
     Reg src = b.reg_imm("region: source element", r.offset);
     Reg bad;
     if (gathers) bad = b.reg_imm("region: an index is out of range", 0);
@@ -726,7 +922,7 @@ class Assembler {
     if (gathers) {
       Label normal = b.label("index_in_range");
       b.branch(eq(bad, 0), normal);
-      fill_piece(r, r.fill, off, cl, ch);
+      if (!m_k.loading()) fill_piece(r, r.fill, off, cl, ch);
       b.jmp(skip);
       b.bind(normal);
     }
@@ -821,13 +1017,25 @@ class Assembler {
   const AssembleSpec& m_spec;
   TileKernel& m_k;
   std::vector<int64_t> m_rows, m_below;
+  int64_t m_row_batch_bytes = 0;  // the most scratch bytes one row's partial blocks take
+  bool m_batch = false;
+  bool m_runs_only = false;  // every region a run (no gather): the copy pass writes only pieces
 };
 
 bool spec_uses_runs(const AssembleSpec& spec) {
-  for (const AsmRegion& r : spec.regions)
-    if (r.input >= 0 && r.col_step == 1 && r.col_stride == 1 && r.col_hi - r.col_lo >= kMinRunElems)
-      return true;
-  return false;
+  return std::any_of(spec.regions.begin(), spec.regions.end(), is_run_region);
+}
+
+// NPUSIM_ASSEMBLE_BATCHED_PIECES: unset, empty or "1", the runs' partial blocks are batched
+// (Assembler); "0", each behind its own flag (for comparison). Anything else is a CompileError.
+bool batched_pieces(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_ASSEMBLE_BATCHED_PIECES");
+  if (!v || !*v) return true;
+  const std::string_view value(v);
+  if (value == "0") return false;
+  if (value == "1") return true;
+  throw CompileError(
+      fmt::format("{}: NPUSIM_ASSEMBLE_BATCHED_PIECES='{}' is neither '0' nor '1'", op, v));
 }
 
 }  // namespace
@@ -848,6 +1056,7 @@ Launch build_assemble_kernel(const std::string& op, const AssembleSpec& spec,
   opt.out_run = spec.out_run;
   opt.out_run_stride = spec.out_run_stride;
   opt.runs = spec_uses_runs(spec);
+  const bool batch = batched_pieces(op);
   TileKernel k(op, opt, cfg);
   AssembleSpec normalized = spec;
   if (normalized.rows.empty()) {
@@ -855,7 +1064,7 @@ Launch build_assemble_kernel(const std::string& op, const AssembleSpec& spec,
     for (AsmRegion& r : normalized.regions) r.rows = {AsmRowMap{0, 1, 1, 0, -1, 0, {}}};
   }
   Launch l = k.build([&](TileKernel& tk) {
-    Assembler a(normalized, tk);
+    Assembler a(normalized, tk, batch);
     a.tile();
   });
   return l;

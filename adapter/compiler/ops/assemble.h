@@ -16,7 +16,10 @@
 //            into a scratch buffer, starting up to 31 bytes before the piece so that it lands at
 //            the phase it has in the tile (GM is byte addressed, the UB is not), then a vcopy
 //            whose first block is masked to the piece's lanes and whose rest is counter-mode.
-//            Scratch is ping/pong with MTE2 <-> V flags.
+//            Scratch is ping/pong with MTE2 <-> V flags. A set_flag on MTE2 waits for every
+//            transfer in flight, so a flag per partial block costs a round trip each; batched
+//            (TileKernel::begin_loads, the assembly kernel's default) the partial blocks of
+//            many rows are loaded into consecutive slots of one scratch buffer behind one flag.
 //   splat    the same two-part vdup of one value (fills, broadcast elements).
 //   element  ld of the element by the scalar unit (8 bytes, little-endian) and a vdup with a
 //            one-lane mask: for strided, reversed or very short runs.
@@ -41,6 +44,7 @@
 #include "adapter/compiler/buffer_plan.h"
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/kernel_builder.h"
+#include "isa/layout.h"
 
 namespace npusim::compiler::ops {
 
@@ -119,6 +123,33 @@ class TileKernel {
   // after a background fill that copy_run pieces overwrite.
   void vector_before_direct();
 
+  // ---- batched partial blocks: one MTE2 -> V round trip per batch of copy_run calls ----
+  // A batch is emitted twice by the body. Load pass (begin_loads .. begin_copies): copy_run
+  // issues only loads, the whole blocks straight into the tile and each partial piece into the
+  // next slot of the batch's scratch buffer (slot advances by the piece's blocks, at most
+  // kBatchBytesPerRun per copy_run); nothing else may write the tile. Copy pass (begin_copies ..
+  // end_batch): the same copy_run calls in the same order with the same offsets and lengths
+  // write each partial piece from its slot (exact vcopy); the body's other writes (splats,
+  // elements) go here too, after every load of the batch, so a later piece or splat overwrites
+  // an earlier run's whole blocks as in program order (an earlier vector write must not lie
+  // under a later run's whole blocks). Batches alternate between the two scratch buffers
+  // (MTE2 <-> V flags), so the next batch loads while this one copies.
+  static constexpr int64_t kBatchBytesPerRun = 2 * static_cast<int64_t>(layout::kBlockBytes);
+  // The bytes one batch may load into its scratch buffer; 0: batching is not available (1-byte
+  // types, runs not loaded directly, or no runs).
+  int64_t batch_bytes() const;
+  // Starts the load pass: slot = the first slot of this batch's buffer, limit = the last slot
+  // address from which `reserve` more bytes still fit (the body loads another unit of work,
+  // at most `reserve` bytes, while slot <= limit). slot and limit live until end_batch. The
+  // load pass waits for the buffer (V -> MTE2 flag) before its first piece only.
+  void begin_loads(const Reg& slot, const Reg& limit, int64_t reserve);
+  // Ends the load pass: one MTE2 -> V flag (every load of the batch done), slot back to the
+  // first. skip_if_empty: where to branch, past end_batch, when no piece was loaded (for a body
+  // that then writes nothing in the copy pass); null: the copy pass runs in any case.
+  void begin_copies(const Label* skip_if_empty);
+  void end_batch();  // the scratch buffer is free again; the next batch takes the other one
+  bool loading() const { return m_pass == Pass::kLoad; }
+
  private:
   // The UB buffers of one tile, declared once (BufferPlan): tile choice and allocation.
   struct TileBuffers {
@@ -141,6 +172,9 @@ class TileKernel {
   void exact(isa::Opcode op, isa::Dtype type, const Reg& off_u, const Reg& len_u,
              const Reg& src, bool src_pattern);
   void run_piece(const Reg& off, const Reg& len, const Reg& src, bool accumulate);
+  void partial_piece(const Reg& off, const Reg& len, const Reg& src);
+  void piece_span(const Reg& off_u, const Reg& len_u, const Reg& phase, const Reg& bytes,
+                  const Reg& off, const Reg& len, int src_unit);
   void direct_piece(const Reg& off, const Reg& len, const Reg& src);
   void unit_offset(const Reg& off_u, const Reg& off);  // elements -> lanes
 
@@ -169,6 +203,14 @@ class TileKernel {
   bool m_direct = false;           // copy_run loads whole blocks straight into the tile
   FlagPair m_tile_free_mte2, m_tile_loaded, m_vector_done;
   int m_q = 0;                     // parity of the tile being emitted
+  enum class Pass { kImmediate, kLoad, kCopy };
+  Pass m_pass = Pass::kImmediate;  // batched partial blocks: which pass is being emitted
+  const Reg* m_slot = nullptr;     // batch: UB address of the next partial piece's slot
+  const Reg* m_limit = nullptr;    // batch: the last slot a unit of work starts from
+  int64_t m_reserve = 0;           // batch: bytes from limit to the buffer's end
+  void first_slot(const Reg& slot);
+  Cond nothing_loaded(const Reg& gap);
+  void wait_scratch_free();
   const Reg* m_pos = nullptr;
   const Reg* m_cnt = nullptr;
   const Reg* m_sp = nullptr;       // scratch parity
