@@ -328,16 +328,19 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
                               "to {}: the group shares one L2", i,
                               launches[i].launch.program->name, launches[i].launch.l2_run,
                               launches.front().launch.l2_run));
-    if (launches[i].take_cores_when_ready)
-      throw Error(fmt::format("run_concurrent: launch {} ('{}') asks to take its cores when "
-                              "ready (take_cores_when_ready), which this build does not run yet",
-                              i, launches[i].launch.program->name));
+    if (launches[i].take_cores_when_ready && !launches[i].cores.empty())
+      throw Error(
+          fmt::format("run_concurrent: launch {} ('{}') names {} cores and takes its "
+                      "cores when ready (take_cores_when_ready): it may do only one",
+                      i, launches[i].launch.program->name, launches[i].cores.size()));
   }
-  // The cores: named ones first, then the free ones for launches that name none.
+  // The cores: named ones first, then the free ones for launches that name none (those that
+  // take their cores when ready get them from the chip as they begin).
   std::vector<Chip::GroupLaunch> group(launches.size());
   for (size_t i = 0; i < launches.size(); ++i) {
     group[i].program = launches[i].launch.program;
     group[i].after = launches[i].after;
+    group[i].take_cores_when_ready = launches[i].take_cores_when_ready;
   }
   const std::vector<std::vector<bool>> waits = Chip::waits_for(group);  // throws for a bad after
   std::vector<bool> named(I.chip->cores().size(), false);
@@ -347,12 +350,12 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
   }
   for (size_t i = 0; i < launches.size(); ++i) {
     const KernelLaunch& l = launches[i].launch;
-    if (launches[i].cores.empty()) {
+    if (launches[i].cores.empty() && !launches[i].take_cores_when_ready) {
       // Taken for this launch: the named cores and those of earlier unnamed launches it may
       // overlap (it does not wait for them).
       std::vector<bool> taken = named;
       for (size_t j = 0; j < i; ++j)
-        if (launches[j].cores.empty() && !waits[i][j])
+        if (launches[j].cores.empty() && !launches[j].take_cores_when_ready && !waits[i][j])
           for (int c : group[j].cores) taken[static_cast<size_t>(c)] = true;
       group[i].cores = free_cores(*I.chip, I.cfg, i, launches[i], taken);
     }
@@ -397,6 +400,7 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
     r.start_cycle = time_ps(begun) / kPsPerCycle;
     r.cycles = ceil_cycles(ps);
     r.time_us = I.cfg.cycles_to_us(static_cast<double>(ps) / kPsPerCycle);
+    if (launches[i].take_cores_when_ready) group[i].cores = I.chip->launch_cores(i);
   }
   I.chip->end_concurrent();
   out.cycles = ceil_cycles(makespan_ps);

@@ -169,7 +169,8 @@ struct ConcurrentLaunch {
   // runs on, the first cores in chip order that no launch of the group names and no earlier
   // launch took that this one may overlap (one it does not wait for), as many as block_dim (a
   // mix kernel: block_dim groups of a free cube core and its aiv_per_aic vector cores), at
-  // least one.
+  // least one; fixed before the group runs. Launches that take their cores when ready
+  // (take_cores_when_ready) are not among those: they name none and take none before.
   std::vector<std::string> cores;
   // The launches this one waits for, by index in the group; each must be an earlier one's
   // (which also rules out cycles). Empty: it begins at the group's start. Otherwise it begins
@@ -182,14 +183,23 @@ struct ConcurrentLaunch {
   // groups), first in chip order; if too few are free it waits until enough are; waiting
   // launches are served in index order whenever cores free (a later one that fits may start
   // before an earlier one that does not); it holds them until its end.
+  // Its cores come only from those no launch with fixed cores (named or taken before the run)
+  // uses: those launches hold theirs for the whole group. Its blocks run one per core (group),
+  // so a block_dim above the chip's cores (groups) of the kind outside the fixed launches' is
+  // refused before anything runs (npusim::Error naming the launch), as are names in `cores`.
+  // Then it always gets its cores: the cores it may take are held only by launches that
+  // began, which wait for nothing and end; one that failed keeps its cores to the group's end,
+  // and a launch that cannot run without them does not run (its error names the failed ones).
+  // start_cycle: when it took its cores; counters: those of the cores it took.
   bool take_cores_when_ready = false;
 };
 
 // What run_concurrent gives back.
 struct ConcurrentResult {
   // Each launch's result, in the order given. start_cycle is its own start (the group's start
-  // for a launch that waits for none); cycles its own duration (from its start to its end:
-  // Chip::end_time; 0 for a launch that did not run). counter_delta / counters hold only the
+  // for a launch that waits for none, unless it waited for cores: take_cores_when_ready);
+  // cycles its own duration (from its start to its end: Chip::end_time; 0 for a launch that
+  // did not run). counter_delta / counters hold only the
   // counters of the launch's own cores (names "chip.<core>."): what its blocks did (on cores
   // it shares with ordered launches, a stream's, their growth from its start to its end; a
   // high-water counter there gives the group's maximum).
@@ -226,20 +236,21 @@ class Simulator {
 
   // Runs several launches at once on one chip, those that wait for no other (ConcurrentLaunch::
   // after) starting now on one clock edge, the others when the launches they wait for have
-  // ended, each on its own cores (ConcurrentLaunch::cores; shared only between ordered
-  // launches) with its own task scheduler state (blocks, workers, dispatch / block start /
-  // completion overheads as if alone), until every one has finished, faulted, deadlocked or
-  // not run (a launch it waits for failed: its error names that one). The L2 and HBM are
-  // shared: the launches' transfers share their bandwidth, and the group starts with the L2
-  // select_l2 chooses for its first launch (l2_run, gm_blocks, planned_blocks; every launch
-  // must have the same l2_run). Concurrent
-  // launches are always simulated, never replayed or recorded (SimOptions::replay does not
-  // apply). A fault or deadlock in one launch is that launch's error: its cores and transfers
-  // are aborted there and the other launches run on to their end and report normally. Throws
-  // npusim::Error naming the launch (its index and kernel) for a malformed group: no program,
-  // an unknown core name, more cores than the chip has, a core in two launches neither of which
-  // waits for the other (both named), an `after` index that is not an earlier launch's, no core
-  // the program can run on, different l2_run values; nothing runs then. The launch log
+  // ended, each on its own cores (ConcurrentLaunch::cores, shared only between ordered
+  // launches, or taken when it is ready: take_cores_when_ready) with its own task scheduler
+  // state (blocks, workers, dispatch / block start / completion overheads as if alone), until every
+  // one has finished, faulted, deadlocked or not run (a launch it waits for failed: its error names
+  // that one). The L2 and HBM are shared: the launches' transfers share their bandwidth, and the
+  // group starts with the L2 select_l2 chooses for its first launch (l2_run, gm_blocks,
+  // planned_blocks; every launch must have the same l2_run). Concurrent launches are always
+  // simulated, never replayed or recorded (SimOptions::replay does not apply). A fault or deadlock
+  // in one launch is that launch's error: its cores and transfers are aborted there and the other
+  // launches run on to their end and report normally. Throws npusim::Error naming the launch (its
+  // index and kernel) for a malformed group: no program, an unknown core name, more cores than the
+  // chip has, a core in two launches neither of which waits for the other (both named), an `after`
+  // index that is not an earlier launch's, no core the program can run on, different l2_run values,
+  // a launch that takes its cores when ready and names cores or needs more than it may take
+  // (ConcurrentLaunch::take_cores_when_ready); nothing runs then. The launch log
   // (SimOptions::launch_log) gets a line per launch in the order given. Attached observers see
   // the launches interleaved (docs/chip_model.md "Concurrent launches": the trace and the
   // profiler are written for one launch at a time).

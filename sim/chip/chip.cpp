@@ -149,21 +149,46 @@ const SectionRun& Chip::prepare_section(Slot& slot, const isa::Section& s) {
   return *slot.runs.back();
 }
 
-std::vector<TaskScheduler::Worker> Chip::make_workers(Slot& slot, const isa::Program& program) {
-  // The launch's cores of kind k, in chip index order (all of the chip's for a lone launch).
-  auto cores_of = [&](CoreKind k) {
-    std::vector<AiCore*> v;
-    for (auto& c : m_cores)
-      if (c->core_kind() == k && slot.cores[static_cast<size_t>(c->chip_index())])
-        v.push_back(c.get());
-    return v;
+std::vector<std::vector<AiCore*>> Chip::worker_cores(const isa::Program& program,
+                                                     const std::vector<bool>& mask) const {
+  std::vector<std::vector<AiCore*>> out;
+  auto single = [&](CoreKind k) {
+    for (const auto& c : m_cores)
+      if (c->core_kind() == k && mask[static_cast<size_t>(c->chip_index())])
+        out.push_back({c.get()});
+    return out;
   };
+  if (!m_cfg.split) return single(CoreKind::AICORE);
+  const bool aic = program.find(CoreKind::AIC) != nullptr;
+  const bool aiv = program.find(CoreKind::AIV) != nullptr;
+  if (!aic || !aiv) return aic || aiv ? single(aic ? CoreKind::AIC : CoreKind::AIV) : out;
+  // Mix kernel: cube core g (its kind index) with vector cores g * aiv_per_aic ...
+  std::vector<AiCore*> chip_vecs;
+  for (const auto& c : m_cores)
+    if (c->core_kind() == CoreKind::AIV) chip_vecs.push_back(c.get());
+  const size_t per = static_cast<size_t>(std::max(1, m_cfg.aiv_per_aic));
+  for (const auto& cube : m_cores) {
+    if (cube->core_kind() != CoreKind::AIC) continue;
+    const size_t first = static_cast<size_t>(cube->kind_index()) * per;
+    if (first + per > chip_vecs.size()) break;
+    std::vector<AiCore*> group{cube.get()};
+    for (size_t i = 0; i < per; ++i)
+      if (mask[static_cast<size_t>(chip_vecs[first + i]->chip_index())])
+        group.push_back(chip_vecs[first + i]);
+    if (mask[static_cast<size_t>(cube->chip_index())] && group.size() == per + 1)
+      out.push_back(std::move(group));
+  }
+  return out;
+}
+
+std::vector<TaskScheduler::Worker> Chip::make_workers(Slot& slot, const isa::Program& program) {
   const bool all_cores =
       std::all_of(slot.cores.begin(), slot.cores.end(), [](bool b) { return b; });
+  const std::vector<std::vector<AiCore*>> groups = worker_cores(program, slot.cores);
   auto single = [&](CoreKind k, const isa::Section& s) {
     const SectionRun& run = prepare_section(slot, s);
     std::vector<TaskScheduler::Worker> workers;
-    for (AiCore* c : cores_of(k)) workers.push_back({{{c, &run, 0}}, 0, -1});
+    for (const std::vector<AiCore*>& g : groups) workers.push_back({{{g.front(), &run, 0}}, 0, -1});
     if (workers.empty() && all_cores)
       throw Error(fmt::format("kernel '{}': chip '{}' has no {} cores", program.name, m_cfg.name,
                               isa::core_kind_name(k)));
@@ -188,25 +213,17 @@ std::vector<TaskScheduler::Worker> Chip::make_workers(Slot& slot, const isa::Pro
     throw Error(fmt::format("kernel '{}' has no aic or aiv section; chip '{}' is split into "
                             "cube and vector cores", program.name, m_cfg.name));
   if (!aic || !aiv) return aic ? single(CoreKind::AIC, *aic) : single(CoreKind::AIV, *aiv);
-  // Mix kernel: one cube core with aiv_per_aic vector cores per block: cube core g (its kind
-  // index) with vector cores g * aiv_per_aic ..., the groups whose cores the launch may all use.
+  // Mix kernel: one cube core with aiv_per_aic vector cores per block (worker_cores).
   slot.mix = true;
   const SectionRun& aic_run = prepare_section(slot, *aic);
   const SectionRun& aiv_run = prepare_section(slot, *aiv);
-  std::vector<AiCore*> chip_vecs;
-  for (auto& c : m_cores)
-    if (c->core_kind() == CoreKind::AIV) chip_vecs.push_back(c.get());
   const size_t per = static_cast<size_t>(std::max(1, m_cfg.aiv_per_aic));
   std::vector<TaskScheduler::Worker> workers;
-  for (AiCore* cube : cores_of(CoreKind::AIC)) {
-    const size_t first = static_cast<size_t>(cube->kind_index()) * per;
-    if (first + per > chip_vecs.size()) break;
+  for (const std::vector<AiCore*>& g : groups) {
     TaskScheduler::Worker w;
-    w.members.push_back({cube, &aic_run, 0});
-    for (size_t i = 0; i < per; ++i)
-      if (slot.cores[static_cast<size_t>(chip_vecs[first + i]->chip_index())])
-        w.members.push_back({chip_vecs[first + i], &aiv_run, static_cast<int>(i)});
-    if (w.members.size() == per + 1) workers.push_back(std::move(w));
+    w.members.push_back({g.front(), &aic_run, 0});
+    for (size_t i = 0; i < per; ++i) w.members.push_back({g[i + 1], &aiv_run, static_cast<int>(i)});
+    workers.push_back(std::move(w));
   }
   if (workers.empty() && all_cores)
     throw Error(fmt::format("kernel '{}' is a mix kernel but chip '{}' has no group of one aic "
@@ -238,11 +255,12 @@ void Chip::start_slot(size_t i) {
     const size_t ci = static_cast<size_t>(c->chip_index());
     if (!s.cores[ci]) continue;
     m_slot_of_core[ci] = static_cast<int>(i);
-    if (!s.after.empty()) c->reset();  // clean after the launches it waited for
+    // Clean after the launches it waited for or that held its cores before.
+    if (!s.after.empty() || s.take_cores_when_ready) c->reset();
   }
   s.started = true;
   s.start = s.end = sc_time_stamp();
-  if (!s.after.empty()) m_counters.raw_values(s.raw_at_start);
+  if (!s.after.empty() || s.take_cores_when_ready) m_counters.raw_values(s.raw_at_start);
   for (ChipObserver* o : m_observers)
     o->on_kernel_begin(*s.launch.program, s.launch.block_dim, time_ps(s.start));
   s.scheduler.start(std::move(s.workers), s.launch.block_dim, static_cast<int>(m_cores.size()),
@@ -284,6 +302,7 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   s.cc_arrivals.clear();
   s.aborted = false;
   s.after.clear();
+  s.take_cores_when_ready = false;
   s.started = true;
   s.awaited = s.ended = false;
   std::vector<TaskScheduler::Worker> workers = make_workers(s, program);
@@ -321,7 +340,12 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
     const std::string name = g.program ? "'" + g.program->name + "'" : "(no program)";
     if (!g.program || !g.args)
       throw Error(fmt::format("concurrent launch {} {}: no program or arguments", i, name));
-    if (g.cores.empty())
+    if (g.take_cores_when_ready && !g.cores.empty())
+      throw Error(
+          fmt::format("concurrent launch {} {}: names {} cores and takes its cores when "
+                      "ready: it may do only one",
+                      i, name, g.cores.size()));
+    if (g.cores.empty() && !g.take_cores_when_ready)
       throw Error(fmt::format("concurrent launch {} {}: no cores", i, name));
     for (int c : g.cores) {
       if (c < 0 || static_cast<size_t>(c) >= m_cores.size())
@@ -341,17 +365,41 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
       used.push_back(static_cast<int>(i));
     }
   }
+  // The cores launches that take theirs when ready share: those no launch with fixed cores uses.
+  std::vector<bool> shared(m_cores.size());
+  for (size_t c = 0; c < m_cores.size(); ++c) shared[c] = users[c].empty();
   while (m_slots.size() < group.size()) m_slots.push_back(std::make_unique<Slot>());
   for (size_t i = 0; i < group.size(); ++i) {
     Slot& s = *m_slots[i];
-    s.cores.assign(m_cores.size(), false);
+    // A launch that takes its cores when ready is checked against all of the chip's (its
+    // sections), then holds none until it begins.
+    s.cores.assign(m_cores.size(), group[i].take_cores_when_ready);
     for (int c : group[i].cores) s.cores[static_cast<size_t>(c)] = true;
     s.after = group[i].after;
+    s.take_cores_when_ready = group[i].take_cores_when_ready;
   }
   for (size_t i = 0; i < group.size(); ++i) {
+    Slot& s = *m_slots[i];
+    const GroupLaunch& g = group[i];
     try {
-      prepare_slot(*m_slots[i], *group[i].program, *group[i].args, group[i].block_dim,
-                   functional, group[i].max_insns_per_block);
+      prepare_slot(s, *g.program, *g.args, g.block_dim, functional, g.max_insns_per_block);
+      if (g.take_cores_when_ready) {
+        // Its workers are made when it takes its cores: block_dim of them, one block each.
+        const size_t chip_workers = s.workers.size();
+        const CoreKind kind = s.workers.front().members.front().core->core_kind();
+        s.workers.clear();
+        s.cores.assign(m_cores.size(), false);
+        const size_t free_workers = worker_cores(*g.program, shared).size();
+        if (static_cast<size_t>(g.block_dim) > free_workers)
+          throw Error(fmt::format(
+              "kernel '{}': block_dim {} needs {} {} at once (it takes its cores when ready); "
+              "the chip has {}, {} of them on cores no launch with fixed cores uses",
+              g.program->name, g.block_dim, g.block_dim,
+              s.mix ? fmt::format("groups of one aic and {} aiv cores",
+                                  std::max(1, m_cfg.aiv_per_aic))
+                    : fmt::format("{} cores", isa::core_kind_name(kind)),
+              chip_workers, free_workers));
+      }
     } catch (const Error& e) {
       for (size_t j = 0; j <= i; ++j) m_slots[j]->workers.clear();
       throw Error(fmt::format("concurrent launch {}: {}", i, e.what()));
@@ -367,13 +415,60 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
       m_slots[j]->awaited = true;
       m_waiting = true;
     }
+  // A launch that takes its cores when ready frees them at its end: its end is noted as an
+  // awaited launch's is (settle_waiting).
+  for (size_t i = 0; i < group.size(); ++i)
+    if (group[i].take_cores_when_ready) m_slots[i]->awaited = m_waiting = true;
+  m_free_cores = shared;
   m_recorded_bytes = 0;
   detach_recordings();
   m_memory->begin_launch();
   if (m_waiting) m_memory->watch_writebacks();
   for (size_t i = 0; i < group.size(); ++i)
-    if (group[i].after.empty()) start_slot(i);
+    if (group[i].after.empty() && (!group[i].take_cores_when_ready || take_free_cores(i)))
+      start_slot(i);
   schedule_starts();
+}
+
+bool Chip::take_free_cores(size_t i) {
+  Slot& s = *m_slots[i];
+  const std::vector<std::vector<AiCore*>> free = worker_cores(*s.launch.program, m_free_cores);
+  const size_t want = static_cast<size_t>(s.launch.block_dim);
+  if (free.size() < want) return false;
+  s.cores.assign(m_cores.size(), false);
+  for (size_t w = 0; w < want; ++w)
+    for (AiCore* c : free[w]) {
+      s.cores[static_cast<size_t>(c->chip_index())] = true;
+      m_free_cores[static_cast<size_t>(c->chip_index())] = false;
+    }
+  s.runs.clear();
+  s.workers = make_workers(s, *s.launch.program);  // cannot throw: begin_concurrent checked it
+  return true;
+}
+
+std::vector<int> Chip::launch_cores(size_t i) const {
+  std::vector<int> out;
+  const Slot& s = *m_slots[i];
+  if (s.take_cores_when_ready && !s.started) return out;
+  for (size_t c = 0; c < s.cores.size(); ++c)
+    if (s.cores[c]) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+std::string Chip::no_cores_message(size_t i) const {
+  const Slot& s = *m_slots[i];
+  const size_t free = worker_cores(*s.launch.program, m_free_cores).size();
+  std::string holders;
+  for (size_t j = 0; j < m_active_slots; ++j) {
+    const Slot& o = *m_slots[j];
+    if (!o.take_cores_when_ready || !o.started || o.fault.empty()) continue;
+    holders += fmt::format("{}{} ('{}')", holders.empty() ? "" : ", ", j, o.launch.program->name);
+  }
+  return fmt::format(
+      "did not run: it takes its cores when ready and too few were free ({} of "
+      "the {} workers it needs){}",
+      free, s.launch.block_dim,
+      holders.empty() ? std::string() : "; failed launches keep theirs: " + holders);
 }
 
 void Chip::start_waiting() { settle_waiting(true); }
@@ -381,21 +476,29 @@ void Chip::start_waiting() { settle_waiting(true); }
 void Chip::settle_waiting(bool may_start) {
   if (!m_waiting) return;
   bool begun = false;
-  // Index order: a launch waits only for earlier ones, so one pass sees every change.
+  // The ends first: a launch that took its cores when ready frees them at its end (one that
+  // failed keeps them: its cores are cleared only at the group's end).
   for (size_t i = 0; i < m_active_slots; ++i) {
     Slot& s = *m_slots[i];
-    if (s.started && s.awaited && !s.ended) {
-      if (!s.fault.empty()) {
-        s.ended = true;
-        s.ended_at = s.end;
-      } else if (s.scheduler.all_done() && s.end <= sc_time_stamp() &&
-                 !m_memory->writebacks_in_flight_of(s.cores)) {
-        s.ended = true;
-        s.ended_at = std::max(s.end, m_memory->writebacks_end_of(s.cores));
-        m_counters.raw_values(s.raw_at_end);
-      }
-      continue;
+    if (!s.started || !s.awaited || s.ended) continue;
+    if (!s.fault.empty()) {
+      s.ended = true;
+      s.ended_at = s.end;
+    } else if (s.scheduler.all_done() && s.end <= sc_time_stamp() &&
+               !m_memory->writebacks_in_flight_of(s.cores)) {
+      s.ended = true;
+      s.ended_at = std::max(s.end, m_memory->writebacks_end_of(s.cores));
+      m_counters.raw_values(s.raw_at_end);
+      if (s.take_cores_when_ready)
+        for (size_t c = 0; c < s.cores.size(); ++c)
+          if (s.cores[c]) m_free_cores[c] = true;
     }
+  }
+  // Then the launches not begun, in index order: a launch waits only for earlier ones, so one
+  // pass sees every change; a ready one that takes its cores when ready and finds too few free
+  // waits, and a later one that fits may begin.
+  for (size_t i = 0; i < m_active_slots; ++i) {
+    Slot& s = *m_slots[i];
     if (s.started || !s.fault.empty()) continue;
     // Not begun: the first launch it waits for that failed, else whether all have ended.
     bool all_ended = true;
@@ -412,10 +515,12 @@ void Chip::settle_waiting(bool may_start) {
       s.start = s.end = sc_time_stamp();
       s.fault = failed ? fmt::format("did not run: launch {} ('{}') it waits for failed", *failed,
                                      m_slots[*failed]->launch.program->name)
-                       : std::string("did not run: a launch it waits for did not end");
+                : all_ended && s.take_cores_when_ready
+                    ? no_cores_message(i)
+                    : std::string("did not run: a launch it waits for did not end");
       s.ended = true;
       s.ended_at = s.end;
-    } else if (all_ended) {
+    } else if (all_ended && (!s.take_cores_when_ready || take_free_cores(i))) {
       start_slot(i);
       begun = true;
     }

@@ -82,7 +82,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // One launch of a concurrent group: what begin_launch takes, the cores it may use (chip
   // indices, as cores()) and the launches it waits for (indices of earlier launches of the
   // group). Two launches may share a core only if one waits for the other, directly or through
-  // others (ordered launches: a stream's). Never recorded.
+  // others (ordered launches: a stream's). take_cores_when_ready (cores empty): the launch
+  // takes block_dim workers' cores when it is ready, among the cores no launch with fixed cores
+  // uses (Simulator's ConcurrentLaunch::take_cores_when_ready). Never recorded.
   struct GroupLaunch {
     const isa::Program* program = nullptr;
     const std::vector<uint64_t>* args = nullptr;
@@ -90,6 +92,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
     uint64_t max_insns_per_block = 0;
     std::vector<int> cores;
     std::vector<size_t> after;
+    bool take_cores_when_ready = false;
   };
   // waits[i][j]: launch i of `group` waits for launch j, directly (GroupLaunch::after) or
   // through others. Throws npusim::Error naming the launch for an index in `after` that is not
@@ -103,9 +106,12 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // the one memory().select_l2() chose for the group. Throws npusim::Error naming the launch
   // (its index in `group`) for one this chip cannot run on its cores (no section for them, no
   // core of the kind its section needs among them, block_dim < 1, a core outside the chip,
-  // listed twice, or also another launch's that neither waits for, a bad `after`); nothing is
-  // begun then. A fault in one launch aborts its cores and its transfers only: the others run
-  // on to their end.
+  // listed twice, or also another launch's that neither waits for, a bad `after`; cores named
+  // with take_cores_when_ready, or a block_dim above the workers the cores outside the fixed
+  // launches' make); nothing is begun then. A fault in one launch aborts its cores and its
+  // transfers only: the others run on to their end. Launches that take their cores when ready
+  // get them, in index order each time cores free, from the cores no launch with fixed cores
+  // uses; a launch that failed keeps its cores to the group's end.
   void begin_concurrent(const std::vector<GroupLaunch>& group, bool functional);
   // After sc_start() returned, of launch i of the group (Outcome::Deadlock: still unfinished,
   // or not begun while what it waits for runs; Outcome::Fault also: it did not run).
@@ -119,9 +125,12 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // after the group's start, and when it ended, if a later launch waited for it; else nullptr
   // (then the group's start or end bounds its counters).
   const std::vector<uint64_t>* counters_at_start(size_t i) const {
-    return m_slots[i]->started && !m_slots[i]->after.empty() ? &m_slots[i]->raw_at_start
-                                                             : nullptr;
+    const Slot& s = *m_slots[i];
+    return s.started && (!s.after.empty() || s.take_cores_when_ready) ? &s.raw_at_start : nullptr;
   }
+  // The chip indices of the cores launch i of the group ran on (for one that took its cores
+  // when ready: those it took; none if it did not run).
+  std::vector<int> launch_cores(size_t i) const;
   const std::vector<uint64_t>* counters_at_end(size_t i) const {
     return m_slots[i]->ended && m_slots[i]->fault.empty() ? &m_slots[i]->raw_at_end : nullptr;
   }
@@ -197,6 +206,8 @@ class Chip : public sc_core::sc_module, public CoreEnv {
     bool ended = false;
     sc_core::sc_time ended_at;
     std::vector<uint64_t> raw_at_start, raw_at_end;  // counters_at_start / counters_at_end
+    // GroupLaunch::take_cores_when_ready: `cores` is empty until it begins.
+    bool take_cores_when_ready = false;
   };
   Slot& slot_of(const AiCore& core) {
     return *m_slots[static_cast<size_t>(m_slot_of_core[static_cast<size_t>(core.chip_index())])];
@@ -215,6 +226,19 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   void settle_waiting(bool may_start);
   void start_waiting();  // method: settle_waiting(true) when a launch may have ended
   std::vector<TaskScheduler::Worker> make_workers(Slot& slot, const isa::Program& program);
+  // The cores of each worker `program` gets from the cores in `mask` (by chip index), in chip
+  // order: one core of the kind its section runs on or, for a mix kernel, a cube core and its
+  // aiv_per_aic vector cores (cube core g with vector cores g * aiv_per_aic ...), the groups
+  // whose cores are all in `mask`. Empty for a split chip's program with no aic / aiv section.
+  std::vector<std::vector<AiCore*>> worker_cores(const isa::Program& program,
+                                                 const std::vector<bool>& mask) const;
+  // Launch i of the group takes its cores when ready: if the free cores (m_free_cores) make
+  // block_dim workers, takes the first block_dim in chip order, makes its workers and returns
+  // true; else takes none.
+  bool take_free_cores(size_t i);
+  // Why launch i (take_cores_when_ready, ready) did not run: too few free cores, and the failed
+  // launches that keep the others.
+  std::string no_cores_message(size_t i) const;
   const SectionRun& prepare_section(Slot& slot, const isa::Section& s);
   void post(AiCore& from, Lane lane, AiCore& to, int id);
   void raise_abort(Slot& s);
@@ -240,6 +264,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // A launch's completion or fault, for the launches waiting for it (one notification each).
   sc_core::sc_event_queue m_launch_ended;
   bool m_waiting = false;  // the group has launches that wait for others (settle_waiting)
+  // By chip index: the core is free for a launch that takes its cores when ready (no launch
+  // with fixed cores uses it, and no launch that took it holds it).
+  std::vector<bool> m_free_cores;
 
   // The launches in progress: slot 0 the lone launch; slots 0..m_active_slots-1 a concurrent
   // group's. Slots are kept for later launches (their events stay alive).
