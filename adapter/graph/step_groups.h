@@ -1,6 +1,8 @@
-// Groups of a task list's steps to run at once on disjoint cores (Simulator::run_concurrent),
-// scheduled from the steps' data dependences: the TF plugin's NpuGraph under
-// NPUSIM_GRAPH_CONCURRENT=1 (docs/graph_engine.md, "Concurrent steps of a TF graph").
+// Groups of a task list's steps that may run at once on disjoint cores, scheduled from the
+// steps' data dependences: the TF plugin's NpuGraph under NPUSIM_GRAPH_CONCURRENT=1 submits its
+// launches in the groups' order, one group after another, as streams (each launch waiting only
+// for what it depends on; docs/graph_engine.md, "Concurrent steps of a TF graph"), and counts
+// its memory plan's lifetimes in group positions.
 //
 // The schedule (schedule_step_groups) is a list scheduler over the dependence graph, one group
 // at a time: the ready steps are those whose every launching predecessor is in an earlier group

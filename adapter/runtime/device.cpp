@@ -584,15 +584,20 @@ Status Device::launch_group(Stream s, std::vector<GroupLaunch> launches) {
     DeviceOp group;
     group.kind = OpKind::launch_group;
     group.chip = m_chip;
-    CoreTaker cores(m_cfg);
+    std::vector<StreamLaunch> order;
+    for (size_t j = 0; j < launches.size(); ++j) {
+      const GroupLaunch& l = launches[j];
+      if (Status st = check_launch(l.program, l.args, l.block_dim); !st.ok()) return st;
+      order.push_back({l.program.get(), l.block_dim, l.after});
+    }
+    std::vector<std::vector<std::string>> cores;
+    try {
+      cores = take_stream_cores(m_cfg, &order);
+    } catch (const Error& e) {
+      return Status(StatusCode::invalid_argument, fmt::format("launch_group: {}", e.what()));
+    }
     for (size_t j = 0; j < launches.size(); ++j) {
       GroupLaunch& l = launches[j];
-      if (Status st = check_launch(l.program, l.args, l.block_dim); !st.ok()) return st;
-      if (!cores.take(*l.program, l.block_dim, nullptr))
-        return Status(StatusCode::invalid_argument,
-                      fmt::format("launch_group: launch {} (kernel '{}', block_dim {}) finds no "
-                                  "free cores of its kind beside the launches before it",
-                                  j, l.program->name, l.block_dim));
       DeviceOp op;
       op.kind = OpKind::launch;
       op.program = std::move(l.program);
@@ -603,6 +608,8 @@ Status Device::launch_group(Stream s, std::vector<GroupLaunch> launches) {
         return allocator->block_of(addr, start, bytes);
       };
       op.chip = m_chip;
+      op.group_after = std::move(order[j].after);
+      op.group_cores = std::move(cores[j]);
       group.members.push_back(std::move(op));
     }
     return m_driver->submit(s, std::move(group));

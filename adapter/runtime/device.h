@@ -232,19 +232,28 @@ class Device {
     std::vector<uint64_t> args;
     int block_dim = 1;
     std::shared_ptr<const LaunchLabel> label;  // null: none
+    // The launches of the group it waits for (indices, each earlier): it begins when they have
+    // ended, as a CANN task waits for the events of tasks on other streams. Empty: at the
+    // group's start.
+    std::vector<size_t> after;
   };
-  // Queues launches that run at once, each on cores of its own (as CANN runs independent tasks
-  // of a graph on several streams): on a single chip one Simulator::run_concurrent, every
-  // launch given block_dim free cores of its kernel's kind, first in core order (a mix kernel:
-  // block_dim groups of a cube core and its vector cores), the L2 and HBM shared; the group
-  // starts once the stream is ready, after the launches' host dispatches; each LaunchRecord
-  // starts at the group's start and lasts its launch's own cycles. Never replayed. The caller
-  // guarantees the launches are independent (no one writes what another reads or writes).
-  // Checked as launch_kernel checks each (invalid_argument naming the kernel), and the group's
-  // cores must fit the chip (invalid_argument naming the launch that finds none free). A
-  // member's fault is kernel_fault at the next synchronize, naming it (and its node, for a
-  // graph's launch); the other members run to their end. One launch: launch_kernel. On a chip
-  // of a system the launches run one after another.
+  // Queues launches that run as one group, as CANN runs a graph's tasks on several streams: on
+  // a single chip one Simulator::run_concurrent, each launch beginning when those it waits for
+  // (`after`) have ended, the L2 and HBM shared. Cores: each launch takes block_dim cores of its
+  // kernel's kind (a mix kernel: block_dim groups of a cube core and its vector cores), the
+  // first free in core order beside those of the earlier launches it may overlap (it does not
+  // wait for them, directly or through others); where too few are free it waits for the latest
+  // of those on a kind of its own, until it fits (take_stream_cores, sim/config/core_taker.h:
+  // a stream's task given cores as they free, decided at submission). The group starts once the
+  // stream is ready, after the launches' host dispatches; each LaunchRecord starts at its
+  // launch's own start and lasts its own cycles. Never replayed. The caller guarantees that
+  // launches that may overlap are independent (no one writes what another reads or writes).
+  // Checked as launch_kernel checks each (invalid_argument naming the kernel); a launch that
+  // does not fit the idle chip, or an `after` naming no earlier launch, is invalid_argument
+  // naming it. A member's fault is kernel_fault at the next synchronize, naming it (and its
+  // node, for a graph's launch); the members that wait for it do not run ("did not run"), the
+  // others run to their end. One launch: launch_kernel. On a chip of a system the launches run
+  // one after another.
   Status launch_group(Stream s, std::vector<GroupLaunch> launches);
   // Queues a host callback (aclrtLaunchCallback); see "Host callbacks" above.
   Status launch_callback(Stream s, HostCallback callback);

@@ -841,7 +841,11 @@ Status Driver::run_launch_group(uint64_t stream, const DeviceOp& op, uint64_t* r
   uint64_t idle = 0, data_ready = 0;
   for (size_t j = 0; j < op.members.size(); ++j) {
     const DeviceOp& m = op.members[j];
-    launches.push_back({kernel_launch(m), {}});  // cores: first free of its kind, in order
+    ConcurrentLaunch c;
+    c.launch = kernel_launch(m);
+    c.cores = m.group_cores;
+    c.after = m.group_after;
+    launches.push_back(std::move(c));
     host_dispatch.push_back(take_host_dispatch(m));
     idle += host_dispatch.back();
     data_ready = std::max(data_ready, comm_output_ready(m, &reads_collective[j]));

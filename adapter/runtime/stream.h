@@ -324,9 +324,13 @@ struct DeviceOp {
   // collective: this rank's buffers in pieces (CollectiveCall::send_pieces); empty: src / dst.
   std::vector<CollectivePiece> send_pieces, recv_pieces;
   std::shared_ptr<const AiCpuTask> ai_cpu;  // ai_cpu_task: the task
-  // launch_group: the launches (each kind `launch`, no derived source, this op's chip), run at
-  // once on disjoint cores (Simulator::run_concurrent).
+  // launch_group: the launches (each kind `launch`, no derived source, this op's chip), run as
+  // one Simulator::run_concurrent (Device::launch_group).
   std::vector<DeviceOp> members;
+  // A member of a launch_group: the members it waits for (indices into `members`, each
+  // earlier) and the cores it runs on (names; two members that may overlap share none).
+  std::vector<size_t> group_after;
+  std::vector<std::string> group_cores;
 
   // Filled in by the driver at submission.
   uint64_t seq = 0;                 // device-wide submission order

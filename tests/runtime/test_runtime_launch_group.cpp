@@ -2,13 +2,17 @@
 // launches of 2 blocks each on separate buffers run at once (Simulator::run_concurrent): each
 // output equals the fp16 reference and the launches' outputs run in sequence; both records start
 // at the group's start, each lasting its own cycles, and the stream's next launch starts after
-// the later of them; together they take less time than in sequence. A group whose cores do not
-// fit the chip is refused when queued, naming the launch; a member's fault is the stream's
-// kernel_fault naming its kernel while the other member still runs to its correct end.
+// the later of them; together they take less time than in sequence. Streams: a launch waiting
+// for another (`after`) begins at its end, on its cores (take_stream_cores), while a launch it
+// does not wait for runs beside both; a launch that finds too few free cores waits for the one
+// before it that holds them; an `after` naming no earlier launch is refused when queued, naming
+// the launch; a member's fault is the stream's kernel_fault naming its kernel while the other
+// member still runs to its correct end.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 
+#include "sim/config/core_taker.h"
 #include "tests/runtime/runtime_test_util.h"
 
 using namespace npusim;
@@ -41,7 +45,7 @@ struct TwoSums {
       for (uint64_t p : {x[i], y[i], z[i]}) CHECK(dev->free(p).ok());
   }
   rt::Device::GroupLaunch sum(int i, int blocks) const {
-    return {vadd, {x[i], y[i], z[i], kElements}, blocks, nullptr};
+    return {vadd, {x[i], y[i], z[i], kElements}, blocks, nullptr, {}};
   }
   void check_outputs() {
     for (int i = 0; i < 2; ++i) {
@@ -92,11 +96,67 @@ TEST_CASE("a launch group runs its launches at once: same start, own cycles, sho
   CHECK(r[2].index + 1 == r[3].index);
 }
 
-TEST_CASE("a launch group whose cores do not fit the chip is refused, naming the launch") {
+TEST_CASE("a launch waiting for another begins at its end on its cores; one beside runs on") {
   TwoSums t;
-  const rt::Status st = t.dev->launch_group(t.s, {t.sum(0, 3), t.sum(1, 2)});
+  uint64_t w = 0;
+  REQUIRE(t.dev->malloc(kBytes, &w).ok());
+  // chain: z0 = x0 + y0, then z1 = z0 + y1 (after it); beside both, on one core (twice as
+  // long): w = x1 + y1.
+  const rt::Device::GroupLaunch first = t.sum(0, 2);
+  const rt::Device::GroupLaunch second{t.vadd, {t.z[0], t.y[1], t.z[1], kElements}, 2, nullptr,
+                                       {0}};
+  const rt::Device::GroupLaunch beside{t.vadd, {t.x[1], t.y[1], w, kElements}, 1, nullptr, {}};
+  // The cores: the chain's second launch takes its first's again, the one beside the others.
+  std::vector<StreamLaunch> order{{first.program.get(), 2, first.after},
+                                  {second.program.get(), 2, second.after},
+                                  {beside.program.get(), 1, beside.after}};
+  const std::vector<std::vector<std::string>> cores = take_stream_cores(t.dev->config(), &order);
+  CHECK(cores[0] == std::vector<std::string>{"aiv0", "aiv1"});
+  CHECK(cores[1] == cores[0]);
+  CHECK(cores[2] == std::vector<std::string>{"aiv2"});
+  CHECK(order[2].after.empty());  // it fits beside the chain: no wait added
+
+  t.dev->clear_launch_records();
+  REQUIRE(t.dev->launch_group(t.s, {first, second, beside}).ok());
+  REQUIRE(t.dev->synchronize_stream(t.s).ok());
+  std::vector<uint16_t> out(kElements);
+  REQUIRE(t.dev->memcpy_d2h(out.data(), t.z[1], kBytes).ok());
+  CHECK(out == test::reference_add_f16(test::reference_add_f16(t.hx[0], t.hy[0]), t.hy[1]));
+  REQUIRE(t.dev->memcpy_d2h(out.data(), w, kBytes).ok());
+  CHECK(out == test::reference_add_f16(t.hx[1], t.hy[1]));
+  const std::vector<rt::LaunchRecord> r = t.dev->launch_records();
+  REQUIRE(r.size() == 3);
+  for (const rt::LaunchRecord& rec : r) CHECK(rec.ok);
+  // Starts are whole cycles rounded down, durations rounded up: one cycle apart at most.
+  CHECK(r[1].start_cycle + 1 >= r[0].start_cycle + r[0].cycles);
+  CHECK(r[2].start_cycle == r[0].start_cycle);
+  CHECK(r[2].start_cycle + r[2].cycles > r[1].start_cycle);  // beside the second as well
+  CHECK(t.dev->free(w).ok());
+}
+
+TEST_CASE("a launch that finds too few free cores waits for the launch before it holding them") {
+  TwoSums t;
+  std::vector<StreamLaunch> order{{t.vadd.get(), 3, {}}, {t.vadd.get(), 2, {}}};
+  take_stream_cores(t.dev->config(), &order);
+  CHECK(order[1].after == std::vector<size_t>{0});
+  t.dev->clear_launch_records();
+  REQUIRE(t.dev->launch_group(t.s, {t.sum(0, 3), t.sum(1, 2)}).ok());
+  REQUIRE(t.dev->synchronize_stream(t.s).ok());
+  t.check_outputs();
+  const std::vector<rt::LaunchRecord> r = t.dev->launch_records();
+  REQUIRE(r.size() == 2);
+  CHECK(r[1].start_cycle + 1 >= r[0].start_cycle + r[0].cycles);  // (rounding: as above)
+}
+
+TEST_CASE("a launch group whose launch waits for no earlier launch is refused, naming it") {
+  TwoSums t;
+  rt::Device::GroupLaunch second = t.sum(1, 2);
+  second.after = {1};
+  const rt::Status st = t.dev->launch_group(t.s, {t.sum(0, 2), second});
   CHECK(st.code() == StatusCode::invalid_argument);
-  CHECK_THAT(st.message(), Catch::Contains("launch 1 (kernel 'vadd_f16', block_dim 2)"));
+  CHECK_THAT(st.message(),
+             Catch::Contains("launch 1 (kernel 'vadd_f16') waits for launch 1, which is not "
+                             "earlier"));
   CHECK(t.dev->synchronize_stream(t.s).ok());  // nothing was queued
 }
 
@@ -105,7 +165,7 @@ TEST_CASE("a fault in one launch of a group is the stream's kernel_fault; the ot
   auto fault = test::ub_overrun_kernel();  // faults on a UB address past the UB
   const uint64_t ub_bytes =
       t.dev->config().core_kind(isa::CoreKind::AIV)->capacity(isa::Buf::UB);
-  REQUIRE(t.dev->launch_group(t.s, {{fault, {ub_bytes, t.x[1]}, 1, nullptr}, t.sum(0, 2)}).ok());
+  REQUIRE(t.dev->launch_group(t.s, {{fault, {ub_bytes, t.x[1]}, 1, nullptr, {}}, t.sum(0, 2)}).ok());
   const rt::Status st = t.dev->synchronize_stream(t.s);
   CHECK(st.code() == StatusCode::kernel_fault);
   CHECK_THAT(st.message(), Catch::Contains("kernel 'ub_overrun'"));

@@ -361,15 +361,14 @@ bool keep_derived_tensors() {
   return keep;
 }
 
-rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::Stream stream,
-                             const compiler::OpDesc& op, const CompiledOp& compiled,
-                             const std::vector<uint64_t>& input_addrs,
-                             const std::vector<uint64_t>& output_addrs, uint64_t workspace_addr,
-                             const StableInputs& stable_inputs,
-                             const std::shared_ptr<const rt::LaunchLabel>& label,
-                             std::vector<std::shared_ptr<const void>>* hold,
-                             const DerivedPlacement* placement) {
-  rt::Device& device = *device_ptr;
+rt::Status prepare_compiled_op(const std::shared_ptr<rt::Device>& device_ptr,
+                               const compiler::OpDesc& op, const CompiledOp& compiled,
+                               const std::vector<uint64_t>& input_addrs,
+                               const std::vector<uint64_t>& output_addrs, uint64_t workspace_addr,
+                               const StableInputs& stable_inputs,
+                               const std::shared_ptr<const rt::LaunchLabel>& label,
+                               std::vector<std::shared_ptr<const void>>* hold,
+                               const DerivedPlacement* placement, std::vector<PreparedLaunch>* out) {
   const compiler::CompiledKernel& k = compiled.kernel;
   // Derived tensors (the precision casts of cube operands) kept across runs where their source
   // is stable (derived_tensor_cache.h); `uses` holds their buffers until the launches are done.
@@ -411,21 +410,50 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::
     if (derived_addrs[d] == 0) derived_addrs[d] = given(false, d);
   }
   if (placement && placement->placed) *placement->placed = derived_addrs;
-  rt::Status st = rt::ok_status();
-  for (size_t i = 0; i < k.launches.size() && st.ok(); ++i) {
+  for (size_t i = 0; i < k.launches.size(); ++i) {
     if (left_out[i]) continue;
     const compiler::Launch& l = k.launches[i];
-    std::vector<uint64_t> args = l.bind(input_addrs, output_addrs, workspace_addr, derived_addrs);
-    const std::shared_ptr<const rt::LaunchLabel> mine = member_label(label, op, l);
-    if (derived_of_launch[i] >= 0)
-      st = device.launch_derived(stream, compiled.programs[i], std::move(args), l.block_dim,
-                                 mine, uses[static_cast<size_t>(derived_of_launch[i])].source);
-    else
-      st = device.launch_kernel(stream, compiled.programs[i], std::move(args), l.block_dim, mine);
+    PreparedLaunch p;
+    p.program = compiled.programs[i];
+    p.args = l.bind(input_addrs, output_addrs, workspace_addr, derived_addrs);
+    p.block_dim = l.block_dim;
+    p.label = member_label(label, op, l);
+    if (derived_of_launch[i] >= 0) p.source = uses[static_cast<size_t>(derived_of_launch[i])].source;
+    out->push_back(std::move(p));
   }
   for (DerivedTensorCache::Use& u : uses)
     if (u.hold) hold->push_back(std::move(u.hold));
-  return st;
+  return rt::ok_status();
+}
+
+rt::Status queue_prepared(rt::Device& device, rt::Stream stream,
+                          std::vector<PreparedLaunch> launches) {
+  for (PreparedLaunch& p : launches) {
+    rt::Status st =
+        p.source.state
+            ? device.launch_derived(stream, std::move(p.program), std::move(p.args), p.block_dim,
+                                    std::move(p.label), std::move(p.source))
+            : device.launch_kernel(stream, std::move(p.program), std::move(p.args), p.block_dim,
+                                   std::move(p.label));
+    if (!st.ok()) return st;
+  }
+  return rt::ok_status();
+}
+
+rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device_ptr, rt::Stream stream,
+                             const compiler::OpDesc& op, const CompiledOp& compiled,
+                             const std::vector<uint64_t>& input_addrs,
+                             const std::vector<uint64_t>& output_addrs, uint64_t workspace_addr,
+                             const StableInputs& stable_inputs,
+                             const std::shared_ptr<const rt::LaunchLabel>& label,
+                             std::vector<std::shared_ptr<const void>>* hold,
+                             const DerivedPlacement* placement) {
+  std::vector<PreparedLaunch> launches;
+  rt::Status st = prepare_compiled_op(device_ptr, op, compiled, input_addrs, output_addrs,
+                                      workspace_addr, stable_inputs, label, hold, placement,
+                                      &launches);
+  if (!st.ok()) return st;
+  return queue_prepared(*device_ptr, stream, std::move(launches));
 }
 
 bool keepable_output(const CompiledOp& compiled) {

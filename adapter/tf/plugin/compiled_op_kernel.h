@@ -126,6 +126,31 @@ rt::Status queue_compiled_op(const std::shared_ptr<rt::Device>& device, rt::Stre
                              std::vector<std::shared_ptr<const void>>* hold,
                              const DerivedPlacement* placement = nullptr);
 
+// One launch of a compiled op as queue_compiled_op would queue it: launch_kernel's arguments,
+// and for a launch computing a derived tensor kept across runs its source (rt::Device::
+// launch_derived; state null: a plain launch).
+struct PreparedLaunch {
+  std::shared_ptr<const isa::Program> program;
+  std::vector<uint64_t> args;
+  int block_dim = 1;
+  std::shared_ptr<const rt::LaunchLabel> label;
+  rt::DerivedSource source;
+};
+
+// queue_compiled_op's launches in order, not queued (*out), for a caller that submits them
+// otherwise (the NpuGraph kernel's launches as one group, npu_graph.h); `hold` and `placement`
+// as queue_compiled_op's. queue_prepared queues them one by one on `stream`.
+rt::Status prepare_compiled_op(const std::shared_ptr<rt::Device>& device,
+                               const compiler::OpDesc& op, const CompiledOp& compiled,
+                               const std::vector<uint64_t>& input_addrs,
+                               const std::vector<uint64_t>& output_addrs, uint64_t workspace_addr,
+                               const StableInputs& stable_inputs,
+                               const std::shared_ptr<const rt::LaunchLabel>& label,
+                               std::vector<std::shared_ptr<const void>>* hold,
+                               const DerivedPlacement* placement, std::vector<PreparedLaunch>* out);
+rt::Status queue_prepared(rt::Device& device, rt::Stream stream,
+                          std::vector<PreparedLaunch> launches);
+
 // Whether `compiled` can be kept whole across runs by queue_kept_output_op: one launch, no
 // workspace, one non-empty output, no derived tensors of its own.
 bool keepable_output(const CompiledOp& compiled);

@@ -140,11 +140,12 @@ ControlFlowClustering graph_control_flow_clustering();
 // Whether a plan places contiguous slices in their inputs and concatenations' pieces in their
 // outputs instead of running them (NPUSIM_GRAPH_IN_PLACE is not "0"; read when a plan is built).
 bool in_place_enabled();
-// Whether a plan runs its steps in concurrent groups (NPUSIM_GRAPH_CONCURRENT is "1"; read when
-// a plan is built): steps of one launch each that do not depend on each other run at once on
-// disjoint cores, one rt::Device::launch_group per group, the memory plan's lifetimes counted
-// in groups (docs/graph_engine.md, "Concurrent steps of a TF graph"). Off: one by one in task
-// order, every figure as before.
+// Whether a plan runs its steps as streams (NPUSIM_GRAPH_CONCURRENT is "1"; read when a plan is
+// built): the run's launches submitted as one rt::Device::launch_group, each beginning when the
+// launches it depends on (data, and the memory plan's reuse of bytes) have ended, on cores
+// beside those of the launches it may overlap; the memory plan's lifetimes counted in the
+// schedule's positions (docs/graph_engine.md, "Concurrent steps of a TF graph"). Off: one by
+// one in task order, every figure as before.
 bool graph_concurrent_enabled();
 
 // The shape ops a set holds as placements, not launches (CANN's graph engine likewise emits no

@@ -14,8 +14,9 @@
 //      node by node); all share one LaunchLabel::graph_run id, and the run pays the chip's
 //      host.graph_dispatch_us once (LaunchLabel::HostDispatch::graph, then none);
 //      (an AI CPU step whose inputs are the graph's queued first: Plan::queue_order);
-//      with NPUSIM_GRAPH_CONCURRENT=1 in groups of independent steps, each group of two or more
-//      one rt::Device::launch_group (Plan::groups, schedule_groups);
+//      with NPUSIM_GRAPH_CONCURRENT=1 as one rt::Device::launch_group whose launches wait for
+//      the launches they depend on (Plan::stream_order, Plan::waits, schedule_streams), split
+//      only where a step must be queued alone;
 //   4. one synchronisation of the stream; a fault is this op's error, naming the node whose
 //      kernel faulted (the runtime names it for graph launches).
 // With variable updates (npu_graph.h): before 1 the variables are locked (GraphVariables) and
@@ -56,6 +57,7 @@
 #include "adapter/tf/plugin/op_defs.h"
 #include "adapter/tf/plugin/plugin_device.h"
 #include "adapter/tf/plugin/stable_inputs.h"
+#include "sim/config/core_taker.h"
 
 namespace npusim::tf {
 namespace {
@@ -134,10 +136,16 @@ struct Plan {
   // AI cores from the run's start, as MindSpore puts an AI CPU kernel whose inputs are all
   // constants on a stream of its own (docs/validation.md, "Dropout masks off the AI cores").
   std::vector<size_t> queue_order;
-  // NPUSIM_GRAPH_CONCURRENT=1 when the plan was built: the steps in groups (schedule_groups: the
-  // steps `ahead` in none, queued first as above), each group of two or more queued as one
-  // rt::Device::launch_group, run at once on disjoint cores. Empty: queue_order, one by one.
-  std::vector<std::vector<size_t>> groups;
+  // NPUSIM_GRAPH_CONCURRENT=1 when the plan was built (schedule_streams, stream_waits): the
+  // steps not `ahead` in the order a run submits them (graph::schedule_step_groups' groups one
+  // after another: a priority order, the chain later steps wait for first), and per step the
+  // steps it waits for (each earlier in that order): those whose outputs or derived tensors it
+  // reads, the earlier steps on a variable's buffers, and those that read or wrote arena bytes
+  // it writes or wrote arena bytes it reads (the memory plan's reuse). A run submits the
+  // launches as one rt::Device::launch_group with those waits, split where a step must be
+  // queued alone. Empty: queue_order, one by one.
+  std::vector<size_t> stream_order;
+  std::vector<std::vector<size_t>> waits;
 };
 
 // Figures of every plan built in this process (npu_graph_stats).
@@ -438,27 +446,74 @@ class NpuGraphKernel : public OpKernel {
                                   s.stable_inputs, label, &hold, &placement);
       return st.ok() ? st : node_error(s, st);
     };
-    // A group of steps of one launch each (schedule_groups), at once on disjoint cores.
-    const auto queue_group = [&](const std::vector<size_t>& group) -> rt::Status {
-      std::vector<rt::Device::GroupLaunch> launches;
-      for (const size_t n : group) {
-        const Step& s = plan->steps[n];
-        std::vector<uint64_t> in, out;
-        for (const Place& p : s.inputs) in.push_back(address(p));
-        for (const Place& p : s.outputs) out.push_back(address(p));
-        const compiler::Launch& l = s.compiled->kernel.launches.at(0);
-        launches.push_back({s.compiled->programs.at(0), l.bind(in, out, address(s.workspace), {}),
-                            l.block_dim, run_label(s)});
-      }
-      rt::Status st = device->launch_group(stream, std::move(launches));
+    // NPUSIM_GRAPH_CONCURRENT=1: the launches gathered into one group (Plan::stream_order),
+    // each step's launches a chain, its first waiting for the last launch of each step of
+    // Plan::waits gathered since the last submission (those before it are done first: the
+    // stream runs its ops in order).
+    std::vector<rt::Device::GroupLaunch> gathered;
+    std::vector<int> last_gathered(plan->steps.size(), -1);  // per step: its last launch there
+    std::vector<size_t> gathered_steps;
+    const auto submit_gathered = [&]() -> rt::Status {
+      for (const size_t n : gathered_steps) last_gathered[n] = -1;
+      gathered_steps.clear();
+      if (gathered.empty()) return rt::ok_status();
+      const size_t count = gathered.size();
+      rt::Status st = device->launch_group(stream, std::move(gathered));
+      gathered.clear();
       if (st.ok()) return st;
-      std::string nodes;
-      for (const size_t n : group)
-        nodes += (nodes.empty() ? "'" : ", '") + plan->steps[n].label->op_name + "'";
-      return rt::Status(st.code(), "nodes " + nodes + " at once: " + st.message());
+      return rt::Status(st.code(),
+                        "its " + std::to_string(count) + " launches as one group: " + st.message());
+    };
+    // Step n into the group, or (an AI CPU step, a kept output, a derived tensor kept across
+    // runs, whose launches the driver may leave out) queued alone after the group so far.
+    const auto gather_step = [&](size_t n) -> rt::Status {
+      const Step& s = plan->steps[n];
+      if (s.gen_mask || s.kept >= 0) {
+        rt::Status st = submit_gathered();
+        return st.ok() ? queue_step(n) : st;
+      }
+      if (s.in_place || s.compiled->kernel.launches.empty()) return rt::ok_status();
+      std::vector<uint64_t> in, out;
+      for (const Place& p : s.inputs) in.push_back(address(p));
+      for (const Place& p : s.outputs) out.push_back(address(p));
+      DerivedPlacement placement;
+      placement.placed = &derived[n];
+      for (size_t d = 0; d < s.derived_at.size(); ++d) {
+        placement.fallback.push_back(address(s.derived_at[d]));
+        const auto [from, from_d] = s.derived_from[d];
+        uint64_t reuse = 0;
+        if (from >= 0 && static_cast<size_t>(from_d) < derived[static_cast<size_t>(from)].size())
+          reuse = derived[static_cast<size_t>(from)][static_cast<size_t>(from_d)];
+        placement.reuse.push_back(reuse);
+      }
+      std::vector<PreparedLaunch> launches;
+      rt::Status st =
+          prepare_compiled_op(device, s.op, *s.compiled, in, out, address(s.workspace),
+                              s.stable_inputs, run_label(s), &hold, &placement, &launches);
+      const bool kept_across_runs = std::any_of(
+          launches.begin(), launches.end(), [](const PreparedLaunch& l) { return l.source.state; });
+      if (st.ok() && kept_across_runs) {
+        st = submit_gathered();
+        if (st.ok()) st = queue_prepared(*device, stream, std::move(launches));
+      } else if (st.ok()) {
+        for (PreparedLaunch& l : launches) {
+          std::vector<size_t> after;
+          if (last_gathered[n] >= 0) {
+            after.push_back(static_cast<size_t>(last_gathered[n]));  // the step's chain
+          } else {
+            for (const size_t w : plan->waits[n])
+              if (last_gathered[w] >= 0) after.push_back(static_cast<size_t>(last_gathered[w]));
+            gathered_steps.push_back(n);
+          }
+          last_gathered[n] = static_cast<int>(gathered.size());
+          gathered.push_back({std::move(l.program), std::move(l.args), l.block_dim,
+                              std::move(l.label), std::move(after)});
+        }
+      }
+      return st.ok() ? st : node_error(s, st);
     };
     rt::Status st = rt::ok_status();
-    if (plan->groups.empty()) {
+    if (plan->stream_order.empty()) {
       for (const size_t n : plan->queue_order)
         if (st = queue_step(n); !st.ok()) break;
     } else {
@@ -466,9 +521,9 @@ class NpuGraphKernel : public OpKernel {
         if (!plan->steps[n].ahead) break;
         if (st = queue_step(n); !st.ok()) break;
       }
-      for (size_t g = 0; g < plan->groups.size() && st.ok(); ++g)
-        st = plan->groups[g].size() == 1 ? queue_step(plan->groups[g][0])
-                                         : queue_group(plan->groups[g]);
+      for (size_t i = 0; i < plan->stream_order.size() && st.ok(); ++i)
+        st = gather_step(plan->stream_order[i]);
+      if (st.ok()) st = submit_gathered();
     }
     // Always wait, also after a failed launch: launches already queued use the inputs, outputs
     // and arena, which TensorFlow may reuse once Compute returns. (The emulator's wait: the host
@@ -659,12 +714,12 @@ class NpuGraphKernel : public OpKernel {
       plan->steps.push_back(std::move(s));
       share_derived(n, plan, &buffers, &derived_key);
     }
-    // Kept casts (their launches skip while their source is unchanged) run alone in a group.
+    // Kept casts (their launches skip while their source is unchanged) are queued alone.
     std::vector<Place> within(buffers.size());
     if (graph_concurrent_enabled()) {
       std::vector<char> keepable(plan->steps.size(), 0);
       keep_stable_casts(within, plan, &keepable);
-      schedule_groups(chip, keepable, workspace_of, plan, &buffers);
+      schedule_streams(chip, keepable, workspace_of, plan, &buffers);
     }
     // Buffers placed inside another place (a slice's outputs in its input, a concatenation's
     // pieces in its output) take no bytes of their own; the rest are planned.
@@ -712,6 +767,7 @@ class NpuGraphKernel : public OpKernel {
           plan->steps[n].inputs[i] = plan->steps[static_cast<size_t>(node.inputs[i].node)]
                                          .outputs[static_cast<size_t>(node.inputs[i].port)];
     }
+    if (!plan->stream_order.empty()) stream_waits(workspace_of, plan);
     // The steps ahead in the order their outputs are first read (the AI CPU runs its tasks one
     // after another: the first needed first), then the others in task order.
     std::vector<size_t> first_read(plan->steps.size(), plan->steps.size());
@@ -738,19 +794,24 @@ class NpuGraphKernel : public OpKernel {
     return rt::ok_status();
   }
 
-  // NPUSIM_GRAPH_CONCURRENT=1 (Plan::groups): schedules the steps into groups from their data
-  // dependences (graph::schedule_step_groups; docs/graph_engine.md, "Concurrent steps of a TF
-  // graph") and turns the buffers' lifetimes from steps into group positions, so that the memory
-  // plan gives the buffers of steps that run at once bytes of their own. A step joins groups
-  // when it queues exactly one launch (no derived tensor, no merged members, no kept output:
-  // `keepable`); the others, AI CPU steps after the run's start among them, run alone. The
-  // dependences: its inputs' producers, the step that computes a derived tensor it reads, and,
-  // for steps reading or writing a variable's buffers, every earlier such step (an in-place
-  // update must not pass a read of the old value). Before in-place placement (which joins the
-  // lifetimes it nests) and before any place is placed: places hold buffer indices.
-  void schedule_groups(const ChipConfig& chip, const std::vector<char>& keepable,
-                       const std::vector<int>& workspace_of, Plan* plan,
-                       std::vector<graph::PlannedBuffer>* buffers) const {
+  // NPUSIM_GRAPH_CONCURRENT=1 (Plan::stream_order, Plan::waits): the order a run submits the
+  // steps in, from their data dependences (graph::schedule_step_groups' groups one after another;
+  // docs/graph_engine.md, "Concurrent steps of a TF graph"), their waits on those dependences,
+  // and the buffers' lifetimes in group positions, so that the memory plan never gives one
+  // arena byte to two steps that may run at once. The dependences: its inputs' producers, the
+  // step that computes a derived tensor it reads, and, for steps reading or writing a variable's
+  // buffers, every earlier such step (an in-place update must not pass a read of the old value).
+  // A step expected to run on beside later groups (a filter gradient on the cube cores beside a
+  // chain of vector steps) keeps its buffers live until the first later group holding a step
+  // that waits for it or that cannot have cores beside it (CoreTaker), so that the memory plan
+  // gives those groups' buffers other bytes than its own and no wait for the reuse holds the
+  // chain back. Steps of one launch, no merged members, no derived tensor and no kept output
+  // (`keepable`) have a core kind the schedule knows; the others count as holding every core.
+  // Before in-place placement (which joins the lifetimes it nests) and before any place is
+  // placed: places hold buffer indices.
+  void schedule_streams(const ChipConfig& chip, const std::vector<char>& keepable,
+                        const std::vector<int>& workspace_of, Plan* plan,
+                        std::vector<graph::PlannedBuffer>* buffers) const {
     const size_t n_steps = plan->steps.size();
     std::vector<graph::GroupStep> steps(n_steps);
     const auto on_variable = [](const Place& p) {
@@ -773,7 +834,7 @@ class NpuGraphKernel : public OpKernel {
       }
       const compiler::CompiledKernel& k = s.compiled->kernel;
       if (s.gen_mask) {
-        g.alone = !s.ahead;  // queued ahead of every group: in none
+        g.alone = !s.ahead;  // queued ahead of every other step: in no group
       } else if (!s.in_place && !k.launches.empty()) {
         const bool one = k.launches.size() == 1 && k.derived.empty() && !keepable[n] &&
                          m_spec.nodes[n].members.empty();
@@ -785,13 +846,53 @@ class NpuGraphKernel : public OpKernel {
       }
     }
     const graph::StepGroups sg = graph::schedule_step_groups(steps, chip);
-    // Each buffer lives from the first to the last group position of the steps touching it.
+    const auto launches = [&](size_t n) { return steps[n].alone || steps[n].program; };
+    // Per step, the launching steps it waits for (through steps that launch nothing).
+    plan->waits.assign(n_steps, {});
+    for (size_t n = 0; n < n_steps; ++n) {
+      std::vector<size_t>& w = plan->waits[n];
+      for (const size_t j : steps[n].after) {
+        if (launches(j))
+          w.push_back(j);
+        else
+          w.insert(w.end(), plan->waits[j].begin(), plan->waits[j].end());
+      }
+      std::sort(w.begin(), w.end());
+      w.erase(std::unique(w.begin(), w.end()), w.end());
+    }
+    // Per launching step, the group position until which it is expected to run: the position
+    // before the first later group holding a step that waits for it or whose cores do not fit
+    // beside its own.
+    const int n_groups = static_cast<int>(sg.groups.size());
+    std::vector<int> runs_until(sg.position);
+    CoreTaker cores(chip);
+    const auto beside = [&](size_t a, size_t b) {
+      if (steps[a].alone || steps[b].alone) return false;
+      cores.clear();
+      return cores.take(*steps[a].program, steps[a].block_dim, nullptr) &&
+             cores.take(*steps[b].program, steps[b].block_dim, nullptr);
+    };
+    for (size_t n = 0; n < n_steps; ++n) {
+      if (!launches(n)) continue;
+      int until = n_groups - 1;
+      for (int g = sg.position[n] + 1; g < n_groups && until == n_groups - 1; ++g)
+        for (const size_t t : sg.groups[static_cast<size_t>(g)]) {
+          const std::vector<size_t>& w = plan->waits[t];
+          if (std::binary_search(w.begin(), w.end(), n) || !beside(n, t)) {
+            until = g - 1;
+            break;
+          }
+        }
+      runs_until[n] = std::max(sg.position[n], until);
+    }
+    // Each buffer lives from the first group position of the steps touching it to the last
+    // position they are expected to run until.
     std::vector<int> first(buffers->size(), std::numeric_limits<int>::max()),
         last(buffers->size(), -1);
     const auto touch = [&](const Place& p, size_t n) {
       if (p.kind != Place::Kind::arena) return;
       first.at(p.index) = std::min(first[p.index], sg.position[n]);
-      last.at(p.index) = std::max(last[p.index], sg.position[n]);
+      last.at(p.index) = std::max(last[p.index], runs_until[n]);
     };
     for (size_t n = 0; n < n_steps; ++n) {
       const Step& s = plan->steps[n];
@@ -809,7 +910,59 @@ class NpuGraphKernel : public OpKernel {
         (*buffers)[b].first = first[b];
         (*buffers)[b].last = last[b];
       }
-    plan->groups = sg.groups;
+    for (const std::vector<size_t>& group : sg.groups)
+      for (const size_t n : group)
+        if (!plan->steps[n].ahead) plan->stream_order.push_back(n);
+  }
+
+  // NPUSIM_GRAPH_CONCURRENT=1, once every place is placed: adds to Plan::waits the memory plan's
+  // reuse. A step waits for every step before it in Plan::stream_order that touched arena bytes
+  // it touches where one of the two writes them (a buffer whose bytes an earlier one held,
+  // written after that one's last read: write after read, or after write). A tensor's bytes are
+  // counted as the device moves them (compiler::device_buffer_bytes); a workspace and a derived
+  // tensor's buffer whole.
+  void stream_waits(const std::vector<int>& workspace_of, Plan* plan) const {
+    struct Touch {
+      uint64_t start = 0, end = 0;
+      bool writes = false;
+    };
+    const size_t n_steps = plan->steps.size();
+    std::vector<std::vector<Touch>> touched(n_steps);
+    const auto add = [&](size_t n, const Place& p, uint64_t bytes, bool writes) {
+      if (p.kind != Place::Kind::arena || bytes == 0) return;
+      const uint64_t start = p.index + p.offset;
+      touched[n].push_back({start, start + bytes, writes});
+    };
+    for (size_t n = 0; n < n_steps; ++n) {
+      const Step& s = plan->steps[n];
+      const compiler::CompiledKernel& k = s.compiled->kernel;
+      if (s.in_place) continue;  // launches nothing; its readers touch what it names
+      for (size_t i = 0; i < s.inputs.size() && i < s.op.inputs.size(); ++i)
+        add(n, s.inputs[i], compiler::device_buffer_bytes(s.op.inputs[i].bytes()), false);
+      for (size_t o = 0; o < s.outputs.size() && o < k.outputs.size(); ++o)
+        add(n, s.outputs[o], compiler::device_buffer_bytes(k.outputs[o].bytes()), true);
+      if (workspace_of[n] >= 0) add(n, s.workspace, s.workspace.extent, true);
+      for (const Place& p : s.derived_at) add(n, p, p.extent, true);
+      for (const auto& [from, from_d] : s.derived_from)
+        if (from >= 0) {
+          const Place& p =
+              plan->steps[static_cast<size_t>(from)].derived_at.at(static_cast<size_t>(from_d));
+          add(n, p, p.extent, false);
+        }
+    }
+    const std::vector<size_t>& order = plan->stream_order;
+    for (size_t i = 0; i < order.size(); ++i) {
+      std::vector<size_t>& w = plan->waits[order[i]];
+      for (size_t j = 0; j < i; ++j) {
+        bool clash = false;
+        for (const Touch& a : touched[order[i]])
+          for (const Touch& b : touched[order[j]])
+            clash = clash || ((a.writes || b.writes) && a.start < b.end && b.start < a.end);
+        if (clash) w.push_back(order[j]);
+      }
+      std::sort(w.begin(), w.end());
+      w.erase(std::unique(w.begin(), w.end()), w.end());
+    }
   }
 
   // Marks the steps whose output is kept across runs (Step::kept): a Cast reading stable inputs
