@@ -1057,33 +1057,41 @@ class ConvEmitter {
 
   // Staggered weights (conv_staggered_weights): the chunk's n = ncb * taps k-blocks, k-block j
   // = (c - c1a) * taps + tap at dst + j * nrows * 32 bytes as the loop in order places it,
-  // loaded from k-block block_id % n on, wrapping (shared_read_part_at): the cores loading one
-  // weight key's chunk at once read different k-blocks' rows. The same bytes land in L1.
+  // loaded from k-block block_id % n on, wrapping (shared_read_part_at), until j is back there:
+  // the cores loading one weight key's chunk at once read different k-blocks' rows. The same
+  // bytes land in L1. No more registers than the loop in order (the mmad step's are live): j
+  // the only state, n and the first k-block recomputed where needed.
   template <typename KBlock, typename BlockRows>
   void load_k_blocks_staggered(const Reg& dst, const Reg& d, const Reg& nrows, const Reg& c1a,
                                const Reg& ncb, const KBlock& k_block,
                                const BlockRows& block_rows) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "weights: the chunk's k-blocks from block_id % n on");
-    Reg n = b.reg("weights: k-blocks"), j = b.reg("weights: k-block loaded now"),
-        i = b.reg("weights: k-blocks loaded"), c = b.reg("weights: block"),
-        tap = b.reg("weights: tap"), rows = b.reg("weights: channels in block"),
-        src = b.reg("weights: source");
-    b.mul(n, ncb, m_taps, "n: the chunk's k-blocks");
-    b.emit(Opcode::op_get_block_id, {j});
-    b.rem(j, j, n, "this core's first k-block: block_id % n");
-    b.for_range(i, 0, n, 1, [&] {
-      b.div(c, j, m_taps);
-      b.add(c, c, c1a, "its channel block");
-      b.rem(tap, j, m_taps, "its tap");
-      b.mul(d, j, nrows);
-      b.mul(d, d, kBlk * m_isz);
-      b.add(d, d, dst, "its place: dst + j * nb * 512 bytes");
-      block_rows(rows, c);
-      k_block(c, tap, rows, src);
-      b.add(j, j, 1, "the next k-block");
-      b.if_(ge(j, n), [&] { b.movi(j, 0, "wrapped to the first k-block"); });
-    });
+    Reg j = b.reg("weights: k-block loaded now"), c = b.reg("weights: block"),
+        rows = b.reg("weights: channels in block"), src = b.reg("weights: source"),
+        tap = b.reg("weights: tap");
+    // rows = the first k-block, block_id % n (n = ncb * taps)
+    const auto first = [&](const Reg& r) {
+      b.mul(c, ncb, m_taps, "n: the chunk's k-blocks");
+      b.emit(Opcode::op_get_block_id, {r});
+      b.rem(r, r, c, "this core's first k-block: block_id % n");
+    };
+    first(j);
+    const Label top = b.label("staggered_k_blocks");
+    b.bind(top);
+    b.div(c, j, m_taps);
+    b.add(c, c, c1a, "its channel block");
+    b.rem(tap, j, m_taps, "its tap");
+    b.mul(d, j, nrows);
+    b.mul(d, d, kBlk * m_isz);
+    b.add(d, d, dst, "its place: dst + j * nb * 512 bytes");
+    block_rows(rows, c);
+    k_block(c, tap, rows, src);
+    b.add(j, j, 1, "the next k-block");
+    b.mul(c, ncb, m_taps);
+    b.if_(ge(j, c), [&] { b.movi(j, 0, "wrapped to the first k-block"); });
+    first(rows);
+    b.branch(ne(j, rows), top);
   }
 
   // The k-block (c, tap) of the stride-packed view's kRowsK B (CubeConvSpec::b_tap_row) into
@@ -1172,32 +1180,39 @@ class ConvEmitter {
       // from i = block_id % n on, wrapping; each copy from base + jb * b_nblock + tap * b_tap
       // elements to d + (tap * nb + jb) fractals (base and d moved there and back: the mmad
       // step's registers leave few).
+      // j: the pair loaded now (the only state; n and the first pair recomputed where needed,
+      // no register more than in order).
       KernelBuilder::Origin so(b, "weights: the (column block, tap) pairs from block_id % n on");
-      Reg n = b.reg("weights: pairs"), i = b.reg("weights: pair loaded now");
-      b.mul(n, nb, m_taps, "n: (column block, tap) pairs");
-      b.emit(Opcode::op_get_block_id, {i});
-      b.rem(i, i, n, "this core's first pair: block_id % n");
-      b.for_range(j, 0, n, 1, [&] {
-        b.rem(tap, i, m_taps, "its tap");
-        b.mul(tap, tap, nb);
-        b.div(t, i, m_taps, "its column block");
-        b.add(tap, tap, t);
-        b.mul(tap, tap, kFrac, "its place: (tap * nb + column block) fractals on");
-        b.mul(t, t, m_s.b_nblock * m_isz);
-        b.add(base, base, t);
-        b.rem(t, i, m_taps);
-        b.mul(t, t, tap_bytes);
-        b.add(base, base, t, "its source");
-        b.add(d, d, tap);
-        copies(base, d);
-        b.sub(d, d, tap);
-        b.div(tap, i, m_taps);
-        b.mul(tap, tap, m_s.b_nblock * m_isz);
-        b.add(t, t, tap);
-        b.sub(base, base, t, "back to the chunk's first block");
-        b.add(i, i, 1, "the next pair");
-        b.if_(ge(i, n), [&] { b.movi(i, 0, "wrapped to the first pair"); });
-      });
+      const auto first = [&](const Reg& r) {
+        b.mul(t, nb, m_taps, "n: (column block, tap) pairs");
+        b.emit(Opcode::op_get_block_id, {r});
+        b.rem(r, r, t, "this core's first pair: block_id % n");
+      };
+      first(j);
+      const Label top = b.label("staggered_pairs");
+      b.bind(top);
+      b.rem(tap, j, m_taps, "its tap");
+      b.mul(tap, tap, nb);
+      b.div(t, j, m_taps, "its column block");
+      b.add(tap, tap, t);
+      b.mul(tap, tap, kFrac, "its place: (tap * nb + column block) fractals on");
+      b.mul(t, t, m_s.b_nblock * m_isz);
+      b.add(base, base, t);
+      b.rem(t, j, m_taps);
+      b.mul(t, t, tap_bytes);
+      b.add(base, base, t, "its source");
+      b.add(d, d, tap);
+      copies(base, d);
+      b.sub(d, d, tap);
+      b.div(tap, j, m_taps);
+      b.mul(tap, tap, m_s.b_nblock * m_isz);
+      b.add(t, t, tap);
+      b.sub(base, base, t, "back to the chunk's first block");
+      b.add(j, j, 1, "the next pair");
+      b.mul(t, nb, m_taps);
+      b.if_(ge(j, t), [&] { b.movi(j, 0, "wrapped to the first pair"); });
+      first(tap);
+      b.branch(ne(j, tap), top);
       return;
     }
     // Per column block j: base at its tap 0 in GM, d at its fractal of k-block 0 in L1; per tap
@@ -1272,26 +1287,34 @@ class ConvEmitter {
     b.mul(step, step, kBlkBytes, "ncb * nb * 512 bytes a tap");
     if (m_staggered_weights) {
       // Staggered (conv_staggered_weights): the taps from tap block_id % taps on, wrapping,
-      // each to its own place (d + tap * step).
-      Reg i = b.reg("weights: taps loaded"), to = b.reg("weights: the tap's place");
-      b.emit(Opcode::op_get_block_id, {tap});
-      b.rem(tap, tap, m_taps, "this core's first tap: block_id % taps");
-      b.for_range(i, 0, m_taps, 1, [&] {
-        if (m_s.b_flip) {
-          b.movi(src, m_taps - 1);
-          b.sub(src, src, tap, "source tap (flipped)");
-        } else {
-          b.mov(src, tap);
-        }
-        b.mul(src, src, m_s.b_tap * m_isz);
-        b.add(src, src, base);
-        b.mul(to, tap, step);
-        b.add(to, to, d);
-        b.emit(Opcode::op_nd2nz, {m_s.in_type, to, src, n_act, cols, m_s.b_row, nrows},
-               "the tap's k-blocks: n x the chunk's channels (fractal rows = n)");
-        b.add(tap, tap, 1, "the next tap");
-        b.if_(ge(tap, m_taps), [&] { b.movi(tap, 0, "wrapped to the first tap"); });
-      });
+      // each to its own place (d + tap * step, step recomputed: no register more than in order),
+      // until tap is back at the first.
+      const auto first = [&](const Reg& r) {
+        b.emit(Opcode::op_get_block_id, {r});
+        b.rem(r, r, m_taps, "this core's first tap: block_id % taps");
+      };
+      first(tap);
+      const Label top = b.label("staggered_taps");
+      b.bind(top);
+      if (m_s.b_flip) {
+        b.movi(src, m_taps - 1);
+        b.sub(src, src, tap, "source tap (flipped)");
+      } else {
+        b.mov(src, tap);
+      }
+      b.mul(src, src, m_s.b_tap * m_isz);
+      b.add(src, src, base);
+      b.mul(step, tap, ncb);
+      b.mul(step, step, nrows);
+      b.mul(step, step, kBlkBytes, "the tap's place: tap * ncb * nb * 512 bytes on");
+      b.add(d, d, step);
+      b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, n_act, cols, m_s.b_row, nrows},
+             "the tap's k-blocks: n x the chunk's channels (fractal rows = n)");
+      b.sub(d, d, step);
+      b.add(tap, tap, 1, "the next tap");
+      b.if_(ge(tap, m_taps), [&] { b.movi(tap, 0, "wrapped to the first tap"); });
+      first(step);
+      b.branch(ne(tap, step), top);
       return;
     }
     b.for_range(tap, 0, m_taps, 1, [&] {
