@@ -39,7 +39,8 @@ struct ScopedEnv {
 // cores on one line already slow each other (the test chip has few cube cores).
 ChipConfig serial_chip() {
   ChipConfig c = test_sim().config();
-  c.l2_line_read_bytes_per_cycle = c.l2_read_bytes_per_cycle > 0 ? c.l2_read_bytes_per_cycle / 2 : 64;
+  c.l2_line_read_bytes_per_cycle =
+      c.l2_read_bytes_per_cycle > 0 ? c.l2_read_bytes_per_cycle / 2 : 64;
   return c;
 }
 

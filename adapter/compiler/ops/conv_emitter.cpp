@@ -999,39 +999,39 @@ class ConvEmitter {
       return load_weights_n16(base, d, nrows, c1a, ncb, t);
     // The k-block (c, tap) of `rows` channels to d (src: scratch).
     const auto k_block = [&](const Reg& c, const Reg& tap, const Reg& rows, const Reg& src) {
-        // source tap = flip ? taps - 1 - tap : tap
-        if (m_s.b_flip) {
-          b.movi(src, m_taps - 1);
-          b.sub(src, src, tap);
-        } else {
-          b.mov(src, tap);
-        }
-        b.mul(src, src, m_s.b_tap);
-        if (m_s.b_diagonal) {
-          b.mul(t, c, m_s.b_group);
-          b.add(src, src, t);
-          b.mul(src, src, m_isz);
-          b.add(src, src, base);
-          b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, nrows, m_s.b_row, kBlk},
-                 "k-block: 16 input channels x their diagonal block's columns");
-        } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK && m_s.b_tap_row != 0) {
-          load_packed_tap(base, d, src, t, tap, c, rows, n_act);
-        } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
-          b.mul(t, c, kBlk * m_s.b_row);
-          b.add(src, src, t);
-          b.mul(src, src, m_isz);
-          b.add(src, src, base);
-          b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, n_act, m_s.b_row, kBlk},
-                 "k-block: 16 input channels x n (fractal rows = k)");
-        } else {
-          // (blocked filter: k-block c at c * b_nblock, its n rows of 16 one run)
-          b.mul(t, c, m_s.b_nblock > 0 ? m_s.b_nblock : kBlk);
-          b.add(src, src, t);
-          b.mul(src, src, m_isz);
-          b.add(src, src, base);
-          b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, n_act, rows, m_s.b_row, nrows},
-                 "k-block: n x 16 input channels (fractal rows = n, the L0B layout)");
-        }
+      // source tap = flip ? taps - 1 - tap : tap
+      if (m_s.b_flip) {
+        b.movi(src, m_taps - 1);
+        b.sub(src, src, tap);
+      } else {
+        b.mov(src, tap);
+      }
+      b.mul(src, src, m_s.b_tap);
+      if (m_s.b_diagonal) {
+        b.mul(t, c, m_s.b_group);
+        b.add(src, src, t);
+        b.mul(src, src, m_isz);
+        b.add(src, src, base);
+        b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, nrows, m_s.b_row, kBlk},
+               "k-block: 16 input channels x their diagonal block's columns");
+      } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK && m_s.b_tap_row != 0) {
+        load_packed_tap(base, d, src, t, tap, c, rows, n_act);
+      } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
+        b.mul(t, c, kBlk * m_s.b_row);
+        b.add(src, src, t);
+        b.mul(src, src, m_isz);
+        b.add(src, src, base);
+        b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, n_act, m_s.b_row, kBlk},
+               "k-block: 16 input channels x n (fractal rows = k)");
+      } else {
+        // (blocked filter: k-block c at c * b_nblock, its n rows of 16 one run)
+        b.mul(t, c, m_s.b_nblock > 0 ? m_s.b_nblock : kBlk);
+        b.add(src, src, t);
+        b.mul(src, src, m_isz);
+        b.add(src, src, base);
+        b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, n_act, rows, m_s.b_row, nrows},
+               "k-block: n x 16 input channels (fractal rows = n, the L0B layout)");
+      }
     };
     // rows = min(16, cvalid - c * 16): the channels of block c.
     const auto block_rows = [&](const Reg& rows, const Reg& c) {
@@ -1063,8 +1063,7 @@ class ConvEmitter {
   // the only state, n and the first k-block recomputed where needed.
   template <typename KBlock, typename BlockRows>
   void load_k_blocks_staggered(const Reg& dst, const Reg& d, const Reg& nrows, const Reg& c1a,
-                               const Reg& ncb, const KBlock& k_block,
-                               const BlockRows& block_rows) {
+                               const Reg& ncb, const KBlock& k_block, const BlockRows& block_rows) {
     KernelBuilder& b = m_b;
     KernelBuilder::Origin o(b, "weights: the chunk's k-blocks from block_id % n on");
     Reg j = b.reg("weights: k-block loaded now"), c = b.reg("weights: block"),

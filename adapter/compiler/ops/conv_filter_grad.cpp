@@ -569,8 +569,8 @@ int64_t filter_grad_dy_part_blocks(const FilterGradSpec& s, const FilterGradTili
   const int64_t line = std::max<int64_t>(1, static_cast<int64_t>(cfg.l2_line_bytes));
   const int64_t line_keys =
       std::min(s.groups * t.n_tiles, std::max<int64_t>(1, line / std::max<int64_t>(1, run)));
-  const int64_t readers = std::min<int64_t>(
-      t.block_dim, ceil_div(t.k_tiles * line_keys, std::max<int64_t>(1, t.per)));
+  const int64_t readers =
+      std::min<int64_t>(t.block_dim, ceil_div(t.k_tiles * line_keys, std::max<int64_t>(1, t.per)));
   if (line_rate <= 0 || row_blocks <= 1 || readers <= 1 || !conv_staggered_loads_enabled(op))
     return 0;
   const double port = cfg.l2_read_bytes_per_cycle;  // 0: no port limit
