@@ -1069,7 +1069,7 @@ class ConvEmitter {
     Reg j = b.reg("weights: k-block loaded now"), c = b.reg("weights: block"),
         rows = b.reg("weights: channels in block"), src = b.reg("weights: source"),
         tap = b.reg("weights: tap");
-    // rows = the first k-block, block_id % n (n = ncb * taps)
+    // r = the first k-block, block_id % n (n = ncb * taps; c: scratch)
     const auto first = [&](const Reg& r) {
       b.mul(c, ncb, m_taps, "n: the chunk's k-blocks");
       b.emit(Opcode::op_get_block_id, {r});
