@@ -77,6 +77,7 @@ const std::vector<std::string>& lowering_switches() {
       "NPUSIM_CONV_PIXEL_LOADS",
       "NPUSIM_CONV_PLAN_RANK",
       "NPUSIM_CONV_ROW_VIEW",
+      "NPUSIM_CONV_STAGGERED_LOADS",
       "NPUSIM_CONV_WEIGHT_RUNS",
       "NPUSIM_CONV_STRIDED_INPUT_GRAD",
       "NPUSIM_CONV_STRIDED_PIXELS",

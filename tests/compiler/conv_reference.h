@@ -631,4 +631,32 @@ inline void check_conv2d_bias_add(const ConvCase& c, bool relu, uint32_t seed,
                 mode == PrecisionMode::kAllowMixPrecision ? DataType::F16 : dt, true, "y");
 }
 
+// Element (kh, kw, ci, co) of an HWIO filter of shape f in the blocked layout, written from the
+// layout's definition (not the compiler's helper).
+inline size_t blocked_index(const std::vector<int64_t>& f, int64_t kh, int64_t kw, int64_t ci,
+                            int64_t co) {
+  const int64_t block = co / 16, lane = co % 16;
+  return static_cast<size_t>((((block * f[0] + kh) * f[1] + kw) * f[2] + ci) * 16 + lane);
+}
+
+// The HWIO tensor's values placed in the blocked layout (same shape, same element count).
+inline HostTensor to_blocked(const HostTensor& hwio) {
+  const std::vector<int64_t>& f = hwio.desc.shape;
+  HostTensor b = hwio;
+  size_t i = 0;
+  for (int64_t kh = 0; kh < f[0]; ++kh)
+    for (int64_t kw = 0; kw < f[1]; ++kw)
+      for (int64_t ci = 0; ci < f[2]; ++ci)
+        for (int64_t co = 0; co < f[3]; ++co)
+          b.values[blocked_index(f, kh, kw, ci, co)] = hwio.values[i++];
+  return b;
+}
+
+// attrs with the filter in blocks of 16 output channels (ops/conv.h kFilterLayoutN16).
+inline std::map<std::string, compiler::AttrValue> with_layout(
+    std::map<std::string, compiler::AttrValue> a) {
+  a["filter_layout"] = std::string(compiler::ops::kFilterLayoutN16);
+  return a;
+}
+
 }  // namespace npusim::test::conv

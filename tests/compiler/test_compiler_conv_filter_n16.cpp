@@ -28,37 +28,6 @@ using namespace npusim::test::conv;
 using compiler::DataType;
 using compiler::TensorDesc;
 
-namespace {
-
-// Element (kh, kw, ci, co) of an HWIO filter of shape f in the blocked layout, written from the
-// layout's definition (not the compiler's helper).
-size_t blocked_index(const std::vector<int64_t>& f, int64_t kh, int64_t kw, int64_t ci,
-                     int64_t co) {
-  const int64_t block = co / 16, lane = co % 16;
-  return static_cast<size_t>((((block * f[0] + kh) * f[1] + kw) * f[2] + ci) * 16 + lane);
-}
-
-// The HWIO tensor's values placed in the blocked layout (same shape, same element count).
-HostTensor to_blocked(const HostTensor& hwio) {
-  const std::vector<int64_t>& f = hwio.desc.shape;
-  HostTensor b = hwio;
-  size_t i = 0;
-  for (int64_t kh = 0; kh < f[0]; ++kh)
-    for (int64_t kw = 0; kw < f[1]; ++kw)
-      for (int64_t ci = 0; ci < f[2]; ++ci)
-        for (int64_t co = 0; co < f[3]; ++co)
-          b.values[blocked_index(f, kh, kw, ci, co)] = hwio.values[i++];
-  return b;
-}
-
-std::map<std::string, compiler::AttrValue> with_layout(
-    std::map<std::string, compiler::AttrValue> a) {
-  a["filter_layout"] = std::string(compiler::ops::kFilterLayoutN16);
-  return a;
-}
-
-}  // namespace
-
 TEST_CASE("MultiTensorCast writes its filter_n16 members in blocks of 16 output channels") {
   const ChipConfig& cfg = test_sim().config();
   using V = std::vector<int64_t>;

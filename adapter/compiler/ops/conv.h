@@ -378,6 +378,22 @@ CubeConvTiling rechunk_cube_conv(const CubeConvSpec& s, CubeConvTiling t, int64_
 // the vector blocks that write partials ([stats_blocks][cy] f32 each).
 Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
                        const std::string& op, int* stats_blocks = nullptr);
+// The convolution's weights loaded in a staggered order (build_cube_conv), for a chip that
+// serialises reads of one L2 line by several cores (memory.l2.line_read_bytes_per_cycle R > 0;
+// docs/validation.md "The convolutions' shared loads staggered"): the blocks that load one weight
+// key's chunk at once (resident weights at their first tile of the key, streamed ones every
+// step) would read its rows in the same order. Staggered, a chunk's k-blocks (one nd2nz each:
+// n = channel blocks x taps of them) are loaded from k-block block_id % n on, wrapping, each to
+// the place the loop in order gives it; by tap (CubeConvTiling::weights_by_tap) the taps from
+// block_id % taps on; a forward filter in blocks of 16 columns (CubeConvSpec::b_nblock, kRowsK:
+// a copy per (column block, tap)) its nb x taps pairs from block_id % (nb x taps) on. The same
+// bytes land in L1 before MTE1 reads them (the chunk's flag), so the mmads and their bits are
+// unchanged. True where R > 0, with more than one block, unless the filter is the stride-packed
+// blocked view (b_tap_row: its taps unrolled), blocked with a group's channels no whole blocks
+// of 16, or a by-tap load has one tap, and not under
+// NPUSIM_CONV_STAGGERED_LOADS=0 (another value: a CompileError naming op).
+bool conv_staggered_weights(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
+                            const std::string& op);
 
 // ---- the cube img2col kernel ----
 
@@ -469,8 +485,34 @@ struct FilterGradTiling {
   // The strided view of x (SlabEmitter::strided_blocks) loaded per pixel at every chunk
   // (SlabEmitter::Geometry::strided_by_pixel; strided_slab_switch).
   bool strided_pixels = false;
+  // dy's rows of a chunk in staggered parts (filter_grad_dy_part_blocks): 16-row blocks a part;
+  // 0: one nd2nz a chunk.
+  int64_t dy_part_blocks = 0;
   double cycles = 0;
 };
+// The filter gradient's dy rows loaded in staggered parts, for a chip that serialises reads of
+// one L2 line by several cores (memory.l2.line_read_bytes_per_cycle R > 0; docs/validation.md
+// "The convolutions' shared loads staggered"). The cores running the k tiles of the weight keys
+// whose channels share an L2 line (readers: up to min(block_dim, ceil(k_tiles x those keys /
+// per))) load the same chunk's dy lines at the same step: in one nd2nz each, every core reads
+// each line at R / readers. Staggered, the
+// chunk's rows [0, m_act) are cut into parts of P = 16 x dy_part_blocks rows, part j an nd2nz
+// of its rows into its own NZ block of the dy buffer (at j x P x tn elements, column blocks P
+// rows apart, rows past the chunk zero), and core b loads them from part b % n on (n =
+// ceil(m_act / P), wrapping: shared_read_part_at), so that cores in step read different
+// parts. The L0 steps read each 16 positions' fractals from their part: L0B holds the same
+// values, the mmad sequence and its accumulation order are unchanged, so are the bits. The
+// part size is the one of least estimated cycles for the chunk's rows: per part the longer of
+// the DMA's issue (copy_issue_estimate) and its bytes at min(the core's L2 read port, R /
+// ceil(readers / parts)), against one load's (R / readers). Returns 0 (one nd2nz a chunk) where
+// R = 0, with one reader, one row block, where splitting is estimated no faster, or under
+// NPUSIM_CONV_STAGGERED_LOADS=0 (read at every compile; unset or "1" on, another value a
+// CompileError naming op).
+int64_t filter_grad_dy_part_blocks(const FilterGradSpec& s, const FilterGradTiling& t,
+                                   const ChipConfig& cfg, const std::string& op);
+// NPUSIM_CONV_STAGGERED_LOADS: whether the convolutions may load their shared operands in
+// staggered parts (unset or "1" yes, "0" no; anything else a CompileError naming op).
+bool conv_staggered_loads_enabled(const std::string& op);
 // Every tiling that fits the cube core, each with its modelled cycles, in the planner's order;
 // CompileError naming op if none fits.
 std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const ChipConfig& cfg,

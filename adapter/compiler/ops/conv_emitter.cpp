@@ -110,7 +110,8 @@ class ConvEmitter {
         m_isz(isa::dtype_size(s.in_type)),
         m_osz(isa::dtype_size(s.out_type)),
         m_taps(s.kh * s.kw),
-        m_pipe(m_b, t.l0c_buffers) {}
+        m_pipe(m_b, t.l0c_buffers),
+        m_staggered_weights(conv_staggered_weights(s, t, cfg, op)) {}
 
   BuiltKernel emit() {
     // bn_stats needs cross-core flag ids 0 to kPartialsStored (after a barrier) and up to
@@ -996,52 +997,100 @@ class ConvEmitter {
       return load_weights_n16_packed(base, d, nrows, t);
     if (m_s.b_nblock > 0 && m_s.b_mode == CubeConvSpec::BMode::kRowsK)
       return load_weights_n16(base, d, nrows, c1a, ncb, t);
+    // The k-block (c, tap) of `rows` channels to d (src: scratch).
+    const auto k_block = [&](const Reg& c, const Reg& tap, const Reg& rows, const Reg& src) {
+      // source tap = flip ? taps - 1 - tap : tap
+      if (m_s.b_flip) {
+        b.movi(src, m_taps - 1);
+        b.sub(src, src, tap);
+      } else {
+        b.mov(src, tap);
+      }
+      b.mul(src, src, m_s.b_tap);
+      if (m_s.b_diagonal) {
+        b.mul(t, c, m_s.b_group);
+        b.add(src, src, t);
+        b.mul(src, src, m_isz);
+        b.add(src, src, base);
+        b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, nrows, m_s.b_row, kBlk},
+               "k-block: 16 input channels x their diagonal block's columns");
+      } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK && m_s.b_tap_row != 0) {
+        load_packed_tap(base, d, src, t, tap, c, rows, n_act);
+      } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
+        b.mul(t, c, kBlk * m_s.b_row);
+        b.add(src, src, t);
+        b.mul(src, src, m_isz);
+        b.add(src, src, base);
+        b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, n_act, m_s.b_row, kBlk},
+               "k-block: 16 input channels x n (fractal rows = k)");
+      } else {
+        // (blocked filter: k-block c at c * b_nblock, its n rows of 16 one run)
+        b.mul(t, c, m_s.b_nblock > 0 ? m_s.b_nblock : kBlk);
+        b.add(src, src, t);
+        b.mul(src, src, m_isz);
+        b.add(src, src, base);
+        b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, n_act, rows, m_s.b_row, nrows},
+               "k-block: n x 16 input channels (fractal rows = n, the L0B layout)");
+      }
+    };
+    // rows = min(16, cvalid - c * 16): the channels of block c.
+    const auto block_rows = [&](const Reg& rows, const Reg& c) {
+      b.mul(rows, c, kBlk);
+      b.sub(rows, cvalid, rows);
+      b.min(rows, rows, kBlk);
+    };
+    if (m_staggered_weights)
+      return load_k_blocks_staggered(dst, d, nrows, c1a, ncb, k_block, block_rows);
     Reg c = b.reg("weights: block"), end = b.reg("weights: end block");
     b.add(end, c1a, ncb);
     b.for_range(c, c1a, end, 1, [&] {
       Reg rows = b.reg("weights: channels in block"), src = b.reg("weights: source"),
           tap = b.reg("weights: tap");
-      b.mul(rows, c, kBlk);
-      b.sub(rows, cvalid, rows);
-      b.min(rows, rows, kBlk);
+      block_rows(rows, c);
       b.for_range(tap, 0, m_taps, 1, [&] {
-        // source tap = flip ? taps - 1 - tap : tap
-        if (m_s.b_flip) {
-          b.movi(src, m_taps - 1);
-          b.sub(src, src, tap);
-        } else {
-          b.mov(src, tap);
-        }
-        b.mul(src, src, m_s.b_tap);
-        if (m_s.b_diagonal) {
-          b.mul(t, c, m_s.b_group);
-          b.add(src, src, t);
-          b.mul(src, src, m_isz);
-          b.add(src, src, base);
-          b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, nrows, m_s.b_row, kBlk},
-                 "k-block: 16 input channels x their diagonal block's columns");
-        } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK && m_s.b_tap_row != 0) {
-          load_packed_tap(base, d, src, t, tap, c, rows, n_act);
-        } else if (m_s.b_mode == CubeConvSpec::BMode::kRowsK) {
-          b.mul(t, c, kBlk * m_s.b_row);
-          b.add(src, src, t);
-          b.mul(src, src, m_isz);
-          b.add(src, src, base);
-          b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, rows, n_act, m_s.b_row, kBlk},
-                 "k-block: 16 input channels x n (fractal rows = k)");
-        } else {
-          // (blocked filter: k-block c at c * b_nblock, its n rows of 16 one run)
-          b.mul(t, c, m_s.b_nblock > 0 ? m_s.b_nblock : kBlk);
-          b.add(src, src, t);
-          b.mul(src, src, m_isz);
-          b.add(src, src, base);
-          b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, n_act, rows, m_s.b_row, nrows},
-                 "k-block: n x 16 input channels (fractal rows = n, the L0B layout)");
-        }
+        k_block(c, tap, rows, src);
         b.mul(t, nrows, kBlk * m_isz);
         b.add(d, d, t, "next k-block: nb * 512 bytes");
       });
     });
+  }
+
+  // Staggered weights (conv_staggered_weights): the chunk's n = ncb * taps k-blocks, k-block j
+  // = (c - c1a) * taps + tap at dst + j * nrows * 32 bytes as the loop in order places it,
+  // loaded from k-block block_id % n on, wrapping (shared_read_part_at), until j is back there:
+  // the cores loading one weight key's chunk at once read different k-blocks' rows. The same
+  // bytes land in L1. No more registers than the loop in order (the mmad step's are live): j
+  // the only state, n and the first k-block recomputed where needed.
+  template <typename KBlock, typename BlockRows>
+  void load_k_blocks_staggered(const Reg& dst, const Reg& d, const Reg& nrows, const Reg& c1a,
+                               const Reg& ncb, const KBlock& k_block, const BlockRows& block_rows) {
+    KernelBuilder& b = m_b;
+    KernelBuilder::Origin o(b, "weights: the chunk's k-blocks from block_id % n on");
+    Reg j = b.reg("weights: k-block loaded now"), c = b.reg("weights: block"),
+        rows = b.reg("weights: channels in block"), src = b.reg("weights: source"),
+        tap = b.reg("weights: tap");
+    // r = the first k-block, block_id % n (n = ncb * taps; c: scratch)
+    const auto first = [&](const Reg& r) {
+      b.mul(c, ncb, m_taps, "n: the chunk's k-blocks");
+      b.emit(Opcode::op_get_block_id, {r});
+      b.rem(r, r, c, "this core's first k-block: block_id % n");
+    };
+    first(j);
+    const Label top = b.label("staggered_k_blocks");
+    b.bind(top);
+    b.div(c, j, m_taps);
+    b.add(c, c, c1a, "its channel block");
+    b.rem(tap, j, m_taps, "its tap");
+    b.mul(d, j, nrows);
+    b.mul(d, d, kBlk * m_isz);
+    b.add(d, d, dst, "its place: dst + j * nb * 512 bytes");
+    block_rows(rows, c);
+    k_block(c, tap, rows, src);
+    b.add(j, j, 1, "the next k-block");
+    b.mul(c, ncb, m_taps);
+    b.if_(ge(j, c), [&] { b.movi(j, 0, "wrapped to the first k-block"); });
+    first(rows);
+    b.branch(ne(j, rows), top);
   }
 
   // The k-block (c, tap) of the stride-packed view's kRowsK B (CubeConvSpec::b_tap_row) into
@@ -1104,26 +1153,72 @@ class ConvEmitter {
     b.min(full, full, ncb, "the chunk's whole blocks (a partial block last)");
     b.mul(t, c1a, kBlk * m_s.b_row * m_isz);
     b.add(base, base, t, "the chunk's first channel block");
+    // The copies of one (column block, tap): from its tap's fractals in GM (src) to its
+    // fractal of k-block (c1a, tap) in L1 (dst).
+    const auto copies = [&](const Reg& src, const Reg& dst) {
+      b.if_(ge(full, 1), [&] {
+        b.emit(Opcode::op_copy_gm2l1, {dst, src, full, kFrac / 32, 0, gap},
+               "the chunk's whole fractals of one (column block, tap)");
+      });
+      if (part_rows > 0)
+        b.if_(lt(full, ncb), [&] {
+          Reg ps = b.reg("weights: partial block source"),
+              pd = b.reg("weights: partial block destination");
+          b.mul(ps, full, kBlk * m_s.b_row * m_isz);
+          b.add(ps, ps, src);
+          b.mul(pd, full, m_taps * kFrac);
+          b.mul(pd, pd, nb);
+          b.add(pd, pd, dst);
+          b.emit(Opcode::op_nd2nz, {m_s.in_type, pd, ps, part_rows, kBlk, m_s.b_row, kBlk},
+                 "the group's last block: its rows x 16 columns, zero-padded");
+        });
+    };
+    if (m_staggered_weights) {
+      // Staggered (conv_staggered_weights; whole channel blocks only, so no partial block's
+      // registers): the n = nb * taps pairs (column block jb, tap) by index i = jb * taps + tap
+      // from i = block_id % n on, wrapping; each copy from base + jb * b_nblock + tap * b_tap
+      // elements to d + (tap * nb + jb) fractals (base and d moved there and back: the mmad
+      // step's registers leave few).
+      // j: the pair loaded now (the only state; n and the first pair recomputed where needed,
+      // no register more than in order).
+      KernelBuilder::Origin so(b, "weights: the (column block, tap) pairs from block_id % n on");
+      const auto first = [&](const Reg& r) {
+        b.mul(t, nb, m_taps, "n: (column block, tap) pairs");
+        b.emit(Opcode::op_get_block_id, {r});
+        b.rem(r, r, t, "this core's first pair: block_id % n");
+      };
+      first(j);
+      const Label top = b.label("staggered_pairs");
+      b.bind(top);
+      b.rem(tap, j, m_taps, "its tap");
+      b.mul(tap, tap, nb);
+      b.div(t, j, m_taps, "its column block");
+      b.add(tap, tap, t);
+      b.mul(tap, tap, kFrac, "its place: (tap * nb + column block) fractals on");
+      b.mul(t, t, m_s.b_nblock * m_isz);
+      b.add(base, base, t);
+      b.rem(t, j, m_taps);
+      b.mul(t, t, tap_bytes);
+      b.add(base, base, t, "its source");
+      b.add(d, d, tap);
+      copies(base, d);
+      b.sub(d, d, tap);
+      b.div(tap, j, m_taps);
+      b.mul(tap, tap, m_s.b_nblock * m_isz);
+      b.add(t, t, tap);
+      b.sub(base, base, t, "back to the chunk's first block");
+      b.add(j, j, 1, "the next pair");
+      b.mul(t, nb, m_taps);
+      b.if_(ge(j, t), [&] { b.movi(j, 0, "wrapped to the first pair"); });
+      first(tap);
+      b.branch(ne(j, tap), top);
+      return;
+    }
     // Per column block j: base at its tap 0 in GM, d at its fractal of k-block 0 in L1; per tap
     // both advance (tap_bytes, nb fractals) and step back after the last.
     b.for_range(j, 0, nb, 1, [&] {
       b.for_range(tap, 0, m_taps, 1, [&] {
-        b.if_(ge(full, 1), [&] {
-          b.emit(Opcode::op_copy_gm2l1, {d, base, full, kFrac / 32, 0, gap},
-                 "the chunk's whole fractals of one (column block, tap)");
-        });
-        if (part_rows > 0)
-          b.if_(lt(full, ncb), [&] {
-            Reg ps = b.reg("weights: partial block source"),
-                pd = b.reg("weights: partial block destination");
-            b.mul(ps, full, kBlk * m_s.b_row * m_isz);
-            b.add(ps, ps, base);
-            b.mul(pd, full, m_taps * kFrac);
-            b.mul(pd, pd, nb);
-            b.add(pd, pd, d);
-            b.emit(Opcode::op_nd2nz, {m_s.in_type, pd, ps, part_rows, kBlk, m_s.b_row, kBlk},
-                   "the group's last block: its rows x 16 columns, zero-padded");
-          });
+        copies(base, d);
         b.add(base, base, tap_bytes, "next tap");
         b.mul(t, nb, kFrac);
         b.add(d, d, t, "next tap: nb fractals on");
@@ -1189,6 +1284,38 @@ class ConvEmitter {
     b.add(base, base, step, "the chunk's first channel");
     b.mul(step, ncb, nrows);
     b.mul(step, step, kBlkBytes, "ncb * nb * 512 bytes a tap");
+    if (m_staggered_weights) {
+      // Staggered (conv_staggered_weights): the taps from tap block_id % taps on, wrapping,
+      // each to its own place (d + tap * step, step recomputed: no register more than in order),
+      // until tap is back at the first.
+      const auto first = [&](const Reg& r) {
+        b.emit(Opcode::op_get_block_id, {r});
+        b.rem(r, r, m_taps, "this core's first tap: block_id % taps");
+      };
+      first(tap);
+      const Label top = b.label("staggered_taps");
+      b.bind(top);
+      if (m_s.b_flip) {
+        b.movi(src, m_taps - 1);
+        b.sub(src, src, tap, "source tap (flipped)");
+      } else {
+        b.mov(src, tap);
+      }
+      b.mul(src, src, m_s.b_tap * m_isz);
+      b.add(src, src, base);
+      b.mul(step, tap, ncb);
+      b.mul(step, step, nrows);
+      b.mul(step, step, kBlkBytes, "the tap's place: tap * ncb * nb * 512 bytes on");
+      b.add(d, d, step);
+      b.emit(Opcode::op_nd2nz, {m_s.in_type, d, src, n_act, cols, m_s.b_row, nrows},
+             "the tap's k-blocks: n x the chunk's channels (fractal rows = n)");
+      b.sub(d, d, step);
+      b.add(tap, tap, 1, "the next tap");
+      b.if_(ge(tap, m_taps), [&] { b.movi(tap, 0, "wrapped to the first tap"); });
+      first(step);
+      b.branch(ne(tap, step), top);
+      return;
+    }
     b.for_range(tap, 0, m_taps, 1, [&] {
       if (m_s.b_flip) {
         b.movi(src, m_taps - 1);
@@ -1679,6 +1806,7 @@ class ConvEmitter {
   SlabEmitter m_slab;
   const int64_t m_isz, m_osz, m_taps;
   CubePipeline m_pipe;
+  const bool m_staggered_weights;  // conv_staggered_weights
   Twin m_slab_buf, m_bbuf, m_l0a, m_l0b, m_l0c, m_bias_l1, m_bias_bt;
   int m_b_drained = -1, m_b_loaded = -1;
   FlagPair m_b_ahead{};  // resident weights loaded by load_step (weights_ahead), by L1 parity
@@ -1695,6 +1823,18 @@ class ConvEmitter {
 
 SlabEmitter::Geometry conv_slab_geometry(const CubeConvSpec& s, const CubeConvTiling& t) {
   return slab_geometry(s, t);
+}
+
+bool conv_staggered_weights(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
+                            const std::string& op) {
+  if (cfg.l2_line_read_bytes_per_cycle <= 0 || t.block_dim <= 1) return false;
+  // The blocked filter's stride-packed view (its taps unrolled, load_weights_n16_packed) and
+  // groups of a partial channel block (an nd2nz for it: registers the staggered loop lacks).
+  if (s.b_nblock > 0 && s.b_mode == CubeConvSpec::BMode::kRowsK &&
+      (s.b_tap_row != 0 || s.cg_in % kBlk != 0))
+    return false;
+  if (t.weights_by_tap && s.kh * s.kw <= 1) return false;  // one tap: nothing to rotate
+  return conv_staggered_loads_enabled(op);
 }
 
 Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const ChipConfig& cfg,
@@ -1717,6 +1857,11 @@ Launch build_cube_conv(const CubeConvSpec& s, const CubeConvTiling& t, const Chi
     l.summary += fmt::format("; y strided: runs of {} positions {} apart{}", s.y_strided.run_rows,
                              s.y_strided.row_pitch,
                              s.y_zero_fill ? ", the zeros between by the vector cores" : "");
+  if (conv_staggered_weights(s, t, cfg, op))
+    l.summary += t.weights_by_tap ? "; weights' taps staggered"
+                 : s.b_nblock > 0 && s.b_mode == CubeConvSpec::BMode::kRowsK
+                     ? "; weights' (column block, tap) copies staggered"
+                     : "; weights' k-blocks staggered";
   return l;
 }
 

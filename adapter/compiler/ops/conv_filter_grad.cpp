@@ -8,7 +8,9 @@
 //   MTE2  the chunk's slab (ops/conv_slab.h: the input rows its positions need, the tile's
 //         channel blocks) into L1 buffer step & 1, and dy's rows [m0, m0 + m_act) x the tile's
 //         channels into the dy buffer of the same parity as NZ with tp rows (rows past m_act
-//         zero: positions that are not the chunk's add nothing);
+//         zero: positions that are not the chunk's add nothing); with dy_part_blocks (staggered
+//         parts, conv.h filter_grad_dy_part_blocks) as one NZ block of P rows a part, the
+//         parts loaded from part block_id % n on;
 //   MTE1  per L0 step of ks positions: load3dt of the slab's img2col window (the tile's rows of
 //         img2col's columns x the step's positions) into L0A, one load2d (transposed) per 16
 //         positions of dy's fractals into L0B;
@@ -21,6 +23,8 @@
 // part's products in GM), each vector core adds the parts of its tiles of dW's elements in part
 // order and rounds them to dw_type (channel.h's epilogue section, as a Sum launch would).
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -61,7 +65,7 @@ struct FilterGradBuffers {
 
   FilterGradBuffers(const FilterGradTiling& t, int64_t isz, int l0c_buffers) {
     slab = l1.add_fixed("slab", static_cast<uint64_t>(t.slab_bytes), 2);
-    dy = l1.add_fixed("dy rows (NZ)", static_cast<uint64_t>(t.tp * t.tn * isz), 2);
+    dy = l1.add_fixed("dy rows (NZ)", static_cast<uint64_t>(dy_rows(t) * t.tn * isz), 2);
     a = l0a.add_fixed("A = img2col^T", static_cast<uint64_t>(t.tk * t.ks * isz), 2);
     b = l0b.add_fixed("B = dy", static_cast<uint64_t>(t.ks * t.tn * isz), 2);
     c = l0c.add_fixed("C", static_cast<uint64_t>(t.tk * t.tn * kL0cElemBytes), l0c_buffers);
@@ -69,6 +73,12 @@ struct FilterGradBuffers {
   bool fit(const CoreKindConfig& core, const ChipConfig& cfg) const {
     return plan_fits(l1, cfg, core) && plan_fits(l0a, cfg, core) && plan_fits(l0b, cfg, core) &&
            plan_fits(l0c, cfg, core);
+  }
+  // The dy buffer's rows: tp, or in staggered parts whole parts of 16 x dy_part_blocks rows.
+  static int64_t dy_rows(const FilterGradTiling& t) {
+    if (t.dy_part_blocks == 0) return t.tp;
+    const int64_t part = t.dy_part_blocks * kBlk;
+    return ceil_div(t.tp, part) * part;
   }
 };
 
@@ -302,9 +312,42 @@ class FilterGradEmitter {
     b.add(src, src, t);
     tile_channels(nt, ncb);
     select(b, dst, p, m_dy_buf);
-    b.emit(Opcode::op_nd2nz, {m_s.in_type, dst, src, m_act, ncb, m_s.cout, m_t.tp},
-           "dy rows -> NZ (rows past the chunk zero)");
+    if (m_t.dy_part_blocks == 0)
+      b.emit(Opcode::op_nd2nz, {m_s.in_type, dst, src, m_act, ncb, m_s.cout, m_t.tp},
+             "dy rows -> NZ (rows past the chunk zero)");
+    else
+      load_dy_in_parts(src, dst, m_act, ncb);
     m_pipe.l1_loaded(p);
+  }
+
+  // dy's rows [0, m_act) of the chunk (from src, rows cout elements apart) x n_act channels in
+  // parts of P = 16 x dy_part_blocks rows: part j an nd2nz of rows [j * P, min(m_act, j * P +
+  // P)) to dst + j * P * tn elements as NZ of P rows (rows past the chunk zero), n = ceil(m_act
+  // / P) parts loaded from part block_id % n on, wrapping (shared_read_part_at).
+  void load_dy_in_parts(const Reg& src, const Reg& dst, const Reg& m_act, const Reg& n_act) {
+    KernelBuilder& b = m_b;
+    const int64_t part = m_t.dy_part_blocks * kBlk;
+    KernelBuilder::Origin o(b, fmt::format("dy rows in staggered parts of {} rows", part));
+    Reg n = b.reg("parts"), cur = b.reg("part loaded now"), i = b.reg("parts loaded"),
+        rows = b.reg("rows of the part"), from = b.reg("part source"), to = b.reg("part NZ"),
+        t = b.reg("temp");
+    b.add(n, m_act, part - 1);
+    b.div(n, n, part, "n: the parts the chunk's rows touch");
+    b.emit(Opcode::op_get_block_id, {cur});
+    b.rem(cur, cur, n, "this core's first part: block_id % n");
+    b.for_range(i, 0, n, 1, [&] {
+      b.mul(rows, cur, -part);
+      b.add(rows, rows, m_act);
+      b.min(rows, rows, part, "rows of the part");
+      b.mul(t, cur, part * m_s.cout * m_isz);
+      b.add(from, src, t);
+      b.mul(t, cur, part * m_t.tn * m_isz);
+      b.add(to, dst, t);
+      b.emit(Opcode::op_nd2nz, {m_s.in_type, to, from, rows, n_act, m_s.cout, part},
+             "a part of dy's rows -> NZ (rows past the chunk zero)");
+      b.add(cur, cur, 1, "the next part");
+      b.if_(ge(cur, n), [&] { b.movi(cur, 0, "wrapped to the first part"); });
+    });
   }
 
   void compute_step(const Reg& st) {
@@ -381,9 +424,9 @@ class FilterGradEmitter {
            "img2col^T: the tile's columns x the step's positions");
     select(b, bb, q, m_l0b);
     select(b, src, r.p, m_dy_buf);
-    b.mul(t, r.kk, kBlk * m_isz);
-    b.add(src, src, t, "the step's first dy row (NZ)");
-    {
+    if (m_t.dy_part_blocks == 0) {
+      b.mul(t, r.kk, kBlk * m_isz);
+      b.add(src, src, t, "the step's first dy row (NZ)");
       Reg i = b.reg("k block"), d = b.reg("L0B fractal");
       b.mov(d, bb);
       b.mul(t, r.nb, kFractalBytes);
@@ -392,6 +435,25 @@ class FilterGradEmitter {
                "dy: 16 positions x the tile's channels (Zn)");
         b.add(d, d, t);
         b.add(src, src, kBlk * kBlk * m_isz);
+      });
+    } else {
+      // Staggered parts: position pos's 16-row block at part pos / P, row pos % P of it.
+      const int64_t part = m_t.dy_part_blocks * kBlk;
+      Reg i = b.reg("k block"), d = b.reg("L0B fractal"), pos = b.reg("position"),
+          at = b.reg("dy fractal (NZ)");
+      b.mov(d, bb);
+      b.for_range(i, 0, k, kBlk, [&] {
+        b.add(pos, r.kk, i);
+        b.div(t, pos, part, "its part");
+        b.mul(t, t, part * m_t.tn * m_isz);
+        b.add(at, src, t);
+        b.rem(pos, pos, part);
+        b.mul(pos, pos, kBlk * m_isz, "its row in the part");
+        b.add(at, at, pos);
+        b.emit(Opcode::op_load2d, {m_s.in_type, Buf::L0B, d, at, r.nb, m_t.dy_part_blocks, 1},
+               "dy: 16 positions x the tile's channels (Zn)");
+        b.mul(t, r.nb, kFractalBytes);
+        b.add(d, d, t);
       });
     }
     m_pipe.l0_loaded(q);
@@ -488,6 +550,52 @@ class FilterGradEmitter {
 
 }  // namespace
 
+bool conv_staggered_loads_enabled(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_CONV_STAGGERED_LOADS");
+  if (!v || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  throw CompileError(
+      fmt::format("{}: NPUSIM_CONV_STAGGERED_LOADS='{}' is neither '0' nor '1'", op, v));
+}
+
+int64_t filter_grad_dy_part_blocks(const FilterGradSpec& s, const FilterGradTiling& t,
+                                   const ChipConfig& cfg, const std::string& op) {
+  const double line_rate = cfg.l2_line_read_bytes_per_cycle;  // R, bytes per cycle
+  const int64_t row_blocks = t.tp / kBlk;
+  const int64_t isz = isa::dtype_size(s.in_type);
+  const int64_t run = std::min(t.tn, s.cg_out()) * isz, pitch = s.cout * isz;  // a row's bytes
+  // The cores loading one chunk's dy lines together: those on the k tiles of the weight keys
+  // whose channels share a line (a key's k_tiles tiles are consecutive, per a core).
+  const int64_t line = std::max<int64_t>(1, static_cast<int64_t>(cfg.l2_line_bytes));
+  const int64_t line_keys =
+      std::min(s.groups * t.n_tiles, std::max<int64_t>(1, line / std::max<int64_t>(1, run)));
+  const int64_t readers =
+      std::min<int64_t>(t.block_dim, ceil_div(t.k_tiles * line_keys, std::max<int64_t>(1, t.per)));
+  if (line_rate <= 0 || row_blocks <= 1 || readers <= 1 || !conv_staggered_loads_enabled(op))
+    return 0;
+  const double port = cfg.l2_read_bytes_per_cycle;  // 0: no port limit
+  // One load of `rows` rows with `sharers` cores in step on its lines: the DMA's issue or its
+  // bytes at the line's share, whichever is longer.
+  const auto load_cycles = [&](int64_t rows, int64_t sharers) {
+    const double share = line_rate / static_cast<double>(sharers);
+    const double rate = port > 0 ? std::min(port, share) : share;
+    return std::max(copy_issue_estimate(cfg, rows, run, pitch),
+                    static_cast<double>(rows * run) / rate);
+  };
+  double best = load_cycles(t.tp, readers);  // one nd2nz: every reader in step on it
+  int64_t blocks = 0;
+  for (int64_t q = 1; q < row_blocks; ++q) {
+    const int64_t parts = ceil_div(row_blocks, q);
+    const double cycles =
+        static_cast<double>(parts) * load_cycles(q * kBlk, ceil_div(readers, parts));
+    if (cycles < best) {
+      best = cycles;
+      blocks = q;
+    }
+  }
+  return blocks;
+}
+
 std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const ChipConfig& cfg,
                                                   const std::string& op) {
   const CoreKindConfig& core = cube_core(cfg, op);
@@ -570,9 +678,6 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
         t.slab_bytes = slab_buffer_bytes(t.kc1, rows, s.w);
         t.l0c_buffers = l0c_buffer_count(core, cfg, t.tk * t.tn * kL0cElemBytes);
         if (t.l0c_buffers == 0) continue;
-        if (!FilterGradBuffers(t, isz, t.l0c_buffers).fit(core, cfg)) continue;
-        if (via_ub && t.tk * t.tn * kL0cElemBytes > static_cast<int64_t>(core.capacity(Buf::UB)))
-          continue;
         t.k_tiles = ceil_div(k3, t.tk);
         t.n_tiles = ceil_div(s.cg_out(), t.tn);
         t.m_tiles = static_cast<int64_t>(mts.size());
@@ -581,6 +686,12 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
         const CubeSplit split = contiguous_split(t.tiles, core.count);
         t.per = split.per;
         t.block_dim = split.block_dim;
+        t.dy_part_blocks = filter_grad_dy_part_blocks(s, t, cfg, op);
+        if (t.dy_part_blocks > 0 && !FilterGradBuffers(t, isz, t.l0c_buffers).fit(core, cfg))
+          t.dy_part_blocks = 0;  // the parts' whole rows past tp do not fit: one nd2nz
+        if (!FilterGradBuffers(t, isz, t.l0c_buffers).fit(core, cfg)) continue;
+        if (via_ub && t.tk * t.tn * kL0cElemBytes > static_cast<int64_t>(core.capacity(Buf::UB)))
+          continue;
         // A chunk: the slowest of its loads (slab planes x rows x width, dy rows) and its L0
         // steps (each the slower of the cube and the L1 -> L0 copies), plus the hand-overs.
         // The loads of later chunks mostly hit the L2 (every tile of a part reads the same
@@ -594,6 +705,8 @@ std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const
         // A dense slab (x without a strided view) by whole pixels or per plane
         // (dense_slab_load); MTE2 takes at least the DMA's issue of the slab's nd2nz and dy's
         // (copy_issue_estimate; 0 on chips without the keys).
+        // (dy's rows in staggered parts are priced as one nd2nz: the estimate prices no
+        // same-line serialisation either, so the choice of tiling stays the one without R.)
         double issue = copy_issue_estimate(cfg, static_cast<int64_t>(std::ceil(mean_tp)),
                                            std::min(tn, s.cout) * isz, s.cout * isz);
         if (s.x_row == 0) {
@@ -693,6 +806,8 @@ Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, con
   if (s.groups > 1)
     l.summary += fmt::format("; {} groups of {} -> {} channels", s.groups, s.c, s.cg_out());
   if (s.add_parts) l.summary += "; the parts added by the vector cores";
+  if (t.dy_part_blocks > 0)
+    l.summary += fmt::format("; dy rows in staggered parts of {} rows", t.dy_part_blocks * kBlk);
   if (s.pixel_channels != 0)
     l.summary += fmt::format("; x's rows read whole, pixels of {} channels{}", s.pixel_channels,
                              t.whole_pixels ? ", slab by whole pixels" : "");
