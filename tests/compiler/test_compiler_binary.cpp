@@ -279,7 +279,7 @@ TEST_CASE("shared reads in staggered parts: the plan and its order") {
   // 302.6): the broadcast row of Maximum f16 [255, 8193] op [8193] (16,386 bytes, read by all 48
   // vector cores) is cut into parts of whole L2 lines; block b loads part (b + step) % parts at
   // each step, so that at most ceil(blocks / parts) blocks in step read one part.
-  const ChipConfig plain = load_chip_config("910b", {});
+  const ChipConfig plain = load_chip_config("910b", {"memory.l2.line_read_bytes_per_cycle=0"});
   const ChipConfig serial = load_chip_config("910b", {"memory.l2.line_read_bytes_per_cycle=302.6"});
   REQUIRE(plain.l2_line_read_bytes_per_cycle == 0);
   const int64_t row = 8193 * 2, line = serial.l2_line_bytes;

@@ -76,7 +76,7 @@ TEST_CASE("conv staggered loads: the filter gradient's dy parts, their plan and 
   // follows (part (b % n + step) % n), each part once a core; the tiling the one chosen at
   // R = 0 (the estimate prices no R); none at R = 0 or under the switch, and the switch's bad
   // value named.
-  ChipConfig cfg = load_chip_config("910b");
+  ChipConfig cfg = load_chip_config("910b", {"memory.l2.line_read_bytes_per_cycle=0"});
   const std::string op = "Conv2DBackpropFilter";
   const compiler::ops::FilterGradSpec s = filter_grad_spec(ConvCase{8, 14, 14, 256, 3, 3, 256});
   const compiler::ops::FilterGradTiling plain = compiler::ops::plan_filter_grad(s, cfg, op);
@@ -168,7 +168,9 @@ TEST_CASE("conv staggered loads: the convolutions' weights staggered give the sa
   // weights are staggered, y / dx match the double reference and, bit for bit, the kernel
   // planned without R (R moves only time here; the plans are the same otherwise: the planner
   // does not price R).
-  const ChipConfig& chip = test_sim().config();
+  // The chip without serialisation (the 910b preset has it): the unstaggered kernels.
+  ChipConfig chip = test_sim().config();
+  chip.l2_line_read_bytes_per_cycle = 0;
   const ChipConfig serial = serial_chip();
   const CoreKindConfig& cube = compiler::ops::cube_core(chip, "test");
   if (cube.count < 2) return;  // one block: nothing to stagger
@@ -209,7 +211,8 @@ TEST_CASE("conv staggered loads: the convolutions' weights staggered give the sa
       ScopedEnv by("NPUSIM_CONV_WEIGHT_RUNS", runs);
       const BackpropInputRun s = check_conv2d_backprop_input(
           DataType::F16, c, seed, compiler::PrecisionMode::kAllowFp32ToFp16, false, &serial);
-      const BackpropInputRun p = check_conv2d_backprop_input(DataType::F16, c, seed);
+      const BackpropInputRun p = check_conv2d_backprop_input(
+          DataType::F16, c, seed, compiler::PrecisionMode::kAllowFp32ToFp16, false, &chip);
       CHECK(mentions(s.launches, "staggered"));
       CHECK_FALSE(mentions(p.launches, "staggered"));
       CHECK(s.dx == p.dx);

@@ -275,8 +275,9 @@ TEST_CASE("tiny: the 910b core with few cores and small memories") {
   t.hbm_bytes = b.hbm_bytes;
   t.l2_bytes = b.l2_bytes;
   // The tests' memory timing: the peak HBM rate with no read/write turnaround loss, a
-  // write-through L2 cold at every launch and one L2 write port for every writer (910b models
-  // silicon's sustained rate, its turnarounds, write-back L2 and the UB's own L2 write rate).
+  // write-through L2 cold at every launch, one L2 write port for every writer and concurrent
+  // reads of one line not serialised (910b models silicon's sustained rate, its turnarounds,
+  // write-back L2, the UB's own L2 write rate and same-line serialisation).
   CHECK_FALSE(t.l2_keep_within_graph_run);
   CHECK_FALSE(b.l2_keep_within_graph_run);
   CHECK(t.hbm_efficiency == 1.0);
@@ -285,10 +286,13 @@ TEST_CASE("tiny: the 910b core with few cores and small memories") {
   CHECK(t.l2_ub_write_bytes_per_cycle == 0.0);
   CHECK(b.hbm_turnaround_loss > 0.0);
   CHECK(b.l2_ub_write_bytes_per_cycle == 64);
+  CHECK(t.l2_line_read_bytes_per_cycle == 0.0);
+  CHECK(b.l2_line_read_bytes_per_cycle > 0.0);
   t.hbm_efficiency = b.hbm_efficiency;
   t.hbm_turnaround_loss = b.hbm_turnaround_loss;
   t.l2_write_back = b.l2_write_back;
   t.l2_ub_write_bytes_per_cycle = b.l2_ub_write_bytes_per_cycle;
+  t.l2_line_read_bytes_per_cycle = b.l2_line_read_bytes_per_cycle;
   check_same(t, b);
 }
 
