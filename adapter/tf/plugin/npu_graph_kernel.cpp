@@ -408,6 +408,23 @@ class NpuGraphKernel : public OpKernel {
       return rt::Status(st.code(),
                         "node '" + s.label->op_name + "' (" + s.op.str() + "): " + st.message());
     };
+    // Step n's operand addresses in this run, and where its derived tensors go (their
+    // fallback in the arena, or the buffer of the step they are shared from).
+    const auto place_operands = [&](size_t n, std::vector<uint64_t>* in,
+                                    std::vector<uint64_t>* out, DerivedPlacement* placement) {
+      const Step& s = plan->steps[n];
+      for (const Place& p : s.inputs) in->push_back(address(p));
+      for (const Place& p : s.outputs) out->push_back(address(p));
+      placement->placed = &derived[n];
+      for (size_t d = 0; d < s.derived_at.size(); ++d) {
+        placement->fallback.push_back(address(s.derived_at[d]));
+        const auto [from, from_d] = s.derived_from[d];
+        uint64_t reuse = 0;
+        if (from >= 0 && static_cast<size_t>(from_d) < derived[static_cast<size_t>(from)].size())
+          reuse = derived[static_cast<size_t>(from)][static_cast<size_t>(from_d)];
+        placement->reuse.push_back(reuse);
+      }
+    };
     const auto queue_step = [&](size_t n) -> rt::Status {
       const Step& s = plan->steps[n];
       if (s.gen_mask) {  // an AI CPU step; it pays no host dispatch (as node by node)
@@ -424,18 +441,8 @@ class NpuGraphKernel : public OpKernel {
       }
       if (s.in_place || s.compiled->kernel.launches.empty()) return rt::ok_status();
       std::vector<uint64_t> in, out;
-      for (const Place& p : s.inputs) in.push_back(address(p));
-      for (const Place& p : s.outputs) out.push_back(address(p));
       DerivedPlacement placement;
-      placement.placed = &derived[n];
-      for (size_t d = 0; d < s.derived_at.size(); ++d) {
-        placement.fallback.push_back(address(s.derived_at[d]));
-        const auto [from, from_d] = s.derived_from[d];
-        uint64_t reuse = 0;
-        if (from >= 0 && static_cast<size_t>(from_d) < derived[static_cast<size_t>(from)].size())
-          reuse = derived[static_cast<size_t>(from)][static_cast<size_t>(from_d)];
-        placement.reuse.push_back(reuse);
-      }
+      place_operands(n, &in, &out, &placement);
       const std::shared_ptr<const rt::LaunchLabel> label = run_label(s);
       rt::Status st =
           s.kept >= 0
@@ -474,18 +481,8 @@ class NpuGraphKernel : public OpKernel {
       }
       if (s.in_place || s.compiled->kernel.launches.empty()) return rt::ok_status();
       std::vector<uint64_t> in, out;
-      for (const Place& p : s.inputs) in.push_back(address(p));
-      for (const Place& p : s.outputs) out.push_back(address(p));
       DerivedPlacement placement;
-      placement.placed = &derived[n];
-      for (size_t d = 0; d < s.derived_at.size(); ++d) {
-        placement.fallback.push_back(address(s.derived_at[d]));
-        const auto [from, from_d] = s.derived_from[d];
-        uint64_t reuse = 0;
-        if (from >= 0 && static_cast<size_t>(from_d) < derived[static_cast<size_t>(from)].size())
-          reuse = derived[static_cast<size_t>(from)][static_cast<size_t>(from_d)];
-        placement.reuse.push_back(reuse);
-      }
+      place_operands(n, &in, &out, &placement);
       std::vector<PreparedLaunch> launches;
       rt::Status st =
           prepare_compiled_op(device, s.op, *s.compiled, in, out, address(s.workspace),
