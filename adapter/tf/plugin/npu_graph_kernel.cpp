@@ -410,8 +410,8 @@ class NpuGraphKernel : public OpKernel {
     };
     // Step n's operand addresses in this run, and where its derived tensors go (their
     // fallback in the arena, or the buffer of the step they are shared from).
-    const auto place_operands = [&](size_t n, std::vector<uint64_t>* in,
-                                    std::vector<uint64_t>* out, DerivedPlacement* placement) {
+    const auto place_operands = [&](size_t n, std::vector<uint64_t>* in, std::vector<uint64_t>* out,
+                                    DerivedPlacement* placement) {
       const Step& s = plan->steps[n];
       for (const Place& p : s.inputs) in->push_back(address(p));
       for (const Place& p : s.outputs) out->push_back(address(p));
