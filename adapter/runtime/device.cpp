@@ -584,17 +584,22 @@ Status Device::launch_group(Stream s, std::vector<GroupLaunch> launches) {
     DeviceOp group;
     group.kind = OpKind::launch_group;
     group.chip = m_chip;
-    std::vector<StreamLaunch> order;
+    // Refused before anything is queued: what the chip would refuse only when the group runs.
+    const CoreTaker idle_chip(m_cfg);
     for (size_t j = 0; j < launches.size(); ++j) {
       const GroupLaunch& l = launches[j];
       if (Status st = check_launch(l.program, l.args, l.block_dim); !st.ok()) return st;
-      order.push_back({l.program.get(), l.block_dim, l.after});
-    }
-    std::vector<std::vector<std::string>> cores;
-    try {
-      cores = take_stream_cores(m_cfg, &order);
-    } catch (const Error& e) {
-      return Status(StatusCode::invalid_argument, fmt::format("launch_group: {}", e.what()));
+      for (const size_t k : l.after)
+        if (k >= j)
+          return Status(StatusCode::invalid_argument,
+                        fmt::format("launch_group: launch {} (kernel '{}') waits for launch {}, "
+                                    "which is not earlier",
+                                    j, l.program->name, k));
+      if (!idle_chip.fits_alone(*l.program, l.block_dim))
+        return Status(StatusCode::invalid_argument,
+                      fmt::format("launch_group: launch {} (kernel '{}', block_dim {}) does not "
+                                  "fit the chip's cores of its kind",
+                                  j, l.program->name, l.block_dim));
     }
     for (size_t j = 0; j < launches.size(); ++j) {
       GroupLaunch& l = launches[j];
@@ -608,8 +613,7 @@ Status Device::launch_group(Stream s, std::vector<GroupLaunch> launches) {
         return allocator->block_of(addr, start, bytes);
       };
       op.chip = m_chip;
-      op.group_after = std::move(order[j].after);
-      op.group_cores = std::move(cores[j]);
+      op.group_after = std::move(l.after);
       group.members.push_back(std::move(op));
     }
     return m_driver->submit(s, std::move(group));

@@ -239,19 +239,20 @@ class Device {
   };
   // Queues launches that run as one group, as CANN runs a graph's tasks on several streams: on
   // a single chip one Simulator::run_concurrent, each launch beginning when those it waits for
-  // (`after`) have ended, the L2 and HBM shared. Cores: each launch takes block_dim cores of its
-  // kernel's kind (a mix kernel: block_dim groups of a cube core and its vector cores), the
-  // first free in core order beside those of the earlier launches it may overlap (it does not
-  // wait for them, directly or through others); where too few are free it waits for the latest
-  // of those on a kind of its own, until it fits (take_stream_cores, sim/config/core_taker.h:
-  // a stream's task given cores as they free, decided at submission). The group starts once the
+  // (`after`) have ended, the L2 and HBM shared. Cores: each launch takes them when it is ready
+  // (Simulator's ConcurrentLaunch::take_cores_when_ready, as a stream's task is given cores as
+  // they free): block_dim free cores of its kernel's kind (a mix kernel: block_dim groups of a
+  // cube core and its vector cores), the first in core order, held to its end; where too few
+  // are free it waits until enough are, the waiting launches served in group order whenever
+  // cores free (a later one that fits may start first). The group starts once the
   // stream is ready, after the launches' host dispatches; each LaunchRecord starts at its
   // launch's own start and lasts its own cycles. Never replayed. The caller guarantees that
   // launches that may overlap are independent (no one writes what another reads or writes).
   // Checked as launch_kernel checks each (invalid_argument naming the kernel); a launch that
   // does not fit the idle chip, or an `after` naming no earlier launch, is invalid_argument
   // naming it. A member's fault is kernel_fault at the next synchronize, naming it (and its
-  // node, for a graph's launch); the members that wait for it do not run ("did not run"), the
+  // node, for a graph's launch); the members that wait for it do not run ("did not run"), nor
+  // do those that wait for the cores it keeps to the group's end (their error names it); the
   // others run to their end. One launch: launch_kernel. On a chip of a system the launches run
   // one after another.
   Status launch_group(Stream s, std::vector<GroupLaunch> launches);

@@ -843,8 +843,8 @@ Status Driver::run_launch_group(uint64_t stream, const DeviceOp& op, uint64_t* r
     const DeviceOp& m = op.members[j];
     ConcurrentLaunch c;
     c.launch = kernel_launch(m);
-    c.cores = m.group_cores;
     c.after = m.group_after;
+    c.take_cores_when_ready = true;  // a stream's task gets cores as they free
     launches.push_back(std::move(c));
     host_dispatch.push_back(take_host_dispatch(m));
     idle += host_dispatch.back();

@@ -202,10 +202,12 @@ class Driver {
   Status execute(uint64_t stream, DeviceOp& op, uint64_t* ready, uint64_t* event_cycle);
   Status run_launch(uint64_t stream, const DeviceOp& op, uint64_t* ready);
   // A launch_group (DeviceOp::members): on a single chip one Simulator::run_concurrent, each
-  // member on its group_cores, beginning when its group_after have ended; the group placed on
-  // the timeline as one op after the members' host dispatches (their sum) and the readiness of
-  // what they read; each member's record starts at its own start and lasts its own cycles. On a chip of a system the members run one after another as launches.
-  // Returns the first failed member's status (naming its node, as run_launch does).
+  // member beginning when its group_after have ended and it has taken its cores
+  // (take_cores_when_ready); the group placed on the timeline as one op after the members' host
+  // dispatches (their sum) and the readiness of what they read; each member's record starts at
+  // its own start and lasts its own cycles. On a chip of a system the members run one after
+  // another as launches. Returns the first failed member's status (naming its node, as
+  // run_launch does).
   Status run_launch_group(uint64_t stream, const DeviceOp& op, uint64_t* ready);
   // The simulator's description of a launch op.
   static KernelLaunch kernel_launch(const DeviceOp& op);

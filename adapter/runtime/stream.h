@@ -328,9 +328,8 @@ struct DeviceOp {
   // one Simulator::run_concurrent (Device::launch_group).
   std::vector<DeviceOp> members;
   // A member of a launch_group: the members it waits for (indices into `members`, each
-  // earlier) and the cores it runs on (names; two members that may overlap share none).
+  // earlier). It takes its cores when it is ready (ConcurrentLaunch::take_cores_when_ready).
   std::vector<size_t> group_after;
-  std::vector<std::string> group_cores;
 
   // Filled in by the driver at submission.
   uint64_t seq = 0;                 // device-wide submission order

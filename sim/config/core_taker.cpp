@@ -3,10 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include <fmt/format.h>
-
-#include "common/error.h"
-
 namespace npusim {
 
 CoreTaker::CoreTaker(const ChipConfig& cfg) : m_cfg(cfg) {
@@ -69,70 +65,6 @@ void CoreTaker::hold(const std::vector<std::string>& names) {
       auto& taken = m_taken[int(kind)];
       if (i < taken.size()) taken[i] = true;
     }
-}
-
-namespace {
-
-// The core kinds a program runs on, as a bit per isa::CoreKind.
-unsigned core_kinds(const ChipConfig& cfg, const isa::Program& p) {
-  if (!cfg.split) return 1u << int(isa::CoreKind::AICORE);
-  return (p.find(isa::CoreKind::AIC) ? 1u << int(isa::CoreKind::AIC) : 0u) |
-         (p.find(isa::CoreKind::AIV) ? 1u << int(isa::CoreKind::AIV) : 0u);
-}
-
-}  // namespace
-
-std::vector<std::vector<std::string>> take_stream_cores(const ChipConfig& cfg,
-                                                        std::vector<StreamLaunch>* launches) {
-  const size_t n = launches->size();
-  std::vector<std::vector<std::string>> cores(n);
-  // waits[i][j]: launch i waits for launch j (j < i), directly or through others.
-  std::vector<std::vector<char>> waits(n);
-  std::vector<unsigned> kinds(n, 0);
-  CoreTaker taker(cfg);
-  for (size_t i = 0; i < n; ++i) {
-    StreamLaunch& l = (*launches)[i];
-    if (!l.program) throw Error(fmt::format("launch {} has no program", i));
-    kinds[i] = core_kinds(cfg, *l.program);
-    if (!taker.fits_alone(*l.program, l.block_dim))
-      throw Error(
-          fmt::format("launch {} (kernel '{}', block_dim {}) does not fit the chip's "
-                      "cores of its kind",
-                      i, l.program->name, l.block_dim));
-    waits[i].assign(i, 0);
-    const auto wait_for = [&](size_t j) {
-      waits[i][j] = 1;
-      for (size_t k = 0; k < j; ++k) waits[i][k] = waits[i][k] || waits[j][k];
-    };
-    for (const size_t j : l.after) {
-      if (j >= i)
-        throw Error(
-            fmt::format("launch {} (kernel '{}') waits for launch {}, which is not "
-                        "earlier",
-                        i, l.program->name, j));
-      wait_for(j);
-    }
-    for (;;) {
-      taker.clear();
-      size_t latest = i;  // the latest launch it may overlap on a kind of its own
-      for (size_t j = 0; j < i; ++j)
-        if (!waits[i][j]) {
-          taker.hold(cores[j]);
-          if (kinds[j] & kinds[i]) latest = j;
-        }
-      cores[i].clear();
-      if (taker.take(*l.program, l.block_dim, &cores[i])) break;
-      // Too few free: some launch it may overlap holds cores of its kind (it fits alone).
-      if (latest == i)
-        throw Error(
-            fmt::format("launch {} (kernel '{}') finds no free cores, yet no launch it "
-                        "may overlap runs on its kind",
-                        i, l.program->name));
-      l.after.push_back(latest);
-      wait_for(latest);
-    }
-  }
-  return cores;
 }
 
 }  // namespace npusim

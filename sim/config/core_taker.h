@@ -2,8 +2,8 @@
 // docs/chip_model.md "Concurrent launches"): per core kind, which cores are taken, each launch
 // given the first free ones in core order, which is run_concurrent's own order for launches
 // that name no cores. Used by the offline runner's groups (concurrent_groups) and by the TF
-// plugin's NpuGraph schedule (adapter/graph/step_groups.h), and checked by the runtime's
-// launch groups (rt::Device::launch_group).
+// plugin's NpuGraph schedule (adapter/graph/step_groups.h); the runtime's launch groups
+// (rt::Device::launch_group) refuse with it a member that does not fit the idle chip.
 #pragma once
 
 #include <array>
@@ -35,25 +35,5 @@ class CoreTaker {
   const ChipConfig& m_cfg;
   std::array<std::vector<bool>, 3> m_taken;  // by isa::CoreKind
 };
-
-// One launch of a group whose launches wait for others (ConcurrentLaunch::after): its program,
-// block count and the earlier launches it waits for (indices into the group, each earlier).
-struct StreamLaunch {
-  const isa::Program* program = nullptr;
-  int block_dim = 1;
-  std::vector<size_t> after;
-};
-
-// The cores of a group of launches that wait for others, each given block_dim cores of its own
-// as a stream's task is. Launch i may overlap every earlier launch it does not wait for
-// (directly or through others); it takes the first free cores (CoreTaker::take) beside the
-// cores of those launches. Where too few are free it waits for the latest of them that runs on
-// a core kind of its own (that launch's index appended to its `after`), and again, until it
-// fits: a static stand-in for cores taken when a launch is ready (a later launch never passes
-// an earlier one for cores). Returns each launch's core names, in the order given; throws
-// npusim::Error naming the launch for an `after` that names no earlier launch or a launch that
-// does not fit the idle chip.
-std::vector<std::vector<std::string>> take_stream_cores(const ChipConfig& cfg,
-                                                        std::vector<StreamLaunch>* launches);
 
 }  // namespace npusim

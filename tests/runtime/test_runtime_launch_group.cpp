@@ -2,17 +2,20 @@
 // launches of 2 blocks each on separate buffers run at once (Simulator::run_concurrent): each
 // output equals the fp16 reference and the launches' outputs run in sequence; both records start
 // at the group's start, each lasting its own cycles, and the stream's next launch starts after
-// the later of them; together they take less time than in sequence. Streams: a launch waiting
-// for another (`after`) begins at its end, on its cores (take_stream_cores), while a launch it
-// does not wait for runs beside both; a launch that finds too few free cores waits for the one
-// before it that holds them; an `after` naming no earlier launch is refused when queued, naming
-// the launch; a member's fault is the stream's kernel_fault naming its kernel while the other
-// member still runs to its correct end.
+// the later of them; together they take less time than in sequence. Streams: each launch takes
+// its cores when it is ready (take_cores_when_ready), the first free ones: a launch waiting for
+// another (`after`) begins at its end on the cores it freed, while a launch it does not wait for
+// runs beside both on the next core; a launch that finds too few free cores waits until enough
+// are, while a later one that fits runs at once; an `after` naming no earlier launch and a
+// launch that does not fit the idle chip are refused when queued, naming the launch; a member's
+// fault is the stream's kernel_fault naming its kernel while the other member still runs to its
+// correct end.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <set>
+#include <string>
 
-#include "sim/config/core_taker.h"
 #include "tests/runtime/runtime_test_util.h"
 
 using namespace npusim;
@@ -55,6 +58,19 @@ struct TwoSums {
     }
   }
 };
+
+// The cores a launch's blocks ran on: those of its record's counters ("chip.<core>.").
+std::set<std::string> cores_of(const rt::LaunchRecord& r) {
+  std::set<std::string> cores;
+  r.counter_delta.for_each([&](const CounterInfo& info, uint64_t) {
+    const std::string prefix = "chip.";
+    const size_t end = info.name.find('.', prefix.size());
+    if (info.name.compare(0, prefix.size(), prefix) == 0 && end != std::string::npos &&
+        info.name.compare(prefix.size(), 2, "ai") == 0)
+      cores.insert(info.name.substr(prefix.size(), end - prefix.size()));
+  });
+  return cores;
+}
 
 }  // namespace
 
@@ -106,16 +122,6 @@ TEST_CASE("a launch waiting for another begins at its end on its cores; one besi
   const rt::Device::GroupLaunch second{t.vadd, {t.z[0], t.y[1], t.z[1], kElements}, 2, nullptr,
                                        {0}};
   const rt::Device::GroupLaunch beside{t.vadd, {t.x[1], t.y[1], w, kElements}, 1, nullptr, {}};
-  // The cores: the chain's second launch takes its first's again, the one beside the others.
-  std::vector<StreamLaunch> order{{first.program.get(), 2, first.after},
-                                  {second.program.get(), 2, second.after},
-                                  {beside.program.get(), 1, beside.after}};
-  const std::vector<std::vector<std::string>> cores = take_stream_cores(t.dev->config(), &order);
-  CHECK(cores[0] == std::vector<std::string>{"aiv0", "aiv1"});
-  CHECK(cores[1] == cores[0]);
-  CHECK(cores[2] == std::vector<std::string>{"aiv2"});
-  CHECK(order[2].after.empty());  // it fits beside the chain: no wait added
-
   t.dev->clear_launch_records();
   REQUIRE(t.dev->launch_group(t.s, {first, second, beside}).ok());
   REQUIRE(t.dev->synchronize_stream(t.s).ok());
@@ -131,21 +137,42 @@ TEST_CASE("a launch waiting for another begins at its end on its cores; one besi
   CHECK(r[1].start_cycle + 1 >= r[0].start_cycle + r[0].cycles);
   CHECK(r[2].start_cycle == r[0].start_cycle);
   CHECK(r[2].start_cycle + r[2].cycles > r[1].start_cycle);  // beside the second as well
+  // The cores, first free in core order when each is ready: the chain's second launch takes
+  // those its first freed, the one beside the next.
+  CHECK(cores_of(r[0]) == std::set<std::string>{"aiv0", "aiv1"});
+  CHECK(cores_of(r[1]) == cores_of(r[0]));
+  CHECK(cores_of(r[2]) == std::set<std::string>{"aiv2"});
   CHECK(t.dev->free(w).ok());
 }
 
-TEST_CASE("a launch that finds too few free cores waits for the launch before it holding them") {
+TEST_CASE("a launch that finds too few free cores waits until enough are; a later one that "
+          "fits runs at once") {
   TwoSums t;
-  std::vector<StreamLaunch> order{{t.vadd.get(), 3, {}}, {t.vadd.get(), 2, {}}};
-  take_stream_cores(t.dev->config(), &order);
-  CHECK(order[1].after == std::vector<size_t>{0});
+  uint64_t w = 0;
+  REQUIRE(t.dev->malloc(kBytes, &w).ok());
+  // 3 of the 4 cores, then 2 (too few free: it waits), then 1 (the last free core: at once,
+  // on one core, twice as long as a 2-block launch).
+  const rt::Device::GroupLaunch third{t.vadd, {t.x[1], t.y[1], w, kElements}, 1, nullptr, {}};
   t.dev->clear_launch_records();
-  REQUIRE(t.dev->launch_group(t.s, {t.sum(0, 3), t.sum(1, 2)}).ok());
+  REQUIRE(t.dev->launch_group(t.s, {t.sum(0, 3), t.sum(1, 2), third}).ok());
   REQUIRE(t.dev->synchronize_stream(t.s).ok());
   t.check_outputs();
+  std::vector<uint16_t> out(kElements);
+  REQUIRE(t.dev->memcpy_d2h(out.data(), w, kBytes).ok());
+  CHECK(out == test::reference_add_f16(t.hx[1], t.hy[1]));
   const std::vector<rt::LaunchRecord> r = t.dev->launch_records();
-  REQUIRE(r.size() == 2);
-  CHECK(r[1].start_cycle + 1 >= r[0].start_cycle + r[0].cycles);  // (rounding: as above)
+  REQUIRE(r.size() == 3);
+  for (const rt::LaunchRecord& rec : r) CHECK(rec.ok);
+  CHECK(cores_of(r[0]) == std::set<std::string>{"aiv0", "aiv1", "aiv2"});
+  CHECK(cores_of(r[2]) == std::set<std::string>{"aiv3"});
+  CHECK(r[2].start_cycle == r[0].start_cycle);  // passes the waiting launch
+  // The second begins when the first frees its cores (rounding: as above), before the third's
+  // end, on the first two of them.
+  CHECK(r[1].start_cycle + 1 >= r[0].start_cycle + r[0].cycles);
+  CHECK(r[1].start_cycle <= r[0].start_cycle + r[0].cycles + 1);
+  CHECK(r[1].start_cycle < r[2].start_cycle + r[2].cycles);
+  CHECK(cores_of(r[1]) == std::set<std::string>{"aiv0", "aiv1"});
+  CHECK(t.dev->free(w).ok());
 }
 
 TEST_CASE("a launch group whose launch waits for no earlier launch is refused, naming it") {
@@ -157,6 +184,15 @@ TEST_CASE("a launch group whose launch waits for no earlier launch is refused, n
   CHECK_THAT(st.message(),
              Catch::Contains("launch 1 (kernel 'vadd_f16') waits for launch 1, which is not "
                              "earlier"));
+  CHECK(t.dev->synchronize_stream(t.s).ok());  // nothing was queued
+}
+
+TEST_CASE("a launch group whose launch does not fit the idle chip is refused, naming it") {
+  TwoSums t;
+  const rt::Status st = t.dev->launch_group(t.s, {t.sum(0, 2), t.sum(1, 5)});
+  CHECK(st.code() == StatusCode::invalid_argument);
+  CHECK_THAT(st.message(), Catch::Contains("launch 1 (kernel 'vadd_f16', block_dim 5) does not "
+                                           "fit the chip's cores of its kind"));
   CHECK(t.dev->synchronize_stream(t.s).ok());  // nothing was queued
 }
 

@@ -142,10 +142,10 @@ ControlFlowClustering graph_control_flow_clustering();
 bool in_place_enabled();
 // Whether a plan runs its steps as streams (NPUSIM_GRAPH_CONCURRENT is "1"; read when a plan is
 // built): the run's launches submitted as one rt::Device::launch_group, each beginning when the
-// launches it depends on (data, and the memory plan's reuse of bytes) have ended, on cores
-// beside those of the launches it may overlap; the memory plan's lifetimes counted in the
-// schedule's positions (docs/graph_engine.md, "Concurrent steps of a TF graph"). Off: one by
-// one in task order, every figure as before.
+// launches it depends on (data, and the memory plan's reuse of bytes) have ended and it has
+// taken its cores (when ready: rt::Device::launch_group); the memory plan's lifetimes counted
+// in the schedule's positions (docs/graph_engine.md, "Concurrent steps of a TF graph"). Off:
+// one by one in task order, every figure as before.
 bool graph_concurrent_enabled();
 
 // The shape ops a set holds as placements, not launches (CANN's graph engine likewise emits no
