@@ -1,8 +1,9 @@
 // Groups of a task list's steps that may run at once on disjoint cores, scheduled from the
 // steps' data dependences: the TF plugin's NpuGraph under NPUSIM_GRAPH_CONCURRENT=1 submits its
 // launches in the groups' order, one group after another, as streams (each launch waiting only
-// for what it depends on; docs/graph_engine.md, "Concurrent steps of a TF graph"), and counts
-// its memory plan's lifetimes in group positions.
+// for what it depends on; docs/graph_engine.md, "Concurrent steps of a TF graph"); its memory
+// plan's reuse is among the dependences, and the groups say which steps are expected to run
+// on beside later ones (whose buffers the plan keeps longer where its budget allows).
 //
 // The schedule (schedule_step_groups) is a list scheduler over the dependence graph, one group
 // at a time: the ready steps are those whose every launching predecessor is in an earlier group
@@ -44,8 +45,7 @@ struct StepGroups {
   // none.
   std::vector<std::vector<size_t>> groups;
   // Per step, the position of its group; a step that launches nothing: that of its latest
-  // launching predecessor (0 without one). A buffer written by a step of group g and last
-  // read in group h is live from g to h (the memory plan's lifetimes in group units).
+  // launching predecessor (0 without one).
   std::vector<int> position;
 };
 

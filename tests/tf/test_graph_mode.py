@@ -9,7 +9,9 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
   paying the host dispatch once; at least one graph runs several nodes; the static memory
   plan's peak is at most the sum of its buffers, its arenas are allocated once and kept, and
   they hold less than TensorFlow's allocator peak of the same step node by node; summary.txt
-  shows the allocator's peak and the plans' arenas;
+  shows the allocator's peak and the plans' arenas; the CNN with its graphs' launches as
+  streams (NPUSIM_GRAPH_CONCURRENT=1) too, its losses and weights bit for bit those of the graphs
+  in order and its plan no larger than theirs;
   the optimizer's variable updates (FusedVariableUpdate) run inside the graphs' task lists,
   none as a task list of its own (node by node each is one);
 - the MLP trained with Keras' accuracy metric: its argmax's sign-bit test (Bitcast to int32,
@@ -108,11 +110,22 @@ def _result(proc):
     return json.loads(proc.stdout.split("NPUSIM_RESULT ", 1)[1])
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn"])
-def test_training_tracks_node_by_node_in_fewer_dispatches(name, tmp_path):
-    graph = _result(run_child(TRAIN % (name, str(tmp_path / "graph")), timeout=600))
+@pytest.mark.parametrize("name,concurrent", [("mlp", False), ("cnn", False), ("cnn", True)])
+def test_training_tracks_node_by_node_in_fewer_dispatches(name, concurrent, tmp_path):
+    # concurrent: the graphs' launches as streams (NPUSIM_GRAPH_CONCURRENT=1), whose memory
+    # plan keeps the in-order plan's peak (its reuse becomes dependences between the streams).
+    graph = _result(run_child(TRAIN % (name, str(tmp_path / "graph")), timeout=600,
+                              extra_env={"NPUSIM_GRAPH_CONCURRENT": "1"} if concurrent else None))
     nodes = _result(run_child(TRAIN % (name, str(tmp_path / "nodes")), timeout=600,
                               extra_env={"NPUSIM_GRAPH": "0"}))
+    if concurrent:
+        in_order = _result(run_child(TRAIN % (name, str(tmp_path / "in_order")), timeout=600))
+        # The same losses and weights bit for bit as the graphs run in order, in a plan no
+        # larger than theirs.
+        assert graph["losses"] == in_order["losses"]
+        assert graph["weights"] == in_order["weights"]
+        assert (0 < graph["graph_plans"]["max_arena_bytes"]
+                <= in_order["graph_plans"]["max_arena_bytes"]), (graph, in_order)
     # The same kernels on the same inputs: the same numbers.
     np.testing.assert_allclose(graph["losses"], nodes["losses"], rtol=1e-6)
     for g, n in zip(graph["weights"], nodes["weights"]):

@@ -136,12 +136,13 @@ struct Plan {
   // AI cores from the run's start, as MindSpore puts an AI CPU kernel whose inputs are all
   // constants on a stream of its own (docs/validation.md, "Dropout masks off the AI cores").
   std::vector<size_t> queue_order;
-  // NPUSIM_GRAPH_CONCURRENT=1 when the plan was built (schedule_streams, stream_waits): the
-  // steps not `ahead` in the order a run submits them (graph::schedule_step_groups' groups one
-  // after another: a priority order, the chain later steps wait for first), and per step the
-  // steps it waits for (each earlier in that order): those whose outputs or derived tensors it
-  // reads, the earlier steps on a variable's buffers, and those that read or wrote arena bytes
-  // it writes or wrote arena bytes it reads (the memory plan's reuse). A run submits the
+  // NPUSIM_GRAPH_CONCURRENT=1 when the plan was built (schedule_streams): the steps not
+  // `ahead` in the order a run submits them (graph::schedule_step_groups' groups one after
+  // another: a priority order, the chain later steps wait for first), and per step the steps
+  // it waits for (each earlier in that order): those whose outputs or derived tensors it
+  // reads, the earlier steps on a variable's buffers, and the steps earlier in task order that
+  // read or wrote arena bytes it writes or wrote arena bytes it reads (the memory plan's
+  // reuse, the in-order plan's peak: docs/graph_engine.md). A run submits the
   // launches as one rt::Device::launch_group with those waits, split where a step must be
   // queued alone. Empty: queue_order, one by one.
   std::vector<size_t> stream_order;
@@ -713,10 +714,10 @@ class NpuGraphKernel : public OpKernel {
     }
     // Kept casts (their launches skip while their source is unchanged) are queued alone.
     std::vector<Place> within(buffers.size());
+    std::vector<char> keepable;
     if (graph_concurrent_enabled()) {
-      std::vector<char> keepable(plan->steps.size(), 0);
+      keepable.assign(plan->steps.size(), 0);
       keep_stable_casts(within, plan, &keepable);
-      schedule_streams(chip, keepable, workspace_of, plan, &buffers);
     }
     // Buffers placed inside another place (a slice's outputs in its input, a concatenation's
     // pieces in its output) take no bytes of their own; the rest are planned.
@@ -729,7 +730,21 @@ class NpuGraphKernel : public OpKernel {
       own.push_back(buffers[b]);
       plan->unplanned_bytes += buffers[b].bytes;
     }
-    plan->arena_bytes = graph::plan_memory(own);
+    std::vector<graph::GroupStep> stream_steps;
+    if (graph_concurrent_enabled()) {
+      // Streams: the in-order plan's peak is the budget; within it, the buffers of steps
+      // expected to run on beside later steps stay live longer, so that fewer of those steps
+      // wait for them (schedule_streams turns the plan's reuse into dependences).
+      stream_steps = group_steps(keepable, *plan);
+      std::vector<graph::PlannedBuffer> in_order = own;
+      const uint64_t budget = graph::plan_memory(in_order);
+      const std::vector<graph::LifetimeExtension> run_on =
+          run_on_extensions(chip, stream_steps, workspace_of, *plan, within, own_index);
+      std::vector<char> granted;
+      plan->arena_bytes = graph::plan_memory_within_budget(own, run_on, budget, &granted);
+    } else {
+      plan->arena_bytes = graph::plan_memory(own);
+    }
     keep_stable_casts(within, plan);
     // Buffer indices -> places: the arena offset of the buffer, or of the place it lies in.
     auto place = [&](Place& p) {
@@ -764,7 +779,8 @@ class NpuGraphKernel : public OpKernel {
           plan->steps[n].inputs[i] = plan->steps[static_cast<size_t>(node.inputs[i].node)]
                                          .outputs[static_cast<size_t>(node.inputs[i].port)];
     }
-    if (!plan->stream_order.empty()) stream_waits(workspace_of, plan);
+    if (graph_concurrent_enabled())
+      schedule_streams(chip, std::move(stream_steps), workspace_of, plan);
     // The steps ahead in the order their outputs are first read (the AI CPU runs its tasks one
     // after another: the first needed first), then the others in task order.
     std::vector<size_t> first_read(plan->steps.size(), plan->steps.size());
@@ -791,32 +807,72 @@ class NpuGraphKernel : public OpKernel {
     return rt::ok_status();
   }
 
-  // NPUSIM_GRAPH_CONCURRENT=1 (Plan::stream_order, Plan::waits): the order a run submits the
-  // steps in, from their data dependences (graph::schedule_step_groups' groups one after another;
-  // docs/graph_engine.md, "Concurrent steps of a TF graph"), their waits on those dependences,
-  // and the buffers' lifetimes in group positions, so that the memory plan never gives one
-  // arena byte to two steps that may run at once. The dependences: its inputs' producers, the
-  // step that computes a derived tensor it reads, and, for steps reading or writing a variable's
-  // buffers, every earlier such step (an in-place update must not pass a read of the old value).
-  // A step expected to run on beside later groups (a filter gradient on the cube cores beside a
-  // chain of vector steps) keeps its buffers live until the first later group holding a step
-  // that waits for it or that cannot have cores beside it (CoreTaker), so that the memory plan
-  // gives those groups' buffers other bytes than its own and no wait for the reuse holds the
-  // chain back. Steps of one launch, no merged members, no derived tensor and no kept output
-  // (`keepable`) have a core kind the schedule knows; the others count as holding every core.
-  // Before in-place placement (which joins the lifetimes it nests) and before any place is
-  // placed: places hold buffer indices.
-  void schedule_streams(const ChipConfig& chip, const std::vector<char>& keepable,
-                        const std::vector<int>& workspace_of, Plan* plan,
-                        std::vector<graph::PlannedBuffer>* buffers) const {
+  // NPUSIM_GRAPH_CONCURRENT=1 (Plan::stream_order, Plan::waits), once every place is placed:
+  // the order a run submits the steps in (graph::schedule_step_groups' groups one after another;
+  // docs/graph_engine.md, "Concurrent steps of a TF graph") and what each step waits for. The
+  // memory plan's lifetimes are in task order (some lengthened within the in-order plan's peak:
+  // run_on_extensions), and its reuse becomes dependences, as CANN's memory reuse adds events
+  // between streams: a step depends on every earlier step in task order that touched arena bytes
+  // it touches where one of the two writes them (write after read, read after write, write after
+  // write: a buffer placed in bytes an earlier buffer held). With its inputs' producers, the
+  // step computing a derived tensor it reads and, for steps reading or writing a variable's
+  // buffers, every earlier such step (an in-place update must not pass a read of the old
+  // value), every pair of steps that touch one byte, one writing it, keeps its task order, so
+  // any schedule of these dependences computes what the run in order computes. Steps of one
+  // launch, no merged members, no derived tensor and no kept output (`keepable`) have a core
+  // kind the schedule knows; the others count as holding every core. `steps`: group_steps'
+  // (the dependences but the memory plan's reuse).
+  void schedule_streams(const ChipConfig& chip, std::vector<graph::GroupStep> steps,
+                        const std::vector<int>& workspace_of, Plan* plan) const {
     const size_t n_steps = plan->steps.size();
+    const std::vector<std::vector<ArenaTouch>> touched = arena_touches(workspace_of, *plan);
+    for (size_t n = 0; n < n_steps; ++n) {
+      // A step ahead runs before every other: nothing it touches was held before it (its
+      // bytes live from the run's start).
+      if (plan->steps[n].ahead) continue;
+      for (size_t j = 0; j < n; ++j) {
+        if (plan->steps[j].ahead) continue;
+        bool clash = false;
+        for (const ArenaTouch& a : touched[n])
+          for (const ArenaTouch& b : touched[j])
+            clash = clash || ((a.writes || b.writes) && a.start < b.end && b.start < a.end);
+        if (clash) steps[n].after.push_back(j);
+      }
+    }
+    const graph::StepGroups sg = graph::schedule_step_groups(steps, chip);
+    const auto launches = [&](size_t n) { return steps[n].alone || steps[n].program; };
+    // Per step, the launching steps it waits for (through steps that launch nothing).
+    plan->waits.assign(n_steps, {});
+    for (size_t n = 0; n < n_steps; ++n) {
+      std::vector<size_t>& w = plan->waits[n];
+      for (const size_t j : steps[n].after) {
+        if (launches(j))
+          w.push_back(j);
+        else
+          w.insert(w.end(), plan->waits[j].begin(), plan->waits[j].end());
+      }
+      std::sort(w.begin(), w.end());
+      w.erase(std::unique(w.begin(), w.end()), w.end());
+    }
+    for (const std::vector<size_t>& group : sg.groups)
+      for (const size_t n : group)
+        if (!plan->steps[n].ahead) plan->stream_order.push_back(n);
+  }
+
+  // The steps of schedule_streams' schedule with their dependences but the memory plan's
+  // reuse: its inputs' producers, the step computing a derived tensor it reads and, for steps
+  // reading or writing a variable's buffers, every earlier such step. After in-place
+  // placement (a step placed in place launches nothing).
+  std::vector<graph::GroupStep> group_steps(const std::vector<char>& keepable,
+                                            const Plan& plan) const {
+    const size_t n_steps = plan.steps.size();
     std::vector<graph::GroupStep> steps(n_steps);
     const auto on_variable = [](const Place& p) {
       return p.kind == Place::Kind::variable || p.kind == Place::Kind::new_value;
     };
     int last_on_variable = -1;
     for (size_t n = 0; n < n_steps; ++n) {
-      const Step& s = plan->steps[n];
+      const Step& s = plan.steps[n];
       graph::GroupStep& g = steps[n];
       for (const NpuGraphSpec::Source& src : m_spec.nodes[n].inputs)
         if (src.node >= 0) g.after.push_back(static_cast<size_t>(src.node));
@@ -842,26 +898,35 @@ class NpuGraphKernel : public OpKernel {
         }
       }
     }
+    return steps;
+  }
+
+  // Per step expected to run on beside later steps in the schedule without the memory plan's
+  // reuse (`steps`: group_steps'), in that schedule's order: its buffers (by index into the
+  // planned buffers `own_index` names) live until the last task position of the steps that
+  // schedule puts before it ends, so that none of those writes its bytes (which would make
+  // it wait for the step). It runs on until the first later group holding a step that waits
+  // for it or whose cores do not fit beside its own (CoreTaker: a filter gradient on the cube
+  // cores beside a chain of vector steps). Before any place is placed: places hold buffer
+  // indices; `within` says which buffer each lies in.
+  std::vector<graph::LifetimeExtension> run_on_extensions(
+      const ChipConfig& chip, const std::vector<graph::GroupStep>& steps,
+      const std::vector<int>& workspace_of, const Plan& plan, const std::vector<Place>& within,
+      const std::vector<size_t>& own_index) const {
+    const size_t n_steps = plan.steps.size();
     const graph::StepGroups sg = graph::schedule_step_groups(steps, chip);
     const auto launches = [&](size_t n) { return steps[n].alone || steps[n].program; };
     // Per step, the launching steps it waits for (through steps that launch nothing).
-    plan->waits.assign(n_steps, {});
+    std::vector<std::vector<size_t>> waits(n_steps);
     for (size_t n = 0; n < n_steps; ++n) {
-      std::vector<size_t>& w = plan->waits[n];
       for (const size_t j : steps[n].after) {
         if (launches(j))
-          w.push_back(j);
+          waits[n].push_back(j);
         else
-          w.insert(w.end(), plan->waits[j].begin(), plan->waits[j].end());
+          waits[n].insert(waits[n].end(), waits[j].begin(), waits[j].end());
       }
-      std::sort(w.begin(), w.end());
-      w.erase(std::unique(w.begin(), w.end()), w.end());
+      std::sort(waits[n].begin(), waits[n].end());
     }
-    // Per launching step, the group position until which it is expected to run: the position
-    // before the first later group holding a step that waits for it or whose cores do not fit
-    // beside its own.
-    const int n_groups = static_cast<int>(sg.groups.size());
-    std::vector<int> runs_until(sg.position);
     CoreTaker cores(chip);
     const auto beside = [&](size_t a, size_t b) {
       if (steps[a].alone || steps[b].alone) return false;
@@ -869,71 +934,69 @@ class NpuGraphKernel : public OpKernel {
       return cores.take(*steps[a].program, steps[a].block_dim, nullptr) &&
              cores.take(*steps[b].program, steps[b].block_dim, nullptr);
     };
-    for (size_t n = 0; n < n_steps; ++n) {
-      if (!launches(n)) continue;
-      int until = n_groups - 1;
-      for (int g = sg.position[n] + 1; g < n_groups && until == n_groups - 1; ++g)
-        for (const size_t t : sg.groups[static_cast<size_t>(g)]) {
-          const std::vector<size_t>& w = plan->waits[t];
-          if (std::binary_search(w.begin(), w.end(), n) || !beside(n, t)) {
-            until = g - 1;
-            break;
-          }
-        }
-      runs_until[n] = std::max(sg.position[n], until);
+    // Per group, the last task position of the steps in it or in an earlier group.
+    const int n_groups = static_cast<int>(sg.groups.size());
+    std::vector<int> last_task(sg.groups.size(), -1);
+    for (int g = 0; g < n_groups; ++g) {
+      last_task[g] = g > 0 ? last_task[g - 1] : -1;
+      for (const size_t t : sg.groups[static_cast<size_t>(g)])
+        last_task[g] = std::max(last_task[g], static_cast<int>(t));
     }
-    // Each buffer lives from the first group position of the steps touching it to the last
-    // position they are expected to run until.
-    std::vector<int> first(buffers->size(), std::numeric_limits<int>::max()),
-        last(buffers->size(), -1);
-    const auto touch = [&](const Place& p, size_t n) {
-      if (p.kind != Place::Kind::arena) return;
-      first.at(p.index) = std::min(first[p.index], sg.position[n]);
-      last.at(p.index) = std::max(last[p.index], runs_until[n]);
-    };
-    for (size_t n = 0; n < n_steps; ++n) {
-      const Step& s = plan->steps[n];
-      for (const std::vector<Place>* places : {&s.inputs, &s.outputs, &s.derived_at})
-        for (const Place& p : *places) touch(p, n);
-      if (workspace_of[n] >= 0)
-        touch({Place::Kind::arena, static_cast<uint64_t>(workspace_of[n])}, n);
-      for (const auto& [from, from_d] : s.derived_from)
-        if (from >= 0)
-          touch(plan->steps[static_cast<size_t>(from)].derived_at.at(static_cast<size_t>(from_d)),
-                n);
-    }
-    for (size_t b = 0; b < buffers->size(); ++b)
-      if (last[b] >= 0) {
-        (*buffers)[b].first = first[b];
-        (*buffers)[b].last = last[b];
-      }
+    std::vector<graph::LifetimeExtension> out;
     for (const std::vector<size_t>& group : sg.groups)
-      for (const size_t n : group)
-        if (!plan->steps[n].ahead) plan->stream_order.push_back(n);
+      for (const size_t n : group) {
+        if (!launches(n) || steps[n].alone) continue;
+        int until = sg.position[n];
+        for (int g = sg.position[n] + 1; g < n_groups && until == g - 1; ++g) {
+          bool runs = true;
+          for (const size_t t : sg.groups[static_cast<size_t>(g)])
+            runs = runs && !std::binary_search(waits[t].begin(), waits[t].end(), n) && beside(n, t);
+          if (runs) until = g;
+        }
+        graph::LifetimeExtension e;
+        const auto touch = [&](const Place& p) {
+          if (p.kind != Place::Kind::arena) return;
+          size_t b = p.index;
+          while (within[b].kind == Place::Kind::arena) b = within[b].index;
+          if (within[b].kind == Place::Kind::none)
+            e.live_until.push_back({own_index[b], last_task[static_cast<size_t>(until)]});
+        };
+        const Step& s = plan.steps[n];
+        for (const std::vector<Place>* places : {&s.inputs, &s.outputs, &s.derived_at})
+          for (const Place& p : *places) touch(p);
+        if (workspace_of[n] >= 0)
+          touch({Place::Kind::arena, static_cast<uint64_t>(workspace_of[n])});
+        for (const auto& [from, from_d] : s.derived_from)
+          if (from >= 0)
+            touch(plan.steps[static_cast<size_t>(from)].derived_at.at(static_cast<size_t>(from_d)));
+        out.push_back(std::move(e));
+      }
+    return out;
   }
 
-  // NPUSIM_GRAPH_CONCURRENT=1, once every place is placed: adds to Plan::waits the memory plan's
-  // reuse. A step waits for every step before it in Plan::stream_order that touched arena bytes
-  // it touches where one of the two writes them (a buffer whose bytes an earlier one held,
-  // written after that one's last read: write after read, or after write). A tensor's bytes are
-  // counted as the device moves them (compiler::device_buffer_bytes); a workspace and a derived
-  // tensor's buffer whole.
-  void stream_waits(const std::vector<int>& workspace_of, Plan* plan) const {
-    struct Touch {
-      uint64_t start = 0, end = 0;
-      bool writes = false;
-    };
-    const size_t n_steps = plan->steps.size();
-    std::vector<std::vector<Touch>> touched(n_steps);
+  // Arena bytes [start, end) a step touches, and whether it writes them.
+  struct ArenaTouch {
+    uint64_t start = 0, end = 0;
+    bool writes = false;
+  };
+
+  // Per step, the arena bytes it touches once every place is placed: its inputs (read), its
+  // outputs, workspace and derived tensors' buffers (written), the derived tensors it reads.
+  // A tensor's bytes are counted as the device moves them (compiler::device_buffer_bytes); a
+  // workspace and a derived tensor's buffer whole. A step placed in place launches nothing and
+  // touches nothing itself: its readers touch what it names.
+  static std::vector<std::vector<ArenaTouch>> arena_touches(const std::vector<int>& workspace_of,
+                                                            const Plan& plan) {
+    std::vector<std::vector<ArenaTouch>> touched(plan.steps.size());
     const auto add = [&](size_t n, const Place& p, uint64_t bytes, bool writes) {
       if (p.kind != Place::Kind::arena || bytes == 0) return;
       const uint64_t start = p.index + p.offset;
       touched[n].push_back({start, start + bytes, writes});
     };
-    for (size_t n = 0; n < n_steps; ++n) {
-      const Step& s = plan->steps[n];
+    for (size_t n = 0; n < plan.steps.size(); ++n) {
+      const Step& s = plan.steps[n];
       const compiler::CompiledKernel& k = s.compiled->kernel;
-      if (s.in_place) continue;  // launches nothing; its readers touch what it names
+      if (s.in_place) continue;
       for (size_t i = 0; i < s.inputs.size() && i < s.op.inputs.size(); ++i)
         add(n, s.inputs[i], compiler::device_buffer_bytes(s.op.inputs[i].bytes()), false);
       for (size_t o = 0; o < s.outputs.size() && o < k.outputs.size(); ++o)
@@ -943,23 +1006,11 @@ class NpuGraphKernel : public OpKernel {
       for (const auto& [from, from_d] : s.derived_from)
         if (from >= 0) {
           const Place& p =
-              plan->steps[static_cast<size_t>(from)].derived_at.at(static_cast<size_t>(from_d));
+              plan.steps[static_cast<size_t>(from)].derived_at.at(static_cast<size_t>(from_d));
           add(n, p, p.extent, false);
         }
     }
-    const std::vector<size_t>& order = plan->stream_order;
-    for (size_t i = 0; i < order.size(); ++i) {
-      std::vector<size_t>& w = plan->waits[order[i]];
-      for (size_t j = 0; j < i; ++j) {
-        bool clash = false;
-        for (const Touch& a : touched[order[i]])
-          for (const Touch& b : touched[order[j]])
-            clash = clash || ((a.writes || b.writes) && a.start < b.end && b.start < a.end);
-        if (clash) w.push_back(order[j]);
-      }
-      std::sort(w.begin(), w.end());
-      w.erase(std::unique(w.begin(), w.end()), w.end());
-    }
+    return touched;
   }
 
   // Marks the steps whose output is kept across runs (Step::kept): a Cast reading stable inputs
