@@ -259,10 +259,8 @@ inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
 // at a time (16 rows of C: k_blocks fractals, contiguous in Zz) into a_row, just before that
 // row's tiles run, so that the widened row is still in the host's L1 cache when the tiles read
 // it (widen_a_row).
-// With leave_out set (fp16 only, see "Zero terms left out" below), each tile of MR rows sums
-// over only the columns of A that are not +-0 in all of its rows or that leave_out keeps: the
-// columns of a fractal row's tiles are listed in group_index (all_tiles), tile q's
-// (rows 16 * fr + q * MR ..) at group_index + q * k.
+// With k_index set, the kernels sum over only some of A's columns (columns_to_keep_f16 below):
+// k is their count and k_index[j] < k_blocks * K0 the j-th of them, in ascending order.
 template <typename T>
 struct CubeOperands {
   T* a_row;                 // one fractal row of A widened, Zz: 16 * k_blocks * K0 elements
@@ -270,10 +268,7 @@ struct CubeOperands {
   uint64_t a_elems, a_size;
   void (*widen_a)(const uint8_t* src, T* dst, uint64_t n);  // exact widening of n elements
   uint64_t k_blocks;
-  // Per column block kb of 16: bit c set where column kb * 16 + c may be left out when zero;
-  // or null (no column is left out).
-  const uint16_t* leave_out;
-  uint32_t* group_index;  // scratch for the tiles' column lists: kFractalRows * k + 8 entries
+  const uint32_t* k_index;  // null: every column kk < k
   const T* b;  // B as k x ld_b row-major, ld_b = 16 * ceil(n / 16), zero past column n
   uint64_t ld_b;
   uint64_t m, k, n;
@@ -302,117 +297,28 @@ void widen_a_row(const CubeOperands<T>& g, uint64_t fr) {
 // column j, in place in L0C; tiles that reach past row m or column n go through a staging tile
 // so that only C[r < m][c < n] is written. (Everything here is inlined into the
 // target-specific variants below: a call would leave the host-ISA code generation.)
-// Tile q of the fractal row sums over columns[q].index[0 .. count) (index null: every column
-// kk < count = k).
-struct TileColumns {
-  const uint32_t* index;
-  uint64_t count;
-};
-
-// The columns a tile of `rows` rows from row `row0` of the widened fractal row g.a_row sums
-// over: every kk < k except those +-0 in all of the tile's rows that g.leave_out lets go, listed
-// ascending at index (which may be written up to 8 entries past the list's end); index null
-// (every column) where none goes.
-template <typename T, uint64_t K0>
-inline __attribute__((always_inline)) TileColumns tile_columns(const CubeOperands<T>& g,
-                                                               uint64_t row0, uint64_t rows,
-                                                               uint32_t* index) {
-  static_assert(sizeof(T) == 4 && K0 == 16, "fp16 operands widened to 32 bits");
-  uint64_t count = 0;
-  for (uint64_t kb = 0; kb * K0 < g.k; ++kb) {
-    const T* block = g.a_row + kb * kFractalRows * K0 + row0 * K0;
-    uint32_t magnitude[K0] = {};  // per column, its rows' bits ORed, the sign masked off
-    for (uint64_t i = 0; i < rows; ++i)
-      for (uint64_t c = 0; c < K0; ++c) {
-        uint32_t u;
-        std::memcpy(&u, block + i * K0 + c, 4);
-        magnitude[c] |= u & 0x7fffffffu;
-      }
-    const uint64_t cols = std::min(K0, g.k - kb * K0);
-    for (uint64_t c = 0; c < cols; ++c)
-      if (magnitude[c] != 0 || !((g.leave_out[kb] >> c) & 1u))
-        index[count++] = static_cast<uint32_t>(kb * K0 + c);
-  }
-  if (count == g.k) return {nullptr, g.k};
-  if (count == 0) index[count++] = 0;  // the kernels want one column at least
-  return {index, count};
-}
-
-#if defined(__GNUC__) && defined(__x86_64__)
-// The set bits of a byte, in ascending order (8 entries, the unused ones 0).
-struct BitPositions {
-  uint8_t pos[256][8];
-  constexpr BitPositions() : pos() {
-    for (int v = 0; v < 256; ++v)
-      for (int b = 0, n = 0; b < 8; ++b)
-        if ((v >> b) & 1) pos[v][n++] = static_cast<uint8_t>(b);
-  }
-};
-constexpr BitPositions kBitPositions;
-
-// tile_columns in AVX2 registers (the fused kernels' hosts): a column block's zero columns as a
-// 16-bit mask (its rows ORed, compared with zero), the kept columns written 8 at a time from a
-// table of bit positions. The scalar loop cost ~10 % of a ResNet-50 inference.
-__attribute__((target("avx2"))) TileColumns tile_columns_avx2(const CubeOperands<float>& g,
-                                                              uint64_t row0, uint64_t rows,
-                                                              uint32_t* index) {
-  constexpr uint64_t K0 = 16;
-  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
-  uint64_t count = 0;
-  for (uint64_t kb = 0; kb * K0 < g.k; ++kb) {
-    const float* block = g.a_row + kb * kFractalRows * K0 + row0 * K0;
-    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-    for (uint64_t i = 0; i < rows; ++i) {
-      lo =
-          _mm256_or_si256(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * K0)));
-      hi = _mm256_or_si256(
-          hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * K0 + 8)));
-    }
-    const __m256i zlo = _mm256_cmpeq_epi32(_mm256_and_si256(lo, magnitude), _mm256_setzero_si256());
-    const __m256i zhi = _mm256_cmpeq_epi32(_mm256_and_si256(hi, magnitude), _mm256_setzero_si256());
-    const uint32_t zero = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(zlo))) |
-                          static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(zhi))) << 8;
-    const uint64_t cols = std::min(K0, g.k - kb * K0);
-    const uint32_t keep = ~(zero & g.leave_out[kb]) & ((1u << cols) - 1u);
-    for (uint32_t half = 0; half < 2; ++half) {
-      const uint32_t byte = (keep >> (8 * half)) & 0xffu;
-      const __m256i pos = _mm256_cvtepu8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kBitPositions.pos[byte])));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(index + count),
-                          _mm256_add_epi32(pos, _mm256_set1_epi32(int(kb * K0 + 8 * half))));
-      count += static_cast<uint64_t>(__builtin_popcount(byte));
-    }
-  }
-  if (count == g.k) return {nullptr, g.k};
-  if (count == 0) index[count++] = 0;  // the kernels want one column at least
-  return {index, count};
-}
-#endif
-
 template <typename T, uint64_t K0, uint64_t MR, uint64_t NR, bool kFused>
 inline __attribute__((always_inline)) void row_tiles(const CubeOperands<T>& g, uint64_t r16,
-                                                     uint64_t j, const TileColumns* columns) {
+                                                     uint64_t j) {
   static_assert(kFractalRows % MR == 0 && NR % kFractalRows == 0, "tiles inside fractals");
   for (uint64_t r = r16; r < std::min(g.m, r16 + kFractalRows); r += MR) {
     const T* a = g.a_row + (r % kFractalRows) * K0;
     const T* b = g.b + j;
-    const uint32_t* k_index = columns[(r % kFractalRows) / MR].index;
-    const uint64_t k = columns[(r % kFractalRows) / MR].count;
     if (r + MR <= g.m && j + NR <= g.n) {
-      tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, k, k_index, at_tile(g.in, r, j),
+      tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k, g.k_index, at_tile(g.in, r, j),
                                           at_tile(g.out, r, j));
       continue;
     }
 #if defined(__GNUC__) && defined(__x86_64__)
     if constexpr (kFused && MR == 8 && (NR == 16 || NR == 32)) {  // AVX-512 only (see above)
       if (j + NR <= g.n) {  // whole columns: only the rows left are computed, in place
-        tile_rows_fma_avx512<NR / kFractalRows>(g.m - r, a, b, g.ld_b, k, k_index,
+        tile_rows_fma_avx512<NR / kFractalRows>(g.m - r, a, b, g.ld_b, g.k, g.k_index,
                                                 at_tile(g.in, r, j), at_tile(g.out, r, j));
         continue;
       }
     } else if constexpr (kFused && MR == 4 && NR == 16) {  // AVX2 only (see above)
       if (j + NR <= g.n) {
-        tile_rows_fma_avx2(g.m - r, a, b, g.ld_b, k, k_index, at_tile(g.in, r, j),
+        tile_rows_fma_avx2(g.m - r, a, b, g.ld_b, g.k, g.k_index, at_tile(g.in, r, j),
                            at_tile(g.out, r, j));
         continue;
       }
@@ -427,7 +333,7 @@ inline __attribute__((always_inline)) void row_tiles(const CubeOperands<T>& g, u
     for (uint64_t i = 0; i < MR; ++i)
       for (uint64_t jj = 0; jj < NR; ++jj)
         st.at(i, jj) = in.p && i < rows && jj < cols ? in.at(i, jj) : T(0);
-    tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, k, k_index,
+    tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k, g.k_index,
                                         CView<const T>{stage, st.row_stride, st.block_stride}, st);
     const CView<T> out = at_tile(g.out, r, j);
     for (uint64_t i = 0; i < rows; ++i)
@@ -440,28 +346,11 @@ inline __attribute__((always_inline)) void row_tiles(const CubeOperands<T>& g, u
 // one tile, so the order of the tiles does not change any result.
 template <typename T, uint64_t K0, uint64_t MR, uint64_t NR, bool kFused>
 inline __attribute__((always_inline)) void all_tiles(const CubeOperands<T>& g) {
-  constexpr uint64_t kTiles = kFractalRows / MR;  // tiles of rows in a fractal row
-  TileColumns columns[kTiles];
-  for (uint64_t q = 0; q < kTiles; ++q) columns[q] = {nullptr, g.k};
   for (uint64_t r16 = 0; r16 < g.m; r16 += kFractalRows) {
     widen_a_row<T, K0>(g, r16 / kFractalRows);
-    if constexpr (std::is_same_v<T, float> && K0 == 16) {  // fp16 operands only
-      for (uint64_t q = 0; g.leave_out && q < kTiles && r16 + q * MR < g.m; ++q) {
-        const uint64_t rows = std::min(MR, g.m - r16 - q * MR);
-        uint32_t* index = g.group_index + q * g.k;
-#if defined(__GNUC__) && defined(__x86_64__)
-        if constexpr (kFused) {  // the AVX2 and AVX-512 hosts' variants
-          columns[q] = tile_columns_avx2(g, q * MR, rows, index);
-          continue;
-        }
-#endif
-        columns[q] = tile_columns<T, K0>(g, q * MR, rows, index);
-      }
-    }
     uint64_t j = 0;
-    for (; j + NR <= g.ld_b; j += NR) row_tiles<T, K0, MR, NR, kFused>(g, r16, j, columns);
-    for (; j < g.ld_b; j += kFractalRows)
-      row_tiles<T, K0, MR, kFractalRows, kFused>(g, r16, j, columns);
+    for (; j + NR <= g.ld_b; j += NR) row_tiles<T, K0, MR, NR, kFused>(g, r16, j);
+    for (; j < g.ld_b; j += kFractalRows) row_tiles<T, K0, MR, kFractalRows, kFused>(g, r16, j);
   }
 }
 
@@ -645,8 +534,6 @@ struct Input<Dtype::S8> {
 template <typename T>
 struct CubeScratch {
   std::vector<T> a_row, b_buf;
-  std::vector<uint16_t> leave_out;    // per column block of A (CubeOperands::leave_out)
-  std::vector<uint32_t> group_index;  // the tiles' column lists (CubeOperands::group_index)
 };
 template <typename T>
 CubeScratch<T>& scratch() {
@@ -654,25 +541,68 @@ CubeScratch<T>& scratch() {
   return s;
 }
 
-// Zero terms left out (fp16 operands). After a ReLU about half of an activation's values are
-// zero, and a convolution's padding taps read zeros too: in the ResNet-50 inference about 37 %
-// of the multiply-adds have a zero A value in every row of their 4-row register tile. Each tile
-// sums over the columns of A that are not +-0 in all of its rows (tile_columns), where that
-// gives the same bits as the sum over every column: a left-out term is A * B with A +-0 and B
-// finite (leave_out: B's row kk finite in every column), an exact +-0, and acc + (+-0) == acc
-// for every acc but -0 (-0 + +0 == +0; a quiet NaN stays the same NaN). The accumulator never
-// becomes -0 unless it starts at -0 (a sum rounds to -0 only from -0 + -0; a non-zero exact sum
-// stays non-zero, the products being exact), and a signalling NaN can only be the initial value
-// (every NaN a sum produces is quiet). So an mmad whose initial values (zero, C in L0C, or the
-// bias row) hold no -0 and no NaN gets the same bits from every tile's shortened sum; one whose
-// initial values do is computed over every column.
+// Columns of an fp16 A that are zero in every row (the first convolution of an image: 3
+// channels padded to C0 = 16, 13 of every 16 columns zero; after a ReLU, channels that are zero
+// at every pixel of the tile) are left out of the sums where that gives the same bits. A column
+// kk of A that is +-0 in every row, with B's row kk finite, adds products that are all +-0, and
+// acc + (+-0) == acc except that -0 + +0 == +0. So the sum without those terms (the kept terms
+// in the same order) has the same bits as the full one, except that it may end at -0 where the
+// full sum ends at +0: from the first term where the two differ (full +0, shortened -0) they
+// agree again at the next kept term that is not -0 (x + 0 == x for x != 0, and both zeros plus
+// +0 give +0), or stay so to the end. A NaN can only come from the initial value or a kept
+// product (zero times a finite value is no NaN); a signalling NaN initial value would be
+// quieted at different terms, so NaN results count as possibly different too. An mmad whose
+// shortened result holds a -0 or a NaN is redone with every column. Worth its scan only when
+// many columns go: at least k / kMinSkippedShare of them.
+constexpr uint64_t kMinSkippedShare = 4;
 
-// The rows kk < k of B (k x ld_b widened, n columns used) that are finite, as
-// CubeOperands::leave_out's masks: bit kk % 16 of leave_out[kk / 16].
-void finite_rows(const float* b, uint64_t k, uint64_t ld_b, uint64_t n,
-                 std::vector<uint16_t>& leave_out) {
-  leave_out.assign(ceil_div(k, uint64_t(16)), 0);
-  for (uint64_t kk = 0; kk < k; ++kk) {
+// How many of bits[0 .. n) are +-0 (fp16 bits).
+uint64_t zero_magnitudes(const uint16_t* bits16, uint64_t n) {
+  uint64_t zero = 0, i = 0;
+#if defined(__SSE2__)
+  const __m128i magnitude = _mm_set1_epi16(0x7fff);
+  for (; i + 8 <= n; i += 8) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bits16 + i));
+    const __m128i is_zero = _mm_cmpeq_epi16(_mm_and_si128(v, magnitude), _mm_setzero_si128());
+    zero += static_cast<uint64_t>(__builtin_popcount(_mm_movemask_epi8(is_zero))) / 2;
+  }
+#endif
+  for (; i < n; ++i) zero += (bits16[i] & 0x7fff) == 0;
+  return zero;
+}
+
+// The columns of A to keep (ascending) in kept, and true, when at least k / kMinSkippedShare
+// columns kk < k of an fp16 A can be left out: +-0 in every row r < m of A (stored in Zz:
+// k_blocks column blocks of 16) and finite in B's row kk (b: k x ld_b widened, n columns
+// used). A is scanned fractal row by fractal row, stopping once too few zero columns are left.
+bool columns_to_keep_f16(const uint8_t* a, uint64_t m, uint64_t k, uint64_t k_blocks,
+                         const float* b, uint64_t ld_b, uint64_t n,
+                         std::vector<uint16_t>& magnitude_bits, std::vector<uint32_t>& kept) {
+  const uint64_t min_zero = std::max<uint64_t>(1, k / kMinSkippedShare);
+  // Per column: the OR over its rows of the stored bits, the sign masked off below.
+  magnitude_bits.assign(k_blocks * 16, 0);
+  for (uint64_t r16 = 0; r16 < m; r16 += kFractalRows) {
+    const uint64_t rows = std::min(kFractalRows, m - r16);
+    for (uint64_t kb = 0; kb < k_blocks; ++kb) {
+      const uint8_t* frac = a + ((r16 / kFractalRows) * k_blocks + kb) * kFractalRows * 16 * 2;
+      uint16_t* acc = &magnitude_bits[kb * 16];
+      if (kb * 16 + 16 <= k) {  // a whole block: its 32-byte rows ORed as four 64-bit words
+        uint64_t w[4] = {0, 0, 0, 0};
+        for (uint64_t i = 0; i < rows; ++i)
+          for (uint64_t q = 0; q < 4; ++q) w[q] |= bits<uint64_t>(frac + i * 32 + q * 8);
+        uint64_t old[4];
+        std::memcpy(old, acc, sizeof(old));
+        for (uint64_t q = 0; q < 4; ++q) old[q] |= w[q];
+        std::memcpy(acc, old, sizeof(old));
+        continue;
+      }
+      for (uint64_t i = 0; i < rows; ++i)  // the last columns < k only (the rest may lie past A)
+        for (uint64_t c = 0; c < k - kb * 16; ++c)
+          acc[c] |= bits<uint16_t>(frac + (i * 16 + c) * 2);
+    }
+    if (zero_magnitudes(magnitude_bits.data(), k) < min_zero) return false;
+  }
+  auto finite_row = [&](uint64_t kk) {
     const float* row = b + kk * ld_b;
     uint64_t c = 0;
     uint32_t non_finite = 0;
@@ -688,71 +618,53 @@ void finite_rows(const float* b, uint64_t k, uint64_t ld_b, uint64_t n,
     for (; c < n; ++c)
       non_finite |= static_cast<uint32_t>(
           (bits<uint32_t>(reinterpret_cast<const uint8_t*>(row + c)) & 0x7f800000u) == 0x7f800000u);
-    if (non_finite == 0) leave_out[kk / 16] |= static_cast<uint16_t>(1u << (kk % 16));
-  }
-}
-
-// Whether any of count consecutive floats at p is -0 or a NaN.
-bool negative_zero_or_nan_generic(const float* p, uint64_t count) {
-  uint32_t found = 0;
-  uint64_t e = 0;
-#if defined(__SSE2__)
-  const __m128i negative_zero = _mm_set1_epi32(static_cast<int32_t>(0x80000000u));
-  const __m128i magnitude = _mm_set1_epi32(0x7fffffff), infinity = _mm_set1_epi32(0x7f800000);
-  __m128i any = _mm_setzero_si128();
-  for (; e + 4 <= count; e += 4) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + e));
-    any = _mm_or_si128(any, _mm_cmpeq_epi32(v, negative_zero));
-    // NaN: |u| > inf's bits, both below 2^31 so the signed compare orders them
-    any = _mm_or_si128(any, _mm_cmpgt_epi32(_mm_and_si128(v, magnitude), infinity));
-  }
-  found |= static_cast<uint32_t>(_mm_movemask_epi8(any));
-#endif
-  for (; e < count; ++e) {
-    const uint32_t u = bits<uint32_t>(reinterpret_cast<const uint8_t*>(p + e));
-    found |= static_cast<uint32_t>(u == 0x80000000u) |
-             static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
-  }
-  return found != 0;
-}
-
-#ifdef NPUSIM_CUBE_X86_VARIANTS
-// The same 8 lanes at a time: -0 by its bits, a NaN as unordered with itself.
-__attribute__((target("avx2"))) bool negative_zero_or_nan_avx2(const float* p, uint64_t count) {
-  const __m256i negative_zero = _mm256_set1_epi32(static_cast<int32_t>(0x80000000u));
-  __m256i any = _mm256_setzero_si256();
-  uint64_t e = 0;
-  for (; e + 8 <= count; e += 8) {
-    const __m256 v = _mm256_loadu_ps(p + e);
-    any = _mm256_or_si256(any, _mm256_cmpeq_epi32(_mm256_castps_si256(v), negative_zero));
-    any = _mm256_or_si256(any, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-  }
-  return !_mm256_testz_si256(any, any) || negative_zero_or_nan_generic(p + e, count - e);
-}
-#endif
-
-bool negative_zero_or_nan(const float* p, uint64_t count) {
-#ifdef NPUSIM_CUBE_X86_VARIANTS
-  static const bool avx2 = host_simd_at_least(HostSimd::kAvx2);
-  if (avx2) return negative_zero_or_nan_avx2(p, count);
-#endif
-  return negative_zero_or_nan_generic(p, count);
+    return non_finite == 0;
+  };
+  kept.clear();
+  for (uint64_t kk = 0; kk < k; ++kk)
+    if ((magnitude_bits[kk] & 0x7fff) != 0 || !finite_row(kk))
+      kept.push_back(static_cast<uint32_t>(kk));
+  if (kept.empty()) kept.push_back(0);  // the kernels want one column at least
+  return k - kept.size() >= min_zero;
 }
 
 // Whether any element r < m, c < n of C (L0C's NZ layout, m16 rows per column block) is -0 or
 // a NaN.
 bool any_negative_zero_or_nan(const float* c, uint64_t m, uint64_t n, uint64_t m16) {
+  uint32_t found = 0;
+  auto check = [&found](uint32_t u) {
+    found |= static_cast<uint32_t>(u == 0x80000000u) |
+             static_cast<uint32_t>((u & 0x7fffffffu) > 0x7f800000u);
+  };
   for (uint64_t nb = 0; nb * kFractalRows < n; ++nb) {
     const uint64_t cols = std::min(kFractalRows, n - nb * kFractalRows);
     const float* block = c + nb * kFractalRows * m16;
     if (cols == kFractalRows) {  // rows r < m of a whole column block lie back to back
-      if (negative_zero_or_nan(block, m * kFractalRows)) return true;
+      uint64_t e = 0;
+#if defined(__SSE2__)
+      const __m128i negative_zero = _mm_set1_epi32(static_cast<int32_t>(0x80000000u));
+      const __m128i magnitude = _mm_set1_epi32(0x7fffffff), infinity = _mm_set1_epi32(0x7f800000);
+      __m128i any = _mm_setzero_si128();
+      for (; e + 4 <= m * kFractalRows; e += 4) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + e));
+        any = _mm_or_si128(any, _mm_cmpeq_epi32(v, negative_zero));
+        // NaN: |u| > inf's bits, both below 2^31 so the signed compare orders them
+        any = _mm_or_si128(any, _mm_cmpgt_epi32(_mm_and_si128(v, magnitude), infinity));
+      }
+      found |= static_cast<uint32_t>(_mm_movemask_epi8(any));
+#endif
+      for (; e < m * kFractalRows; ++e)
+        check(bits<uint32_t>(reinterpret_cast<const uint8_t*>(block + e)));
       continue;
     }
-    for (uint64_t r = 0; r < m; ++r)
-      if (negative_zero_or_nan(block + r * kFractalRows, cols)) return true;
+    for (uint64_t r = 0; r < m; ++r) {
+      const float* row = c + nb * kFractalRows * m16 + r * kFractalRows;
+      for (uint64_t j = 0; j < cols; ++j) {
+        check(bits<uint32_t>(reinterpret_cast<const uint8_t*>(row + j)));
+      }
+    }
   }
-  return false;
+  return found != 0;
 }
 
 struct Mmad {
@@ -875,6 +787,31 @@ struct Mmad {
     run_tiles<kType>(ctx, k_blocks, m16, ld_b);
   }
 
+  // The products of g (fp16 operands) without A's zero columns where that gives the same
+  // bits (columns_to_keep_f16), into C at c; false, with C as before, where the caller has to
+  // compute them with every column.
+  bool run_kept_columns_f16(const CubeOperands<float>& g, float* c) const {
+    struct Kept {
+      std::vector<uint16_t> magnitude_bits;
+      std::vector<uint32_t> cols;
+      std::vector<float> c_before;
+    };
+    thread_local Kept s;
+    if (!columns_to_keep_f16(g.a_stored, m, k, g.k_blocks, g.b, g.ld_b, n, s.magnitude_bits,
+                             s.cols))
+      return false;
+    const uint64_t m16 = round_up(m, kFractalRows);
+    const uint64_t c_elems = layout::l0c_extent(m, n);
+    if (init == 1) s.c_before.assign(c, c + c_elems);  // C is also the initial value
+    CubeOperands<float> kept = g;
+    kept.k = s.cols.size();
+    kept.k_index = s.cols.data();
+    run_all_tiles_f16(kept);
+    if (!any_negative_zero_or_nan(c, m, n, m16)) return true;
+    if (init == 1) std::copy(s.c_before.begin(), s.c_before.end(), c);
+    return false;
+  }
+
   // The products into L0C, from A in L0A (widened a fractal row at a time) and B widened and
   // rearranged into scratch<T>().b_buf (run_typed).
   template <Dtype kType>
@@ -896,9 +833,6 @@ struct Mmad {
       std::memcpy(c_bounce.data(), l0c, c_bytes);
       c = c_bounce.data();
     }
-    auto copy_back = [&] {  // C computed in the bounce buffer back into L0C
-      if (c != reinterpret_cast<T*>(l0c)) std::memcpy(l0c, c, c_bytes);
-    };
     CView<const T> in{nullptr, kFractalRows, kFractalRows * m16};  // init 0: from zero
     if (init == 1) in.p = c;
     if (init == 2) {
@@ -920,7 +854,6 @@ struct Mmad {
                             &In::widen,
                             k_blocks,
                             nullptr,
-                            nullptr,
                             scratch<T>().b_buf.data(),
                             ld_b,
                             m,
@@ -929,25 +862,11 @@ struct Mmad {
                             in,
                             CView<T>{c, kFractalRows, kFractalRows * m16}};
     if constexpr (kType == Dtype::F16) {
-      // Zero terms left out where the initial values allow it ("Zero terms left out").
-      const bool exact = init == 0 || (init == 1 && !any_negative_zero_or_nan(c, m, n, m16)) ||
-                         (init == 2 && !negative_zero_or_nan(in.p, n));
-      if (exact) {
-        CubeOperands<float> short_sums = g;
-        std::vector<uint16_t>& leave_out = scratch<T>().leave_out;
-        finite_rows(g.b, k, ld_b, n, leave_out);
-        std::vector<uint32_t>& group_index = scratch<T>().group_index;
-        group_index.resize(kFractalRows * k + 8);
-        short_sums.leave_out = leave_out.data();
-        short_sums.group_index = group_index.data();
-        run_all_tiles_f16(short_sums);
-      } else {
-        run_all_tiles_f16(g);
-      }
+      if (!run_kept_columns_f16(g, c)) run_all_tiles_f16(g);
     } else {
       run_all_tiles<T, K0>(g);
     }
-    copy_back();
+    if (c != reinterpret_cast<T*>(l0c)) std::memcpy(l0c, c, c_bytes);
   }
 };
 

@@ -284,7 +284,7 @@ TEST_CASE("fp16 mmad of every row tail with subnormals, infinities and NaNs") {
 
 TEST_CASE("fp16 mmad with zero columns of A: the same bits as the sum over every column") {
   // An image's 3 channels padded to C0 = 16: columns kk % 16 >= 3 of A are zero in every row.
-  // cube.cpp leaves such terms out where that cannot change a bit ("Zero terms left out");
+  // cube.cpp leaves such columns out where that cannot change a bit (columns_to_keep_f16);
   // the cases where it could are here: a B row with an infinity under a zero column (0 * inf
   // is NaN), and sums that end at -0 without the zero columns' products but at +0 with them
   // (a -0 bias or accumulator, the kept products -0, the left-out ones +0).
@@ -344,11 +344,12 @@ TEST_CASE("fp16 mmad with zero columns of A: the same bits as the sum over every
 }
 
 TEST_CASE("fp16 mmad of ReLU-like A (zeros scattered by row): the same bits as every term") {
-  // cube.cpp's register tiles leave out the columns of A that are +-0 in all of the tile's rows
-  // ("Zero terms left out"): here about half of A's values are +-0, as after a ReLU, some
-  // columns zero in whole runs of rows, a few subnormals (not zero), and B rows with an
-  // infinity or a NaN under columns that are zero in some tiles. Every init mode, row tails
-  // (m % 4, m % 8) and k not a multiple of 16; the result must be the sum over every column.
+  // The zeros a ReLU leaves, for any leaving out of zero terms finer than whole columns (one
+  // per register tile was measured and not kept: docs/chip_model.md "Performance"): about half
+  // of A's values +-0, some columns zero in whole 8-row tiles, a few subnormals (not zero), and
+  // B rows with an infinity or a NaN under columns that are zero in some tiles. Every init
+  // mode, row tails (m % 4, m % 8) and k not a multiple of 16; the result must be the sum over
+  // every column.
   const uint16_t kNegZero = 0x8000, kInf = 0x7c00, kNan = 0x7e00, kSubnormal = 0x0003;
   struct Shape {
     int m, k, n;
