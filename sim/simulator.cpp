@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <thread>
 #include <utility>
 
@@ -121,8 +122,17 @@ struct Simulator::Impl {
         throw Error(fmt::format("{}: simulated start +{} ps for {} ps, recorded +{} ps for {} ps",
                                 who, b.start_offset_ps, b.duration_ps, a.start_offset_ps,
                                 a.duration_ps));
-      if (pairs(a.counters) != pairs(b.counters))
-        throw Error(fmt::format("{}: its counters differ from the recorded run's", who));
+      if (const auto pa = pairs(a.counters), pb = pairs(b.counters); pa != pb) {
+        // Name the first counter that differs (a missing one counts 0).
+        std::map<std::string, std::pair<uint64_t, uint64_t>> both;
+        for (const auto& [name, v] : pa) both[name].first = v;
+        for (const auto& [name, v] : pb) both[name].second = v;
+        std::string first;
+        for (const auto& [name, v] : both)
+          if (v.first != v.second && first.empty())
+            first = fmt::format("{}: simulated {}, recorded {}", name, v.second, v.first);
+        throw Error(fmt::format("{}: its counters differ from the recorded run's ({})", who, first));
+      }
     }
     if (recorded.makespan_ps != simulated.makespan_ps ||
         recorded.quiescent_ps != simulated.quiescent_ps)
@@ -559,8 +569,12 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
     const std::vector<uint64_t>* to = I.chip->counters_at_end(i);
     if (from || to) {
       // Its cores may have run other launches of the group before or after it: only the
-      // counters' growth from its start to its end.
-      CounterDelta d = I.counters.delta_between(from ? *from : base, to ? *to : end_raw);
+      // counters' growth from its start to its end. A counter registered after its end (on
+      // first use, by a later launch on its cores) did not move in it: 0 at its end, where
+      // delta_between would count its value now.
+      std::vector<uint64_t> until = to ? *to : end_raw;
+      until.resize(end_raw.size(), 0);
+      CounterDelta d = I.counters.delta_between(from ? *from : base, until);
       d.set_root(kChipName);
       r.counter_delta = d.filtered(own);
     } else {
