@@ -64,8 +64,9 @@ void check_config(const ChipConfig& cfg) {
 
 // Recorded launch groups kept for replay (sim/replay/group_replay.h): at most this many, in at
 // most this share of SimOptions::replay_memo_bytes (a quarter: a group's record is mostly its
-// written ranges, a few MB for a ResNet-50 training step). # estimate: host memory bounds only;
-// a TF graph issues one group per step (or a few, split where a step is queued alone).
+// written ranges, at most a range per page written plus the pieces around them). # estimate:
+// host memory bounds only; a TF graph issues one group per step (or a few, split where a step
+// is queued alone).
 constexpr size_t kGroupMemoGroups = 256;
 constexpr uint64_t kGroupMemoShare = 4;
 
