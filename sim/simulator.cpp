@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <thread>
 #include <utility>
 
@@ -22,6 +23,7 @@
 #include "sim/counters/observer.h"
 #include "sim/counters/trace.h"
 #include "sim/replay/chip_launcher.h"
+#include "sim/replay/group_replay.h"
 #include "sim/sc_driver.h"
 
 namespace npusim {
@@ -60,16 +62,99 @@ void check_config(const ChipConfig& cfg) {
 
 }  // namespace
 
+// Recorded launch groups kept for replay (sim/replay/group_replay.h): at most this many, in at
+// most this share of SimOptions::replay_memo_bytes (a quarter: a group's record is mostly its
+// written ranges, at most a range per page written plus the pieces around them). # estimate:
+// host memory bounds only; a TF graph issues one group per step (or a few, split where a step
+// is queued alone).
+constexpr size_t kGroupMemoGroups = 256;
+constexpr uint64_t kGroupMemoShare = 4;
+
 struct Simulator::Impl {
-  Impl(const ChipConfig& c, const SimOptions& o) : cfg(c), opts(o), gm(c.hbm_bytes), store(o) {}
+  Impl(const ChipConfig& c, const SimOptions& o)
+      : cfg(c),
+        opts(o),
+        gm(c.hbm_bytes),
+        store(o),
+        groups(kGroupMemoGroups, o.replay_memo_bytes / kGroupMemoShare) {}
   ChipConfig cfg;
   SimOptions opts;
   DeviceMemory gm;
   ReplayStore store;
+  GroupMemo groups;  // launch groups recorded for replay (run_concurrent)
   CounterRegistry counters;
   std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<Chip> chip;
   std::unique_ptr<ChipLauncher> launcher;  // after chip
+
+  // Why a group run_concurrent was given (its lines filed by `blocks`) may not be replayed or
+  // recorded, or "" with its key in *key (sim/replay/group_replay.h).
+  std::string group_unkeyed(const std::vector<ConcurrentLaunch>& launches,
+                            const GmBlockLookup& blocks, GroupKey* key) {
+    if (opts.functional) return "a functional simulator (groups replay in timing-only ones)";
+    // A key lookup without a walk: on where the translated replay is (a timing-only TF run
+    // turns the walking replay off and keeps replay_translated; NPUSIM_REPLAY=off turns both).
+    if (opts.replay == SimOptions::Replay::off && !opts.replay_translated)
+      return "replay off (and the translated replay)";
+    if (chip->memory().l2_carried())
+      return "its L2 is kept (across launches, or a graph run's): not keyed";
+    if (!chip->observers().empty()) return "an observer is attached";
+    return group_key(launches, blocks, store, key);
+  }
+
+  // Replay check of a group (SimOptions::Replay::check): `simulated` is the group's run from the
+  // state `recorded` was replayed from, `out` its results, `replayed` device memory as the
+  // replay left it. Throws npusim::Error naming the first difference.
+  void check_group(const RecordedGroup& recorded, const RecordedGroup& simulated,
+                   const ConcurrentResult& out, const DeviceMemory::Snapshot& replayed) {
+    const std::string what =
+        fmt::format("replay check of a group of {} launches", recorded.members.size());
+    const auto pairs = [](const CounterDelta& d) {
+      std::vector<std::pair<std::string, uint64_t>> v;
+      d.for_each([&](const CounterInfo& info, uint64_t value) { v.emplace_back(info.name, value); });
+      return v;
+    };
+    for (size_t i = 0; i < out.launches.size(); ++i) {
+      const KernelResult& r = out.launches[i];
+      const RecordedGroup::Member &a = recorded.members[i], &b = simulated.members[i];
+      const std::string who = fmt::format("{}: launch {}", what, i);
+      if (!r.ok) throw Error(fmt::format("{}: simulated: {}; replayed: ok", who, r.error));
+      if (a.start_offset_ps != b.start_offset_ps || a.duration_ps != b.duration_ps)
+        throw Error(fmt::format("{}: simulated start +{} ps for {} ps, recorded +{} ps for {} ps",
+                                who, b.start_offset_ps, b.duration_ps, a.start_offset_ps,
+                                a.duration_ps));
+      if (const auto pa = pairs(a.counters), pb = pairs(b.counters); pa != pb) {
+        // Name the first counter that differs (a missing one counts 0).
+        std::map<std::string, std::pair<uint64_t, uint64_t>> both;
+        for (const auto& [name, v] : pa) both[name].first = v;
+        for (const auto& [name, v] : pb) both[name].second = v;
+        std::string first;
+        for (const auto& [name, v] : both)
+          if (v.first != v.second && first.empty())
+            first = fmt::format("{}: simulated {}, recorded {}", name, v.second, v.first);
+        throw Error(fmt::format("{}: its counters differ from the recorded run's ({})", who, first));
+      }
+    }
+    if (recorded.makespan_ps != simulated.makespan_ps ||
+        recorded.quiescent_ps != simulated.quiescent_ps)
+      throw Error(fmt::format("{}: simulated {} ps (idle after {} ps), recorded {} ps ({} ps)",
+                              what, simulated.makespan_ps, simulated.quiescent_ps,
+                              recorded.makespan_ps, recorded.quiescent_ps));
+    if (recorded.counters != simulated.counters)
+      throw Error(fmt::format("{}: the chip's counters differ from the recorded run ({} vs {} "
+                              "moved)", what, simulated.counters.size(),
+                              recorded.counters.size()));
+    if (recorded.writes.size() != simulated.writes.size() ||
+        !std::equal(recorded.writes.begin(), recorded.writes.end(), simulated.writes.begin(),
+                    [](const GmAccess& x, const GmAccess& y) {
+                      return x.addr == y.addr && x.bytes == y.bytes;
+                    }))
+      throw Error(fmt::format("{}: the GM ranges written differ from the recorded run's ({} vs {} "
+                              "ranges)", what, simulated.writes.size(), recorded.writes.size()));
+    if (auto addr = gm.first_difference(replayed))
+      throw Error(fmt::format("{}: device memory differs at {:#x} between the simulated and the "
+                              "replayed group", what, *addr));
+  }
 
   HdcResult hdc_copy(bool host_to_device, uint64_t bytes) {
     if (time_ps(sc_time_stamp()) >= kSimTimeLimitPs)
@@ -379,24 +464,84 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
     return out;
   }
   const KernelLaunch& first = launches.front().launch;
-  I.chip->memory().select_l2(first.l2_run, first.gm_blocks, first.planned_blocks);
+  const GmBlockLookup blocks =
+      I.chip->memory().select_l2(first.l2_run, first.gm_blocks, first.planned_blocks);
+  I.launcher->begin_beside();
+  // A group simulated before with the same key gives its recorded results
+  // (sim/replay/group_replay.h); its first run is recorded.
+  GroupKey key;
+  const std::string unkeyed = I.group_unkeyed(launches, blocks, &key);
+  const RecordedGroup* recorded = unkeyed.empty() ? I.groups.find(key) : nullptr;
+  if (recorded && time_ps(start) + recorded->quiescent_ps > kSimTimeLimitPs) recorded = nullptr;
+  const bool check = recorded && I.opts.replay == SimOptions::Replay::check;
+  if (recorded && !check) {
+    for (const GmAccess& w : recorded->writes) I.gm.invalidate(w.addr, w.bytes);
+    I.counters.restart_windows();  // what the snapshot before a simulated group does
+    I.counters.apply(recorded->counters);
+    run_for(sc_time(static_cast<double>(recorded->quiescent_ps), sc_core::SC_PS));
+    I.launcher->note_group(
+        fmt::format("replayed\tgroup of {} launches, its own key", launches.size()));
+    for (size_t i = 0; i < launches.size(); ++i) {
+      const RecordedGroup::Member& m = recorded->members[i];
+      KernelResult& r = out.launches[i];
+      r.ok = true;
+      r.replayed = true;
+      r.start_cycle = (time_ps(start) + m.start_offset_ps) / kPsPerCycle;
+      r.cycles = ceil_cycles(m.duration_ps);
+      r.time_us = I.cfg.cycles_to_us(static_cast<double>(m.duration_ps) / kPsPerCycle);
+      r.counter_delta = m.counters;
+      if (launches[i].launch.counter_tree) r.counters = r.counter_delta.tree();
+      I.launcher->log(launches[i].launch, r);
+    }
+    out.cycles = ceil_cycles(recorded->makespan_ps);
+    out.time_us = I.cfg.cycles_to_us(static_cast<double>(recorded->makespan_ps) / kPsPerCycle);
+    out.counters = recorded->delta;
+    return out;
+  }
+  // Check mode: the replay's effect on device memory, then the group simulated from the memory
+  // it started with (compared below).
+  DeviceMemory::Snapshot replayed;
+  if (check) {
+    const DeviceMemory::Snapshot before = I.gm.snapshot();
+    for (const GmAccess& w : recorded->writes) I.gm.invalidate(w.addr, w.bytes);
+    replayed = I.gm.snapshot();
+    I.gm.restore(before);
+  }
+  // A group that may be replayed later has the ranges it writes gathered on every core.
+  GroupWriteCollector writes;
+  struct Collect {
+    Chip& chip;
+    bool on;
+    Collect(Chip& c, GroupWriteCollector* w) : chip(c), on(w != nullptr) {
+      if (on)
+        for (const auto& core : chip.cores()) core->attach_recorder(w);
+    }
+    ~Collect() {
+      if (on)
+        for (const auto& core : chip.cores()) core->attach_recorder(nullptr);
+    }
+  } collect(*I.chip, unkeyed.empty() ? &writes : nullptr);
   std::vector<uint64_t> base;
   I.counters.snapshot(base);
   I.chip->begin_concurrent(group, I.opts.functional);  // throws for a malformed group
-  I.launcher->begin_beside();
   if (!run_to_quiescence_or_limit()) {
     I.chip->stop_group_at_time_limit();  // still running at the limit: a fault
     run_to_quiescence();                 // unwinds every process
   }
   if (I.chip->abort_deadlocked()) run_to_quiescence();  // unwinds every blocked process
   uint64_t makespan_ps = 0;
+  bool all_ok = true;
+  std::vector<uint64_t> begun_ps(launches.size()), duration_ps(launches.size());
   for (size_t i = 0; i < launches.size(); ++i) {
     KernelResult& r = out.launches[i];
     r.ok = I.chip->outcome(i) == Chip::Outcome::Done;
+    all_ok = all_ok && r.ok;
     if (!r.ok) r.error = I.chip->fault_message(i);
     const sc_time begun = I.chip->start_time(i);
     makespan_ps = std::max(makespan_ps, time_ps(I.chip->end_time(i) - start));
     const uint64_t ps = time_ps(I.chip->end_time(i) - begun);
+    begun_ps[i] = time_ps(begun);
+    duration_ps[i] = ps;
     r.start_cycle = time_ps(begun) / kPsPerCycle;
     r.cycles = ceil_cycles(ps);
     r.time_us = I.cfg.cycles_to_us(static_cast<double>(ps) / kPsPerCycle);
@@ -425,16 +570,45 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
     const std::vector<uint64_t>* to = I.chip->counters_at_end(i);
     if (from || to) {
       // Its cores may have run other launches of the group before or after it: only the
-      // counters' growth from its start to its end.
-      CounterDelta d = I.counters.delta_between(from ? *from : base, to ? *to : end_raw);
+      // counters' growth from its start to its end. A counter registered after its end (on
+      // first use, by a later launch on its cores) did not move in it: 0 at its end, where
+      // delta_between would count its value now.
+      std::vector<uint64_t> until = to ? *to : end_raw;
+      until.resize(end_raw.size(), 0);
+      CounterDelta d = I.counters.delta_between(from ? *from : base, until);
       d.set_root(kChipName);
       r.counter_delta = d.filtered(own);
     } else {
       r.counter_delta = out.counters.filtered(own);
     }
     if (launches[i].launch.counter_tree) r.counters = r.counter_delta.tree();
-    I.launcher->log(launches[i].launch, r);
   }
+  std::string note = "simulated\truns beside other launches";
+  if (unkeyed.empty()) {
+    RecordedGroup rec;
+    rec.quiescent_ps = time_ps(sc_time_stamp() - start);
+    rec.makespan_ps = makespan_ps;
+    for (size_t i = 0; i < launches.size(); ++i)
+      rec.members.push_back({begun_ps[i] - std::min(begun_ps[i], time_ps(start)), duration_ps[i],
+                             out.launches[i].counter_delta});
+    rec.counters = I.counters.raw_delta_since(base);
+    rec.delta = out.counters;
+    rec.writes = writes.take();
+    if (check) {
+      I.check_group(*recorded, rec, out, replayed);  // throws naming the first difference
+      for (KernelResult& r : out.launches) r.replayed = true;
+      note += fmt::format("; group of {} launches replayed, checked by simulating", launches.size());
+    } else if (all_ok) {
+      I.groups.insert(std::move(key), std::move(rec));
+      note += "; group recorded";
+    } else {
+      note += "; group not recorded: a launch failed";
+    }
+  } else {
+    note += "; group not replayed: " + unkeyed;
+  }
+  I.launcher->note_group(std::move(note));
+  for (size_t i = 0; i < launches.size(); ++i) I.launcher->log(launches[i].launch, out.launches[i]);
   return out;
 }
 

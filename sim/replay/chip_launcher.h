@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <systemc>
@@ -91,6 +92,12 @@ class ChipLauncher {
   // without the launcher: this starts their replay-log entry ("simulated", beside other
   // launches; CPU time from now), which log() then writes for each of them.
   void begin_beside();
+  // The replay-log entry log() writes for the launches of a group from now on (a group replayed
+  // as a whole, or why it was simulated: Simulator::run_concurrent), CPU time still counted
+  // from begin_beside().
+  void note_group(std::string note) {
+    if (!m_store.opts.replay_log.empty()) m_replay_note = std::move(note);
+  }
 
   // Whether an observer attached to the chip needs the instructions of launches (no replay).
   bool detail_wanted() const;

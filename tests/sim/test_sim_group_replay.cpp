@@ -1,0 +1,235 @@
+// Replay of a repeated launch group (Simulator::run_concurrent, sim/replay/group_replay.h) in a
+// timing-only simulator on the tiny split chip: the same group a second time is replayed and
+// gives the first run's records (each launch's start after the group's, cycles, counters; the
+// group's makespan and counters; the chip's counters move alike) and writes its outputs'
+// ranges undefined again; a group that differs in one argument, one `after` edge or one
+// argument's block extent is simulated, as is a group with a launch whose loaded value steers it
+// (check mode: tests/sim/test_sim_group_replay_check.cpp).
+// The written ranges a replay invalidates, normalized, do what the ranges one by one do.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "isa/assembler.h"
+#include "sim/config/chip_config.h"
+#include "sim/replay/group_replay.h"
+#include "tests/sim/sim_test_util.h"
+
+using namespace npusim;
+using npusim::test::counter;
+using npusim::test::kernel_launch;
+using npusim::test::lookup_of;
+using npusim::test::read_gm;
+using npusim::test::write_gm;
+
+namespace {
+
+Simulator& sim() {
+  static Simulator s(load_chip_config("tiny"), [] {
+    SimOptions o;
+    o.functional = false;  // groups replay in a timing-only simulator
+    return o;
+  }());
+  return s;
+}
+
+const isa::Program& vadd() {
+  static const isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+  return p;
+}
+
+constexpr uint64_t kN = 32768;  // fp16 elements per operand
+constexpr uint64_t kX = 0x1000000, kY = 0x1100000, kZ = 0x1200000, kW = 0x1300000;
+constexpr uint64_t kU = 0x2000000, kV = 0x2400000;
+constexpr uint64_t kBlock = 0x100000;  // each operand's allocation block (kCN * 2 for U and V)
+constexpr uint64_t kCN = 8 * kN;
+
+// z = x + y, then w = z + y after it (a stream), and v = u + u beside both; each takes its
+// cores when ready, as the runtime's launch groups do. `w_after`: w's `after` edges.
+std::vector<ConcurrentLaunch> group(uint64_t z = kZ, std::vector<size_t> w_after = {0},
+                                    uint64_t u_block = 2 * kCN) {
+  const GmBlockLookup blocks = lookup_of({{kX, kBlock},
+                                          {kY, kBlock},
+                                          {kZ, kBlock},
+                                          {kW, kBlock},
+                                          {kU, u_block},
+                                          {kV, 2 * kCN},
+                                          {0x1400000, kBlock}});
+  std::vector<ConcurrentLaunch> g = {
+      {kernel_launch(vadd(), {kX, kY, z, kN}, 2), {}, {}},
+      {kernel_launch(vadd(), {z, kY, kW, kN}, 2), {}, std::move(w_after)},
+      {kernel_launch(vadd(), {kU, kU, kV, kCN}, 2), {}, {}},
+  };
+  for (ConcurrentLaunch& c : g) {
+    c.take_cores_when_ready = true;
+    c.launch.gm_blocks = blocks;
+  }
+  return g;
+}
+
+// A group's results, each launch's start relative to the group's.
+struct Records {
+  std::vector<uint64_t> starts, cycles;
+  std::vector<nlohmann::json> counters;
+  uint64_t makespan = 0;
+  nlohmann::json group_counters;
+  nlohmann::json chip_delta;  // the chip's whole counter tree's growth over the group
+  std::vector<bool> replayed;
+};
+
+uint64_t total_cycles(const nlohmann::json& tree) { return counter(tree, "chip.total_cycles"); }
+
+Records run(const std::vector<ConcurrentLaunch>& g) {
+  const nlohmann::json before = sim().counters();
+  ConcurrentResult r = sim().run_concurrent(g);
+  Records out;
+  for (const KernelResult& k : r.launches) {
+    REQUIRE(k.ok);
+    out.starts.push_back(k.start_cycle - r.start_cycle);
+    out.cycles.push_back(k.cycles);
+    out.counters.push_back(k.counters);
+    out.replayed.push_back(k.replayed);
+  }
+  out.makespan = r.cycles;
+  out.group_counters = r.counters.tree();
+  const nlohmann::json after = sim().counters();
+  // The chip's counters as every summed leaf's growth.
+  out.chip_delta = nlohmann::json::object();
+  const nlohmann::json a = after.flatten(), b = before.flatten();
+  for (auto it = a.begin(); it != a.end(); ++it) {
+    if (it.key().size() < 6 || it.key().compare(it.key().size() - 6, 6, "/value") != 0) continue;
+    // A high-water counter reports its maximum since construction: no growth to compare.
+    if (it.key().find("high_water") != std::string::npos) continue;
+    const uint64_t was = b.contains(it.key()) ? b[it.key()].get<uint64_t>() : 0;
+    out.chip_delta[it.key()] = it.value().get<uint64_t>() - was;
+  }
+  return out;
+}
+
+// Counters are registered on first use: one missing from a tree grew by 0. A counter kept in ps
+// reports its total in rounded cycles, so the growth of two reads of the total may differ by one
+// from the same raw growth (the launches' own deltas above compare exactly).
+bool same_growth(const nlohmann::json& a, const nlohmann::json& b) {
+  for (const auto* x : {&a, &b}) {
+    const nlohmann::json& y = x == &a ? b : a;
+    for (auto it = x->begin(); it != x->end(); ++it) {
+      const uint64_t u = y.contains(it.key()) ? y[it.key()].get<uint64_t>() : 0;
+      const uint64_t v = it.value().get<uint64_t>();
+      if (u > v + 1 || v > u + 1) {
+        UNSCOPED_INFO(it.key() << " grew by " << v << " against " << u);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+void require_same(const Records& a, const Records& b) {
+  REQUIRE(a.starts == b.starts);
+  REQUIRE(a.cycles == b.cycles);
+  REQUIRE(a.makespan == b.makespan);
+  for (size_t i = 0; i < a.counters.size(); ++i) REQUIRE(a.counters[i] == b.counters[i]);
+  REQUIRE(a.group_counters == b.group_counters);
+  REQUIRE(same_growth(a.chip_delta, b.chip_delta));
+}
+
+bool none_replayed(const Records& r) {
+  for (bool b : r.replayed)
+    if (b) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("the same group again is replayed with the first run's records and effects") {
+  const Records first = run(group());
+  REQUIRE(none_replayed(first));
+  // The launches overlap (v = u + u beside the stream) and w starts at z's end: a group's
+  // timing, not one launch's.
+  REQUIRE(first.starts[1] > 0);
+  REQUIRE(first.starts[2] == 0);
+  REQUIRE(total_cycles(first.group_counters) > 0);
+
+  // Bytes the host writes into the outputs: the replay writes them undefined again (a
+  // timing-only kernel's output reads as zero) and stamps their write epochs.
+  write_gm(sim(), kW, std::vector<uint16_t>(kN, 0x3c00));
+  write_gm(sim(), kV, std::vector<uint16_t>(kCN, 0x3c00));
+  const uint64_t epoch = sim().gm().advance_write_epoch();
+  REQUIRE(sim().gm().holds_data(kW, kN * 2));
+
+  const uint64_t t0 = sim().now_cycles();
+  const Records second = run(group());
+  REQUIRE(second.replayed == std::vector<bool>{true, true, true});
+  require_same(first, second);
+  // Simulated time moved on as simulating the group would have.
+  REQUIRE(sim().now_cycles() - t0 >= second.makespan);
+  REQUIRE(read_gm<uint16_t>(sim(), kW, kN) == std::vector<uint16_t>(kN, 0));
+  REQUIRE(read_gm<uint16_t>(sim(), kV, kCN) == std::vector<uint16_t>(kCN, 0));
+  REQUIRE(sim().gm().last_write_epoch(kW, kN * 2) > epoch);
+  REQUIRE(sim().gm().last_write_epoch(kZ, kN * 2) > epoch);
+  REQUIRE(sim().gm().last_write_epoch(kX, kN * 2) <= epoch);  // an input: not written
+}
+
+TEST_CASE("a group differing in one argument, one edge or one block extent is simulated") {
+  const Records base = run(group());
+  // Another output address for z (and w's input): simulated, then itself replayed.
+  const Records moved = run(group(0x1400000));
+  REQUIRE(none_replayed(moved));
+  REQUIRE(run(group(0x1400000)).replayed == std::vector<bool>{true, true, true});
+  // w waiting for nothing: it overlaps z now, so its start moves.
+  const Records unordered = run(group(kZ, {}));
+  REQUIRE(none_replayed(unordered));
+  REQUIRE(unordered.starts[1] == 0);
+  // The same addresses in a larger block for u: its lines are filed by block, so the key
+  // holds the block's extent.
+  const Records bigger = run(group(kZ, {0}, 4 * kCN));
+  REQUIRE(none_replayed(bigger));
+  // The original group is still replayed, with its records.
+  const Records again = run(group());
+  REQUIRE(again.replayed == std::vector<bool>{true, true, true});
+  require_same(base, again);
+}
+
+TEST_CASE("the normalized ranges of a group's writes invalidate as the ranges one by one do") {
+  // Pages of 64 KiB: a range covering one whole page releases it (DeviceMemory::invalidate);
+  // two ranges covering a page between them zero it but keep it. The normalized ranges must do
+  // the same.
+  constexpr uint64_t P = DeviceMemory::kPageBytes;
+  const uint64_t a = 0x4000000;
+  const std::vector<GmAccess> ranges = {
+      {a, P / 2, true},            // page 0: first half
+      {a + P / 2, P / 2, true},    // page 0: second half (together: the whole page, no one range)
+      {a + P, P, true},            // page 1: whole
+      {a + 3 * P + 7, 100, true},  // page 3: a few bytes
+      {a + P + 10, 20, true},      // inside page 1 again
+  };
+  DeviceMemory one(uint64_t{1} << 30), normalized(uint64_t{1} << 30);
+  std::vector<uint8_t> ones(4 * P, 1);
+  for (DeviceMemory* m : {&one, &normalized}) m->write(a, ones.data(), ones.size());
+  for (const GmAccess& r : ranges) one.invalidate(r.addr, r.bytes);
+  for (const GmAccess& r : normalized_writes(ranges)) normalized.invalidate(r.addr, r.bytes);
+  for (uint64_t page = 0; page < 4; ++page) {
+    INFO("page " << page);
+    REQUIRE(one.holds_data(a + page * P, P) == normalized.holds_data(a + page * P, P));
+  }
+  REQUIRE_FALSE(one.first_difference(normalized.snapshot()));
+  REQUIRE(one.holds_data(a, P));            // zeroed, kept
+  REQUIRE_FALSE(one.holds_data(a + P, P));  // released
+}
+
+TEST_CASE("a group with a launch whose loaded value steers it is simulated every time") {
+  // A branch on a loaded value: its control flow (and so the group's timing) may follow data.
+  static const isa::Program steered = isa::assemble(
+      ".arg x, f16[16]\n.section aiv\n  ldarg x1, x\n  ld x2, x1\n  bne x2, 0, l\nl:\n  end\n",
+      "steered.s");
+  std::vector<ConcurrentLaunch> g = group();
+  g.push_back({kernel_launch(steered, {kX}, 1), {}, {}});
+  g.back().take_cores_when_ready = true;
+  const Records first = run(g);
+  const Records second = run(g);
+  REQUIRE(none_replayed(first));
+  REQUIRE(none_replayed(second));
+  require_same(first, second);  // simulated alike: the same data
+}
