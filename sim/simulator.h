@@ -242,7 +242,10 @@ class Simulator {
   // one has finished, faulted, deadlocked or not run (a launch it waits for failed: its error names
   // that one). The L2 and HBM are shared: the launches' transfers share their bandwidth, and the
   // group starts with the L2 select_l2 chooses for its first launch (l2_run, gm_blocks,
-  // planned_blocks; every launch must have the same l2_run). Concurrent launches are always
+  // planned_blocks; every launch must have the same l2_run); where the chip starts every launch
+  // cold (that L2 not carried over), each launch sees it empty at its own start, as in order
+  // (MemorySystem::begin_launch_view: lines filled since, by it and the launches beside it, it
+  // sees). Concurrent launches are always
   // simulated, never replayed or recorded (SimOptions::replay does not apply). A fault or deadlock
   // in one launch is that launch's error: its cores and transfers are aborted there and the other
   // launches run on to their end and report normally. Throws npusim::Error naming the launch (its
