@@ -242,15 +242,17 @@ class Simulator {
   // one has finished, faulted, deadlocked or not run (a launch it waits for failed: its error names
   // that one). The L2 and HBM are shared: the launches' transfers share their bandwidth, and the
   // group starts with the L2 select_l2 chooses for its first launch (l2_run, gm_blocks,
-  // planned_blocks; every launch must have the same l2_run). Its members are never replayed one
-  // by one. In a timing-only simulator a group with a cold L2, none of whose members has an ld
-  // that may steer it, is recorded as a whole, and the same group again (every member's program,
-  // arguments, block extents, after and cores: sim/replay/group_replay.h) gets the recorded
-  // results (KernelResult::replayed) without simulating: a key lookup, no walk, so on where the
-  // translated replay is (replay on, or replay_translated; NPUSIM_REPLAY=off turns both off and
-  // simulates every group); check replays, then simulates it and throws npusim::Error at a
-  // difference. A fault or deadlock in one launch is that launch's error: its cores and
-  // transfers are aborted there and the other
+  // planned_blocks; every launch must have the same l2_run); where the chip starts every launch
+  // cold (that L2 not carried over), each launch sees it empty at its own start, as in order
+  // (MemorySystem::begin_launch_view: lines filled since, by it and the launches beside it, it
+  // sees). Its members are never replayed one by one. In a timing-only simulator a group with a
+  // cold L2, none of whose members has an ld that may steer it, is recorded as a whole, and the
+  // same group again (every member's program, arguments, block extents, after and cores:
+  // sim/replay/group_replay.h) gets the recorded results (KernelResult::replayed) without
+  // simulating: a key lookup, no walk, so on where the translated replay is (replay on, or
+  // replay_translated; NPUSIM_REPLAY=off turns both off and simulates every group); check
+  // replays, then simulates it and throws npusim::Error at a difference. A fault or deadlock in
+  // one launch is that launch's error: its cores and transfers are aborted there and the other
   // launches run on to their end and report normally. Throws npusim::Error naming the launch (its
   // index and kernel) for a malformed group: no program, an unknown core name, more cores than the
   // chip has, a core in two launches neither of which waits for the other (both named), an `after`

@@ -260,6 +260,7 @@ void Chip::start_slot(size_t i) {
   }
   s.started = true;
   s.start = s.end = sc_time_stamp();
+  m_memory->begin_launch_view(s.cores);  // an L2 that starts cold at every launch: at this one's
   if (!s.after.empty() || s.take_cores_when_ready) m_counters.raw_values(s.raw_at_start);
   for (ChipObserver* o : m_observers)
     o->on_kernel_begin(*s.launch.program, s.launch.block_dim, time_ps(s.start));

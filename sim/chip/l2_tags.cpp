@@ -55,10 +55,20 @@ bool L2Tags::contains(uint64_t addr, uint64_t page_origin) const {
 }
 
 void L2Tags::erase(size_t set, size_t i) {
-  uint64_t* e = m_entry.data() + set * static_cast<size_t>(m_ways);
+  const size_t base = set * static_cast<size_t>(m_ways);
+  uint64_t* e = m_entry.data() + base;
   uint32_t& count = m_set[set].count;
   std::copy(e + i + 1, e + count, e + i);
+  if (m_stamp_fills > 0) {
+    uint64_t* st = m_stamp.data() + base;
+    std::copy(st + i + 1, st + count, st + i);
+  }
   --count;
+}
+
+void L2Tags::stamp_fills(uint64_t stamp) {
+  if (stamp > 0 && m_stamp.empty()) m_stamp.assign(m_entry.size(), 0);
+  m_stamp_fills = stamp;
 }
 
 void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes, uint64_t page_origin) {
@@ -69,9 +79,20 @@ void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes, uint64_t page_origi
       if (!set_current(set)) continue;
       uint64_t* e = m_entry.data() + set * static_cast<size_t>(m_ways);
       uint32_t& count = m_set[set].count;
-      // Keeps the lines outside [first, last] in their order.
+      // Keeps the lines outside [first, last] in their order (and their stamps with them).
       auto dropped = [&](uint64_t x) { return entry_line(x) >= first && entry_line(x) <= last; };
-      count = static_cast<uint32_t>(std::remove_if(e, e + count, dropped) - e);
+      if (m_stamp_fills == 0) {
+        count = static_cast<uint32_t>(std::remove_if(e, e + count, dropped) - e);
+        continue;
+      }
+      uint64_t* st = m_stamp.data() + set * static_cast<size_t>(m_ways);
+      uint32_t kept = 0;
+      for (uint32_t i = 0; i < count; ++i)
+        if (!dropped(e[i])) {
+          e[kept] = e[i];
+          st[kept++] = st[i];
+        }
+      count = kept;
     }
     return;
   }
@@ -86,6 +107,7 @@ void L2Tags::invalidate_range(uint64_t addr, uint64_t bytes, uint64_t page_origi
 bool L2Tags::access(uint64_t line, size_t set, bool allocate, bool write, uint64_t* writeback) {
   const uint64_t dirty = m_write_back && write ? kDirty : 0;
   refresh_set(set);
+  if (m_stamp_fills > 0) return access_stamped(line, set, allocate, dirty, writeback);
   uint64_t* e = m_entry.data() + set * static_cast<size_t>(m_ways);
   uint32_t& count = m_set[set].count;
   for (uint32_t i = 0; i < count; ++i) {
@@ -104,6 +126,46 @@ bool L2Tags::access(uint64_t line, size_t set, bool allocate, bool write, uint64
   std::copy_backward(e, e + count, e + count + 1);
   e[0] = line << 1 | dirty;
   ++count;
+  return false;
+}
+
+bool L2Tags::access_stamped(uint64_t line, size_t set, bool allocate, uint64_t dirty,
+                            uint64_t* writeback) {
+  const size_t base = set * static_cast<size_t>(m_ways);
+  uint64_t* e = m_entry.data() + base;
+  uint64_t* st = m_stamp.data() + base;
+  uint32_t& count = m_set[set].count;
+  // Entry i becomes the most recently used, holding `entry` with `stamp`.
+  const auto to_front = [&](uint32_t i, uint64_t entry, uint64_t stamp) {
+    std::copy_backward(e, e + i, e + i + 1);
+    std::copy_backward(st, st + i, st + i + 1);
+    e[0] = entry;
+    st[0] = stamp;
+  };
+  for (uint32_t i = 0; i < count; ++i) {
+    if (entry_line(e[i]) != line) continue;
+    if (!hidden(set, i)) {
+      to_front(i, e[i] | dirty, st[i]);
+      return true;
+    }
+    // Absent for this view: a miss, which takes the line over if it allocates.
+    if (allocate) to_front(i, line << 1 | dirty, m_stamp_fills);
+    return false;
+  }
+  if (!allocate) return false;
+  uint32_t slot = count;  // a free way, else the victim's
+  if (count == static_cast<uint32_t>(m_ways)) {
+    slot = count - 1;  // the least recently used line, unless an absent line is there to take
+    for (uint32_t i = count; i-- > 0;)
+      if (hidden(set, i)) {
+        slot = i;
+        break;
+      }
+    if (!hidden(set, slot) && (e[slot] & kDirty)) *writeback += m_line_bytes;
+  } else {
+    ++count;
+  }
+  to_front(slot, line << 1 | dirty, m_stamp_fills);
   return false;
 }
 

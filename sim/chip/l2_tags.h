@@ -92,6 +92,23 @@ class L2Tags {
   // after its end is not part of any launch (docs/chip_model.md "Memory system").
   void invalidate_all();
 
+  // Views (a concurrent group on a chip whose L2 starts cold at every launch: MemorySystem::
+  // begin_launch_view, docs/chip_model.md "Concurrent launches", "The L2 of each launch").
+  // stamp_fills(e), e > 0: every line filled from now on (a miss that allocates, or a line taken
+  // over as below) carries stamp e, which the caller raises at each launch's start; 0 (the
+  // default): no stamps are kept and every view sees every line. set_view(v): the lookups from
+  // now on see only lines stamped v or later (0: every line), as a launch that began when the
+  // stamp became v and found the L2 empty then. A line stamped before v is absent for them: a
+  // lookup of it misses; if it allocates, it takes the line over (most recently used, stamped
+  // anew, dirty only if this access writes: the old dirty bit is dropped without a write-back,
+  // as invalidate_all drops it); a fill in a full set evicts the least recently used absent
+  // line if the set has one (no write-back either), else the least recently used line. A
+  // lookup that does not allocate leaves an absent line where it is. So a launch that begins
+  // after others in one L2 sees exactly the hits and misses it would see in an L2 emptied at
+  // its start, while the lines it cannot see still take no room from it.
+  void stamp_fills(uint64_t stamp);
+  void set_view(uint64_t visible_from) { m_visible_from = visible_from; }
+
  private:
   static constexpr uint32_t kDefaultLineBytes = 512;  // line granularity when there is no L2
   // The rotation of page `page` (set_in), in [0, sets): Fibonacci hashing, the top 32 bits of
@@ -107,6 +124,10 @@ class L2Tags {
   // (write-back L2). Returns true on a hit. Requires sets > 0. access_range walks a range's
   // lines with `set` stepping from set to set, so no line costs a division.
   bool access(uint64_t line, size_t set, bool allocate, bool write, uint64_t* writeback);
+  // access() while stamping (stamp_fills): the same with the view's absent lines (set_view).
+  // dirty: the dirty bit the access sets (kDirty or 0).
+  bool access_stamped(uint64_t line, size_t set, bool allocate, uint64_t dirty,
+                      uint64_t* writeback);
   // Position of `line` (pages from line `origin`) in its set's recency order (0 = most
   // recent), or -1.
   long find(uint64_t line, uint64_t origin) const;
@@ -143,6 +164,16 @@ class L2Tags {
   // (LRU order by position rather than by time stamps: one array of 8 bytes a way, so a
   // lookup reads a set's lines from one run of host memory, and a victim is the last entry).
   std::vector<uint64_t> m_entry;
+  // Views (stamp_fills, set_view): the stamp fills now carry (0: none kept), and the oldest
+  // stamp the lookups see (0: every line). m_stamp[set * ways + i]: entry i's stamp, kept in
+  // step with m_entry while m_stamp_fills > 0 (allocated by the first stamp_fills).
+  uint64_t m_stamp_fills = 0;
+  uint64_t m_visible_from = 0;
+  std::vector<uint64_t> m_stamp;
+  // Whether entry i of set `set` is absent for the current view (m_stamp kept: stamping on).
+  bool hidden(size_t set, size_t i) const {
+    return m_visible_from > 0 && m_stamp[set * static_cast<size_t>(m_ways) + i] < m_visible_from;
+  }
 };
 
 }  // namespace npusim

@@ -66,8 +66,15 @@ MemorySystem::MemorySystem(sc_core::sc_module_name name, const ChipConfig& cfg,
   dont_initialize();
 }
 
+void MemorySystem::end_views() {
+  m_view_of_port.clear();
+  m_l2.stamp_fills(0);
+  m_l2.set_view(0);
+}
+
 GmBlockLookup MemorySystem::select_l2(uint64_t run, GmBlockLookup blocks,
                                      const PlannedBlocks& planned) {
+  end_views();  // a replayed launch's lookups see every line, as a simulated lone launch's
   if (m_cfg.l2_keep_across_launches) {
     m_placement.begin_launch({});
     m_l2_carried = true;
@@ -133,11 +140,20 @@ void MemorySystem::begin_launch(bool record, uint64_t trace_max) {
   m_tracing = trace_max > 0;
   m_trace_max = trace_max;
   m_writebacks_end = m_launch_begin = sc_core::sc_time_stamp();
+  end_views();  // views off until a group's launch begins (begin_launch_view)
   m_writebacks_end_of.clear();
   m_transfer_order.clear();
   m_l2_trace.clear();
   m_l2_fingerprint = kL2FingerprintSeed;
   m_watch_writebacks = false;
+}
+
+void MemorySystem::begin_launch_view(const std::vector<bool>& ports) {
+  if (m_l2_carried) return;
+  m_l2.stamp_fills(++m_view_stamp);
+  if (m_view_of_port.size() < ports.size()) m_view_of_port.resize(ports.size(), 0);
+  for (size_t p = 0; p < ports.size(); ++p)
+    if (ports[p]) m_view_of_port[p] = m_view_stamp;
 }
 
 void MemorySystem::abort_transfers() {
@@ -203,6 +219,11 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
   // of `miss` is the fill of the lines its reads allocate beyond the bytes asked for (HBM -> L2
   // only). `writeback`: dirty lines its allocations evict (HBM writes of a flow of their own).
   uint64_t hit = 0, miss = 0, own_miss = 0, writeback = 0;
+  // The view of the port's launch (begin_launch_view); 0: every line.
+  if (!m_view_of_port.empty())
+    m_l2.set_view(static_cast<size_t>(id) < m_view_of_port.size()
+                      ? m_view_of_port[static_cast<size_t>(id)]
+                      : 0);
   for (const GmAccess& r : *t->ranges) {
     const L2Outcome o = access_placed(m_l2, m_placement, r);
     hit += o.hit_bytes + o.absorbed_bytes;

@@ -97,6 +97,18 @@ class MemorySystem : public sc_core::sc_module {
   // run's launch recorded for a replay by translation, which repeats those lookups on the
   // run's L2 (launch_replay.h).
   void begin_launch(bool record = false, uint64_t trace_max = 0);
+  // A launch of a concurrent group begins on the cores `ports` (by core chip index; Chip's
+  // start_slot, after begin_launch). Where select_l2 chose an L2 that is not carried over
+  // (l2_carried() false: the chip starts every launch cold, as memory.l2.keep_across_launches
+  // and keep_within_graph_run false do), the launch sees the L2 as a lone launch does: empty
+  // at its start. The lines already there (its predecessors', those of launches beside it)
+  // are absent for its lookups from now on, while the launches beside it keep theirs
+  // (L2Tags::stamp_fills and set_view: a stamp per launch start; the lines filled since are
+  // seen by every launch then running, so launches that overlap share their lines as the
+  // chip's one L2 does). With a carried L2 (kept across launches, a graph run's) it does
+  // nothing: the group's launches share the L2 as the run's launches in order do.
+  // docs/chip_model.md "Concurrent launches".
+  void begin_launch_view(const std::vector<bool>& ports);
   // The L2's tags between launches: the launch replay checks a recording against a copy of
   // them and installs the copy's end state when it replays (sim/simulator.cpp).
   const L2Tags& l2() const { return m_l2; }
@@ -171,6 +183,12 @@ class MemorySystem : public sc_core::sc_module {
   L2Placement m_placement;
   bool m_l2_carried = false;  // select_l2's choice carries over (l2_carried())
   uint64_t m_l2_run = 0;      // the graph run whose state m_l2 and m_placement are (0: none)
+  // begin_launch_view: the stamp of the latest launch start (never reset, so a stamp always
+  // follows every earlier one), and by port (core chip index) the view its lookups take (the
+  // stamp of its launch's start; empty: views off, every lookup sees every line).
+  uint64_t m_view_stamp = 0;
+  void end_views();  // every lookup sees every line again; no stamps kept
+  std::vector<uint64_t> m_view_of_port;
   // The L2 state of a graph run set aside while other launches run (run 0: a free slot).
   struct RunL2 {
     uint64_t run = 0;

@@ -198,6 +198,44 @@ TEST_CASE("L2 tags: one set, emptied by invalidate_all, then filled in LRU order
   REQUIRE(l2.access_range(0, 128).hit_lines == 2);
 }
 
+TEST_CASE("L2 tags' views: lines stamped before a view's start are absent for its lookups") {
+  // One set of two write-back ways; stamps as MemorySystem::begin_launch_view gives them: a
+  // launch that began at stamp 1 (view 1), and one that began at stamp 2 (view 2) while the
+  // first runs on.
+  L2Tags l2(2 * 64, 64, 2, true);
+  l2.stamp_fills(1);
+  l2.set_view(1);
+  REQUIRE(l2.access_range(64, 64, isa::L2Hint::NORMAL, true).absorbed_bytes == 64);  // dirty
+  l2.stamp_fills(2);  // the second launch begins: lines filled from now on carry stamp 2
+  REQUIRE(l2.access_range(0, 64).miss_lines == 1);  // view 1 fills line 0 (stamp 2)
+  REQUIRE(l2.access_range(64, 64).hit_lines == 1);  // view 1 sees its own line 1 (stamp 1)
+  // Line 1 (stamp 1, dirty) is the most recent, line 0 (stamp 2) the least. View 2 sees only
+  // line 0: a NOALLOC lookup of line 1 misses and leaves it; a fill takes the way of line 1,
+  // absent for view 2, not the least recently used line 0, and writes nothing back.
+  l2.set_view(2);
+  REQUIRE(l2.access_range(64, 64, isa::L2Hint::NOALLOC).miss_lines == 1);
+  REQUIRE(l2.contains(64));
+  REQUIRE(l2.access_range(0, 64).hit_lines == 1);  // filled by view 1 after view 2 began
+  const L2Outcome fill = l2.access_range(128, 64);
+  REQUIRE(fill.miss_lines == 1);
+  REQUIRE(fill.writeback_bytes == 0);
+  REQUIRE_FALSE(l2.contains(64));
+  REQUIRE(l2.contains(0));
+  // A line view 2 cannot see is taken over by its lookup: a miss, the line stamped anew, so
+  // the next lookup of it hits; its old dirty bit is dropped (no write-back when it leaves).
+  l2.set_view(1);
+  REQUIRE(l2.access_range(192, 64, isa::L2Hint::NORMAL, true).miss_lines == 1);  // evicts 0
+  l2.stamp_fills(3);
+  l2.set_view(3);
+  REQUIRE(l2.access_range(192, 64).miss_lines == 1);  // stamped 2: absent for view 3
+  REQUIRE(l2.access_range(192, 64).hit_lines == 1);
+  REQUIRE(l2.access_range(0, 128).writeback_bytes == 0);  // evicts 128 (clean), then 192
+  // Views off (stamp_fills(0), set_view(0)): every line is seen again.
+  l2.stamp_fills(0);
+  l2.set_view(0);
+  REQUIRE(l2.access_range(0, 128).hit_lines == 2);
+}
+
 TEST_CASE("L2 tags with page rotation match the LRU reference across page boundaries") {
   // Spans of many pages (a page is `sets` lines), ranges of up to 6 lines crossing them.
   run_random(8, 4, false, 8 * 64 * 40, 5, true);

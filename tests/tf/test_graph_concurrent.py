@@ -10,9 +10,10 @@ steps of a TF graph"), each case a child process with the switch and one without
   MatMul and the Relu start together and the Softmax starts after the Relu's end while the
   MatMul still runs (streams: groups that are barriers would hold the Softmax until the MatMul's
   end);
-- a chain (each op reads the one before): the same outputs, the same kernels one after another
-  (inside one group their cycles are the chip model's for launches run as a group, not those of
-  lone launches);
+- a chain (each op reads the one before): the same outputs, the same kernels one after another,
+  each in its cycles in order (a launch of a group starts with the L2 it would have in order,
+  on tiny a cold one: docs/chip_model.md "Concurrent launches", "The L2 of each launch";
+  nothing runs beside the chain);
 - a fault (the watchdog at one instruction): the graph's error names the node of a faulting
   launch; the two independent launches ran from one start, the MatMul that waits for them did
   not run.
@@ -120,6 +121,9 @@ def test_a_chain_stays_in_order(runs):
     launches = on["chain"]["launches"]
     for before, after in zip(launches, launches[1:]):
         assert after[2] + 1 >= before[2] + before[3], launches
+    # Each launch's own cycles are those in order: none finds its predecessor's lines in the L2.
+    assert [l[3] for l in launches] == [l[3] for l in off["chain"]["launches"]], (
+        launches, off["chain"]["launches"])
 
 
 FAULT = textwrap.dedent("""
