@@ -100,6 +100,7 @@ class Assembler {
     }
     resolve_arg_dims();
     resolve_labels();
+    check_mix_ratio();
     if (!m_kernel_named) m_prog.name = std::filesystem::path(m_source).stem().string();
     return std::move(m_prog);
   }
@@ -203,6 +204,15 @@ class Assembler {
       check_new_symbol(name, ops[0].col);
       if (m_constants.count(name)) fail(ops[0].col, fmt::format("duplicate constant '{}'", name));
       m_constants[name] = eval(ops[1]);
+    } else if (d == ".aiv_per_aic") {
+      // A mix kernel's vector cores per cube core in a block (Program::aiv_per_aic).
+      if (m_prog.aiv_per_aic != 0) fail(word.col, "duplicate .aiv_per_aic directive");
+      const int64_t n = eval(args);
+      if (n < 1 || n > kMaxAivPerAic)
+        fail(args.col, fmt::format(".aiv_per_aic {} is outside 1..{}", n, kMaxAivPerAic));
+      m_prog.aiv_per_aic = static_cast<int>(n);
+      m_ratio_line = m_line;
+      m_ratio_col = word.col;
     } else if (d == ".section") {
       std::string name = need_name("core kind (aic, aiv or aicore)");
       auto kind = core_kind_from_name(name);
@@ -707,6 +717,16 @@ class Assembler {
     }
   };
 
+  // A declared ratio says how a mix kernel's blocks are formed: the kernel must have both an aic
+  // and an aiv section.
+  void check_mix_ratio() const {
+    if (m_prog.aiv_per_aic == 0) return;
+    if (!m_prog.find(CoreKind::AIC) || !m_prog.find(CoreKind::AIV))
+      fail_at(m_ratio_line, m_ratio_col,
+              ".aiv_per_aic applies to mix kernels, and this kernel does not have both an aic "
+              "and an aiv section");
+  }
+
   int64_t eval(const Piece& p) {
     if (p.text.empty()) fail(p.col, "missing expression");
     Expr e{*this, p};
@@ -718,6 +738,7 @@ class Assembler {
   Program m_prog;
   uint32_t m_line = 0;
   bool m_kernel_named = false;
+  uint32_t m_ratio_line = 0, m_ratio_col = 0;  // where .aiv_per_aic was written
   std::map<std::string, int64_t> m_constants;
   std::map<std::pair<size_t, std::string>, uint32_t> m_label_lines;
   std::vector<Fixup> m_fixups;

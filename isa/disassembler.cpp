@@ -70,6 +70,7 @@ std::string disassemble(const Program& p) {
     out += a.typed() ? fmt::format(".arg {}, {}\n", p.arg_names[i], arg_type_text(a))
                      : fmt::format(".arg {}\n", p.arg_names[i]);
   }
+  if (p.aiv_per_aic != 0) out += fmt::format(".aiv_per_aic {}\n", p.aiv_per_aic);
   for (const Section& s : p.sections) {
     out += fmt::format(".section {}\n", core_kind_name(s.kind));
     std::multimap<uint32_t, const std::string*> by_index;

@@ -227,6 +227,7 @@ uint64_t program_digest(const Program& p) {
       for (const Operand& o : in.ops) add(static_cast<uint64_t>(o.value) * 2 + (o.is_reg ? 1 : 0));
     }
   }
+  if (p.aiv_per_aic != 0) add(0x4d49580000000000ull + static_cast<uint64_t>(p.aiv_per_aic));
   return h;
 }
 

@@ -112,7 +112,8 @@ std::optional<CoreKind> core_kind_from_name(std::string_view s);
 
 // A kernel: one instruction stream per core kind it runs on. A kernel with only an "aicore"
 // section runs on coupled cores; "aic" and/or "aiv" sections run on a split chip's cube /
-// vector cores (both together: a mix kernel, one cube core with two vector cores per block).
+// vector cores (both together: a mix kernel, one cube core with Program::aiv_per_aic vector
+// cores per block).
 struct Section {
   CoreKind kind = CoreKind::AICORE;
   std::vector<Instruction> code;
@@ -146,6 +147,9 @@ inline std::optional<int64_t> dim_literal(std::string_view dim) {
   return static_cast<int64_t>(v);
 }
 
+// The largest vector cores per cube core a program may declare (a u8 in the binary format).
+inline constexpr int kMaxAivPerAic = 255;
+
 struct Program {
   std::string name;    // kernel name (.kernel directive) or file stem
   std::string source;  // file name the program came from, for error messages
@@ -155,6 +159,10 @@ struct Program {
   // and read_kernel fill it; a Program built in code may leave it empty, meaning every argument
   // is untyped. Read it through arg().
   std::vector<ArgInfo> args;
+  // A mix kernel's vector cores per cube core in a block (`.aiv_per_aic`, docs/assembly.md):
+  // 0 = not declared, the chip's cores.aiv.per_aic (Ascend C KERNEL_TYPE_MIX_AIC_1_2 on 910B);
+  // 1 = one vector core per cube core (KERNEL_TYPE_MIX_AIC_1_1), get_subblock_id always 0.
+  int aiv_per_aic = 0;  // 0..kMaxAivPerAic
   const Section* find(CoreKind k) const;
   // Argument i (i < arg_names.size()): args[i] if args is filled, else untyped.
   ArgInfo arg(size_t i) const {
@@ -182,7 +190,8 @@ EncodedWord encode(const Instruction& in);
 Instruction decode(const EncodedWord& w);
 
 // A 64-bit digest (FNV-1a) of a program's code: every section's core kind and instructions
-// (opcode and operands; not source positions, labels or argument names). Two programs with the
+// (opcode and operands; not source positions, labels or argument names) and a declared
+// aiv_per_aic (a program that declares none keeps the digest it had before the field existed). Two programs with the
 // same digest run the same instructions; used to show that a compiler change left a kernel
 // alone (SimOptions::launch_log).
 uint64_t program_digest(const Program& p);

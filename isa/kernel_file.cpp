@@ -141,9 +141,13 @@ std::vector<uint8_t> write_kernel(const Program& p) {
   for (const auto& s : p.sections)
     for (const auto& [name, at] : s.labels) strings.add(name);
 
+  if (p.aiv_per_aic < 0 || p.aiv_per_aic > kMaxAivPerAic)
+    throw IsaError(fmt::format("{}: aiv_per_aic {} is outside 0..{}", p.source, p.aiv_per_aic,
+                               kMaxAivPerAic));
   Writer w;
   w.bytes(kKernelMagic, 4);
-  w.u16(kKernelVersion);
+  // A program without a declared mix ratio is written as version 2, byte for byte as before.
+  w.u16(p.aiv_per_aic != 0 ? kKernelVersion : kKernelVersionWithoutMixRatio);
   if (p.sections.size() > 0xFFFF)
     throw IsaError(fmt::format("{}: too many sections ({})", p.source, p.sections.size()));
   w.u16(static_cast<uint16_t>(p.sections.size()));
@@ -159,6 +163,10 @@ std::vector<uint8_t> write_kernel(const Program& p) {
     w.u8(0);
     w.u16(static_cast<uint16_t>(a.dims.size()));
     for (const auto& d : a.dims) w.u32(strings.index.at(d));
+  }
+  if (p.aiv_per_aic != 0) {
+    w.u8(static_cast<uint8_t>(p.aiv_per_aic));
+    w.u8(0), w.u8(0), w.u8(0);
   }
   for (const auto& s : p.sections) {
     w.u8(static_cast<uint8_t>(s.kind));
@@ -274,6 +282,13 @@ Program read_kernel(const std::vector<uint8_t>& bytes, const std::string& source
     p.args.push_back(std::move(info));
   }
   if (version >= 2) read_arg_types(r, p, string_at);
+  if (version >= 3) {
+    at = r.pos();
+    p.aiv_per_aic = r.u8("mix ratio (aiv per aic)");
+    if (p.aiv_per_aic == 0)
+      r.fail(at, "mix ratio 0: a version 3 file declares 1..255 vector cores per cube core");
+    r.str(3, "mix ratio padding");
+  }
 
   for (uint16_t s = 0; s < nsections; ++s) {
     Section sec;

@@ -12,9 +12,11 @@
 namespace npusim::isa {
 
 inline constexpr char kKernelMagic[4] = {'N', 'P', 'U', 'K'};
-// Version written. 2 added argument types; read_kernel still reads version 1 (whose arguments
-// are all untyped).
-inline constexpr uint16_t kKernelVersion = 2;
+// Version written for a program that declares a mix ratio (Program::aiv_per_aic). 2 added
+// argument types, 3 the mix ratio; a program without one is written as version 2. read_kernel
+// still reads versions 1 (whose arguments are all untyped) and 2 (no declared ratio).
+inline constexpr uint16_t kKernelVersion = 3;
+inline constexpr uint16_t kKernelVersionWithoutMixRatio = 2;
 inline constexpr uint16_t kKernelOldestVersion = 1;
 // Argument type table: the code of an untyped argument (typed ones use the Dt field codes).
 inline constexpr uint8_t kUntypedArgCode = 255;

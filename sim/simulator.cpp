@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "sim/chip/chip.h"
 #include "sim/chip/l2_tags.h"
+#include "sim/config/core_taker.h"
 #include "sim/counters/counters.h"
 #include "sim/counters/observer.h"
 #include "sim/counters/trace.h"
@@ -370,16 +371,19 @@ std::vector<int> free_cores(const Chip& chip, const ChipConfig& cfg, size_t i,
   const bool aiv = p.find(isa::CoreKind::AIV) != nullptr;
   if (!cfg.split) {
     take(isa::CoreKind::AICORE);
-  } else if (aic && aiv) {  // mix: cube core g with vector cores g * per ... (Chip::make_workers)
+  } else if (aic && aiv) {
+    // mix: cube core g with the first `per` of vector cores g * chip_per ... (Chip::worker_cores)
     std::vector<const AiCore*> vecs;
     for (const auto& core : cores)
       if (core->core_kind() == isa::CoreKind::AIV) vecs.push_back(core.get());
-    const size_t per = static_cast<size_t>(std::max(1, cfg.aiv_per_aic));
+    const size_t chip_per = static_cast<size_t>(std::max(1, cfg.aiv_per_aic));
+    const size_t per = static_cast<size_t>(mix_aiv_per_block(cfg, p));
     size_t n = 0;
     for (const auto& core : cores) {
       if (n == want || core->core_kind() != isa::CoreKind::AIC) continue;
-      const size_t first = static_cast<size_t>(core->kind_index()) * per;
-      if (taken[static_cast<size_t>(core->chip_index())] || first + per > vecs.size()) continue;
+      const size_t first = static_cast<size_t>(core->kind_index()) * chip_per;
+      if (taken[static_cast<size_t>(core->chip_index())] || first + chip_per > vecs.size())
+        continue;
       bool free = true;
       for (size_t k = 0; k < per; ++k)
         free = free && !taken[static_cast<size_t>(vecs[first + k]->chip_index())];

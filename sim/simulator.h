@@ -168,7 +168,7 @@ struct ConcurrentLaunch {
   // stream's launches reuse its cores one after another. Empty: of each core kind its program
   // runs on, the first cores in chip order that no launch of the group names and no earlier
   // launch took that this one may overlap (one it does not wait for), as many as block_dim (a
-  // mix kernel: block_dim groups of a free cube core and its aiv_per_aic vector cores), at
+  // mix kernel: block_dim groups of a free cube core and its mix_aiv_per_block vector cores), at
   // least one; fixed before the group runs. Launches that take their cores when ready
   // (take_cores_when_ready) are not among those: they name none and take none before.
   std::vector<std::string> cores;

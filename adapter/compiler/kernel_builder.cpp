@@ -68,6 +68,24 @@ void KernelBuilder::fail(const std::string& what) const {
   throw CompileError(fmt::format("{}: {}", m_op, what));
 }
 
+int KernelBuilder::aiv_per_aic() const {
+  return m_program.aiv_per_aic != 0 ? m_program.aiv_per_aic : m_cfg.aiv_per_aic;
+}
+
+void KernelBuilder::set_aiv_per_aic(int n) {
+  if (!m_cfg.split)
+    fail(fmt::format("kernel {}: chip {} is coupled: a mix kernel's ratio of vector to cube cores "
+                     "does not apply",
+                     m_program.name, m_cfg.name));
+  if (n < 1 || n > m_cfg.aiv_per_aic)
+    fail(fmt::format("kernel {}: {} vector cores per cube core is outside 1..{} (chip {})",
+                     m_program.name, n, m_cfg.aiv_per_aic, m_cfg.name));
+  if (!m_program.sections.empty())
+    fail(fmt::format("kernel {}: the ratio of vector to cube cores is set before any section",
+                     m_program.name));
+  m_program.aiv_per_aic = n == m_cfg.aiv_per_aic ? 0 : n;
+}
+
 // ---- arguments ----
 
 int KernelBuilder::max_args() {
@@ -569,6 +587,7 @@ BuiltKernel KernelBuilder::finish() {
     const isa::ArgInfo a = m_program.arg(i);
     put(".arg " + a.name + (a.typed() ? ", " + isa::arg_type_text(a) : std::string()));
   }
+  if (m_program.aiv_per_aic != 0) put(fmt::format(".aiv_per_aic {}", m_program.aiv_per_aic));
   for (size_t si = 0; si < m_sections.size(); ++si) {
     isa::Section& sec = m_program.sections[si];
     put(std::string(".section ") + isa::core_kind_name(sec.kind));

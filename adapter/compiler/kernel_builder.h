@@ -125,6 +125,14 @@ class KernelBuilder {
 
   const ChipConfig& config() const { return m_cfg; }
   const std::string& op() const { return m_op; }
+  // A mix kernel's vector cores per cube core in a block (isa::Program::aiv_per_aic): the
+  // chip's cores.aiv.per_aic unless set_aiv_per_aic declared fewer. Emitters that split a
+  // block's work among its vector cores read this, not config().aiv_per_aic.
+  int aiv_per_aic() const;
+  // Declares the kernel's ratio (1: Ascend C KERNEL_TYPE_MIX_AIC_1_1, the block's other vector
+  // cores stay free for other launches). CompileError naming the op on a coupled chip, outside
+  // 1..the chip's per_aic, or once a section has begun (its code may have read the ratio).
+  void set_aiv_per_aic(int n);
   [[noreturn]] void fail(const std::string& what) const;  // CompileError "<op>: <what>"
 
   // ---- arguments ----

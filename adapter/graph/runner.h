@@ -34,9 +34,9 @@ struct TaskRun {
 // current group when no buffer it writes overlaps one a task of the group reads or writes, none
 // it reads overlaps one they write (RAW, WAR, WAW on Task::buffers), and its cores still fit
 // beside the group's: `block_dim` free cores of the kind its kernel runs on (a mix kernel:
-// `block_dim` free groups of a cube core and its `aiv_per_aic` vector cores), taken first-free
-// in core order. Otherwise the group closes and the task starts the next. A task with no
-// recorded buffers, or whose block_dim exceeds the chip's cores of its kind, is a group alone.
+// `block_dim` free groups of a cube core and its `mix_aiv_per_block` vector cores), taken
+// first-free in core order. Otherwise the group closes and the task starts the next. A task with
+// no recorded buffers, or whose block_dim exceeds the chip's cores of its kind, is a group alone.
 // `cores[i][j]`: the names of the cores task groups[i][j] is given ("aic0", "aiv3", "aicore5").
 struct TaskGroups {
   std::vector<std::vector<size_t>> groups;

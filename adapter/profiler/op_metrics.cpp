@@ -4,6 +4,7 @@
 
 #include "adapter/profiler/counter_view.h"
 #include "isa/layout.h"
+#include "sim/config/core_taker.h"
 
 namespace npusim::prof {
 namespace {
@@ -62,7 +63,7 @@ std::string task_type_of(const isa::Program& prog, const ChipConfig& cfg) {
 }
 
 int mix_block_dim_of(const isa::Program& prog, const ChipConfig& cfg, int block_dim) {
-  return task_type_of(prog, cfg) == "MIX_AIC" ? block_dim * std::max(1, cfg.aiv_per_aic) : 0;
+  return task_type_of(prog, cfg) == "MIX_AIC" ? block_dim * mix_aiv_per_block(cfg, prog) : 0;
 }
 
 void set_wait_cycles(std::vector<OpRecord>& ops, uint64_t origin_cycle) {

@@ -61,8 +61,9 @@ struct OpRecord {
 // msprof's task type of a program on a chip: split chips: "AI_CORE" (cube only), "AI_VECTOR_CORE"
 // (vector only), "MIX_AIC" (both); coupled chips: "AI_CORE".
 std::string task_type_of(const isa::Program& prog, const ChipConfig& cfg);
-// Mix Block Dim: for a mix kernel on a split chip, block_dim x aiv_per_aic (the vector blocks that
-// run with the cube blocks); else 0.
+// Mix Block Dim: for a mix kernel on a split chip, block_dim x its vector cores per block
+// (mix_aiv_per_block: the program's declared ratio, else the chip's aiv_per_aic; the vector blocks
+// that run with the cube blocks); else 0.
 int mix_block_dim_of(const isa::Program& prog, const ChipConfig& cfg, int block_dim);
 // Sets each op's wait_cycles to its start minus the end of the op before it in `ops` (the first:
 // minus `origin_cycle`), or 0 if they overlap. The ops must be in launch order.

@@ -487,8 +487,9 @@ OpRecord op_record(const rt::LaunchRecord& r, const ChipConfig& cfg) {
   op.cycles = r.cycles;
   op.host_dispatch_cycles = r.host_dispatch_cycles;
   op.block_dim = r.block_dim;
-  op.mix_block_dim =
-      op.task_type == "MIX_AIC" ? r.block_dim * std::max(1, cfg.aiv_per_aic) : 0;
+  op.mix_block_dim = r.program ? mix_block_dim_of(*r.program, cfg, r.block_dim)
+                    : op.task_type == "MIX_AIC" ? r.block_dim * std::max(1, cfg.aiv_per_aic)
+                                                : 0;
   op.counters = r.counter_delta;
   return op;
 }

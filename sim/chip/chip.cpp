@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "isa/disassembler.h"
+#include "sim/config/core_taker.h"
 #include "sim/replay/core_recording.h"
 
 namespace npusim {
@@ -162,15 +163,17 @@ std::vector<std::vector<AiCore*>> Chip::worker_cores(const isa::Program& program
   const bool aic = program.find(CoreKind::AIC) != nullptr;
   const bool aiv = program.find(CoreKind::AIV) != nullptr;
   if (!aic || !aiv) return aic || aiv ? single(aic ? CoreKind::AIC : CoreKind::AIV) : out;
-  // Mix kernel: cube core g (its kind index) with vector cores g * aiv_per_aic ...
+  // Mix kernel: cube core g (its kind index) with vector cores g * aiv_per_aic ..., of which
+  // the block uses the first mix_aiv_per_block (all of them unless the program declares fewer).
   std::vector<AiCore*> chip_vecs;
   for (const auto& c : m_cores)
     if (c->core_kind() == CoreKind::AIV) chip_vecs.push_back(c.get());
-  const size_t per = static_cast<size_t>(std::max(1, m_cfg.aiv_per_aic));
+  const size_t chip_per = static_cast<size_t>(std::max(1, m_cfg.aiv_per_aic));
+  const size_t per = static_cast<size_t>(mix_aiv_per_block(m_cfg, program));
   for (const auto& cube : m_cores) {
     if (cube->core_kind() != CoreKind::AIC) continue;
-    const size_t first = static_cast<size_t>(cube->kind_index()) * per;
-    if (first + per > chip_vecs.size()) break;
+    const size_t first = static_cast<size_t>(cube->kind_index()) * chip_per;
+    if (first + chip_per > chip_vecs.size()) break;
     std::vector<AiCore*> group{cube.get()};
     for (size_t i = 0; i < per; ++i)
       if (mask[static_cast<size_t>(chip_vecs[first + i]->chip_index())])
@@ -198,6 +201,7 @@ std::vector<TaskScheduler::Worker> Chip::make_workers(Slot& slot, const isa::Pro
     return workers;
   };
   slot.mix = false;
+  mix_aiv_per_block(m_cfg, program);  // a declared ratio the chip cannot run is an error
   if (!m_cfg.split) {
     const isa::Section* s = program.find(CoreKind::AICORE);
     if (!s && program.sections.size() == 1) s = &program.sections.front();
@@ -213,11 +217,12 @@ std::vector<TaskScheduler::Worker> Chip::make_workers(Slot& slot, const isa::Pro
     throw Error(fmt::format("kernel '{}' has no aic or aiv section; chip '{}' is split into "
                             "cube and vector cores", program.name, m_cfg.name));
   if (!aic || !aiv) return aic ? single(CoreKind::AIC, *aic) : single(CoreKind::AIV, *aiv);
-  // Mix kernel: one cube core with aiv_per_aic vector cores per block (worker_cores).
+  // Mix kernel: one cube core with mix_aiv_per_block vector cores per block (worker_cores),
+  // get_subblock_id 0 .. per - 1.
   slot.mix = true;
   const SectionRun& aic_run = prepare_section(slot, *aic);
   const SectionRun& aiv_run = prepare_section(slot, *aiv);
-  const size_t per = static_cast<size_t>(std::max(1, m_cfg.aiv_per_aic));
+  const size_t per = static_cast<size_t>(mix_aiv_per_block(m_cfg, program));
   std::vector<TaskScheduler::Worker> workers;
   for (const std::vector<AiCore*>& g : groups) {
     TaskScheduler::Worker w;
@@ -397,7 +402,7 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
               "the chip has {}, {} of them on cores no launch with fixed cores uses",
               g.program->name, g.block_dim, g.block_dim,
               s.mix ? fmt::format("groups of one aic and {} aiv cores",
-                                  std::max(1, m_cfg.aiv_per_aic))
+                                  mix_aiv_per_block(m_cfg, *g.program))
                     : fmt::format("{} cores", isa::core_kind_name(kind)),
               chip_workers, free_workers));
       }

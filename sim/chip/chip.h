@@ -227,9 +227,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   void start_waiting();  // method: settle_waiting(true) when a launch may have ended
   std::vector<TaskScheduler::Worker> make_workers(Slot& slot, const isa::Program& program);
   // The cores of each worker `program` gets from the cores in `mask` (by chip index), in chip
-  // order: one core of the kind its section runs on or, for a mix kernel, a cube core and its
-  // aiv_per_aic vector cores (cube core g with vector cores g * aiv_per_aic ...), the groups
-  // whose cores are all in `mask`. Empty for a split chip's program with no aic / aiv section.
+  // order: one core of the kind its section runs on or, for a mix kernel, a cube core and the
+  // first mix_aiv_per_block of its aiv_per_aic vector cores (cube core g with vector cores
+  // g * aiv_per_aic ...), the groups whose cores are all in `mask`. Empty for a split chip's program with no aic / aiv section.
   std::vector<std::vector<AiCore*>> worker_cores(const isa::Program& program,
                                                  const std::vector<bool>& mask) const;
   // Launch i of the group takes its cores when ready: if the free cores (m_free_cores) make

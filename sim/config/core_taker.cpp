@@ -3,7 +3,27 @@
 #include <algorithm>
 #include <utility>
 
+#include <fmt/format.h>
+
+#include "common/error.h"
+
 namespace npusim {
+
+int mix_aiv_per_block(const ChipConfig& cfg, const isa::Program& p) {
+  const int chip = std::max(1, cfg.aiv_per_aic);
+  if (p.aiv_per_aic == 0) return chip;
+  if (!cfg.split)
+    throw Error(
+        fmt::format("kernel '{}' declares {} vector core(s) per cube core (.aiv_per_aic), "
+                    "but chip '{}' is coupled: it has no cube and vector cores",
+                    p.name, p.aiv_per_aic, cfg.name));
+  if (p.aiv_per_aic < 1 || p.aiv_per_aic > chip)
+    throw Error(
+        fmt::format("kernel '{}' declares {} vector core(s) per cube core (.aiv_per_aic); "
+                    "chip '{}' has {} (cores.aiv.per_aic)",
+                    p.name, p.aiv_per_aic, cfg.name, chip));
+  return p.aiv_per_aic;
+}
 
 CoreTaker::CoreTaker(const ChipConfig& cfg) : m_cfg(cfg) {
   for (const CoreKindConfig& k : cfg.core_kinds)
@@ -25,16 +45,18 @@ bool CoreTaker::take(const isa::Program& p, int block_dim, std::vector<std::stri
   const bool aiv = p.find(isa::CoreKind::AIV) != nullptr;
   std::vector<std::pair<isa::CoreKind, size_t>> picked;
   if (m_cfg.split && aic && aiv) {
-    const size_t per = size_t(std::max(1, m_cfg.aiv_per_aic));
+    // Cube core g pairs with vector cores g * chip_per ...; the block uses the first `per`.
+    const size_t chip_per = size_t(std::max(1, m_cfg.aiv_per_aic));
+    const size_t per = size_t(mix_aiv_per_block(m_cfg, p));
     const auto& cube = m_taken[int(isa::CoreKind::AIC)];
     const auto& vec = m_taken[int(isa::CoreKind::AIV)];
     for (size_t g = 0; g < cube.size() && picked.size() < want * (1 + per); ++g) {
-      if (cube[g] || (g + 1) * per > vec.size()) continue;
+      if (cube[g] || (g + 1) * chip_per > vec.size()) continue;
       bool free = true;
-      for (size_t k = 0; k < per; ++k) free = free && !vec[g * per + k];
+      for (size_t k = 0; k < per; ++k) free = free && !vec[g * chip_per + k];
       if (!free) continue;
       picked.emplace_back(isa::CoreKind::AIC, g);
-      for (size_t k = 0; k < per; ++k) picked.emplace_back(isa::CoreKind::AIV, g * per + k);
+      for (size_t k = 0; k < per; ++k) picked.emplace_back(isa::CoreKind::AIV, g * chip_per + k);
     }
     if (picked.size() < want * (1 + per)) return false;
   } else {

@@ -15,6 +15,12 @@
 
 namespace npusim {
 
+// The vector cores in each block of mix kernel p (aic and aiv sections) on chip cfg: the
+// program's declared aiv_per_aic (1: Ascend C KERNEL_TYPE_MIX_AIC_1_1, the block's other vector
+// cores stay free for other launches), else the chip's cores.aiv.per_aic (at least 1). Throws
+// Error naming the kernel if p declares a ratio on a coupled chip or above the chip's.
+int mix_aiv_per_block(const ChipConfig& cfg, const isa::Program& p);
+
 class CoreTaker {
  public:
   explicit CoreTaker(const ChipConfig& cfg);
@@ -23,7 +29,8 @@ class CoreTaker {
   // Could the launch's block_dim blocks have cores of their own on an idle chip?
   bool fits_alone(const isa::Program& p, int block_dim) const;
   // Takes block_dim free cores (a mix kernel, with AIC and AIV sections on a split chip:
-  // block_dim groups of a cube core and its aiv_per_aic vector cores) for program p, appending
+  // block_dim groups of a cube core and its first mix_aiv_per_block vector cores) for program p,
+  // appending
   // their names ("aic0", "aiv3", "aicore5") to `names` if given; false, nothing taken, if that
   // many are not free.
   bool take(const isa::Program& p, int block_dim, std::vector<std::string>* names);

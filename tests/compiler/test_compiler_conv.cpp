@@ -956,6 +956,78 @@ TEST_CASE("The fused filter gradient adds parts further apart than copy_gm2ub's 
   check_against(r.outputs[0].values, ref, DataType::F16, false, "dW");
 }
 
+TEST_CASE("NPUSIM_MIX_ONE_TO_ONE: the filter gradient's parts added by one vector core a block") {
+  // The fused kernel that adds its parts (split chips), built 1:2 (the chip's ratio) and 1:1
+  // (one vector core per cube core): the same dW bit for bit (each element's parts are added in
+  // part order either way), against the sums in double; the 1:1 launch leaves each group's
+  // second vector core idle. Then the whole op under the switch, against the reference.
+  if (!test_sim().config().split) return;  // add_parts: split chips only
+  using compiler::ops::FilterGradSpec;
+  const ChipConfig& cfg = test_sim().config();
+  const ConvCase c{2, 16, 16, 96, 1, 1, 80};
+  FilterGradSpec s;
+  s.images = c.n;
+  s.h = c.h;
+  s.w = c.w;
+  s.c = c.c;
+  s.cout = c.cout;
+  s.x_pixel = c.c;
+  s.x_row = c.w * c.c;
+  s.x_image = c.h * c.w * c.c;
+  s.pitch = s.cout;
+  s.parts = 2;
+  s.add_parts = true;
+  s.dw_type = isa::Dtype::F16;
+  const std::string op = "Conv2DBackpropFilter";
+  const compiler::ops::FilterGradTiling t = compiler::ops::plan_filter_grad(s, cfg, op);
+  HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, 97);
+  HostTensor dy = random_tensor(DataType::F16, y_shape(c), -1, 1, 98);
+  std::vector<RunResult> runs;
+  for (const char* one_to_one : {"0", "1"}) {
+    ScopedEnv sw("NPUSIM_MIX_ONE_TO_ONE", one_to_one);
+    compiler::CompiledKernel k;
+    k.outputs = {TensorDesc{DataType::F16, filter_shape(c)},
+                 TensorDesc{DataType::F32, {s.parts, s.c, s.pitch}}};
+    k.launches.push_back(compiler::ops::with_args(
+        compiler::ops::build_filter_grad(s, t, cfg, op),
+        {compiler::ops::input_ref(0), compiler::ops::input_ref(1), compiler::ops::output_ref(1),
+         compiler::ops::output_ref(0)}));
+    const isa::Program& p = k.launches[0].kernel.program;
+    CHECK(p.aiv_per_aic == (std::string(one_to_one) == "1" ? 1 : 0));
+    runs.push_back(run_compiled(test_sim(), k, {x, dy}));
+  }
+  Reference ref = new_reference(static_cast<size_t>(c.c * c.cout));
+  for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
+    accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
+  });
+  check_against(runs[1].outputs[0].values, ref, DataType::F16, false, "dW 1:1");
+  CHECK(runs[1].outputs[0].values == runs[0].outputs[0].values);
+  // The 1:2 kernel's blocks run on every vector core; the 1:1 kernel's on aiv0 and aiv2 only.
+  const nlohmann::json& two = runs[0].counters[0]["chip"];
+  const nlohmann::json& one = runs[1].counters[0]["chip"];
+  CHECK(two.contains("aiv1"));
+  CHECK(one.contains("aiv0"));
+  CHECK_FALSE(one.contains("aiv1"));
+  CHECK_FALSE(one.contains("aiv3"));
+  {
+    ScopedEnv sw("NPUSIM_MIX_ONE_TO_ONE", "1");
+    // Few output channels over many positions: the k split into parts over the cube cores.
+    const std::vector<std::string> launches =
+        check_conv2d_backprop_filter(DataType::F16, ConvCase{2, 32, 32, 16, 3, 3, 16}, 99);
+    bool added_one_to_one = false;
+    for (const std::string& l : launches) {
+      INFO(l);
+      added_one_to_one = added_one_to_one || l.find("one per cube core") != std::string::npos;
+    }
+    CHECK(added_one_to_one);
+  }
+  {
+    ScopedEnv sw("NPUSIM_MIX_ONE_TO_ONE", "2");
+    CHECK_THROWS_WITH(compiler::ops::build_filter_grad(s, t, cfg, op),
+                      Catch::Contains("NPUSIM_MIX_ONE_TO_ONE='2' is neither '0' nor '1'"));
+  }
+}
+
 TEST_CASE("Conv2DBackpropInput: a 1x1 window of stride > 1 stored at dx's strided positions") {
   // dx[n][sh*i][sw*j] = dy[n][i][j] x W^T, zero elsewhere. Where FIXPIPE writes GM (split
   // chips): the product of dy's positions only, its tiles stored at dx's strided positions, by

@@ -234,10 +234,10 @@ TEST_CASE("kernel file: corrupt input is rejected with what and where") {
   CHECK_THAT(error_of(with(0, 'X')),
              Catch::StartsWith("k.npuk: byte offset 0: bad magic 0x5850554b"));
   CHECK_THAT(error_of({}), Catch::Contains("byte offset 0: bad magic (empty file)"));
-  CHECK(error_of(with(4, 3)) ==
-        "k.npuk: byte offset 4: unsupported version 3 (this reader supports 1 to 2)");
+  CHECK(error_of(with(4, 4)) ==
+        "k.npuk: byte offset 4: unsupported version 4 (this reader supports 1 to 3)");
   CHECK(error_of(with(4, 0)) ==
-        "k.npuk: byte offset 4: unsupported version 0 (this reader supports 1 to 2)");
+        "k.npuk: byte offset 4: unsupported version 0 (this reader supports 1 to 3)");
   CHECK(error_of(with(aic, 7)) == fmt::format("k.npuk: byte offset {}: bad core kind 7 in "
                                               "section 0 (0 aic, 1 aiv, 2 aicore)",
                                               aic));
@@ -322,4 +322,51 @@ TEST_CASE("kernel file: file helpers and loading by magic") {
   Program bad = p;
   bad.sections[0].code[0].ops[1].value = 1000;  // ldarg index is U8
   CHECK_THROWS_WITH(write_kernel(bad), Catch::StartsWith(src + ":6:5: ldarg: operand index"));
+}
+
+TEST_CASE("kernel file: a declared mix ratio is version 3 and round-trips") {
+  // At the end, so that the line table matches kText's.
+  const std::string text = std::string(kText) + ".aiv_per_aic 1\n";
+  Program p = assemble(text, "scale.s");
+  REQUIRE(p.aiv_per_aic == 1);
+  const std::vector<uint8_t> v3 = write_kernel(p);
+  CHECK((v3[4] | v3[5] << 8) == 3);
+  // Version 3 is version 2 with u8 ratio + 3 zero bytes after the argument type table.
+  const size_t ratio_at = 16 + 9 + 11 + 7 + 7 + 9 + 8 + 8 + 8;
+  std::vector<uint8_t> v2 = write_kernel(assemble(kText, "scale.s"));
+  CHECK((v2[4] | v2[5] << 8) == 2);
+  CHECK(v3[ratio_at] == 1);
+  std::vector<uint8_t> stripped = v3;
+  stripped[4] = 2;
+  stripped.erase(stripped.begin() + ratio_at, stripped.begin() + ratio_at + 4);
+  CHECK(stripped == v2);
+  Program q = read_kernel(v3, "mix11.npuk");
+  CHECK(q.aiv_per_aic == 1);
+  CHECK(disassemble(q) == disassemble(p));
+  CHECK_THAT(disassemble(q), Catch::Contains(".aiv_per_aic 1\n"));
+  // The ratio changes how blocks run, so it is part of the digest; an undeclared one is not.
+  CHECK(program_digest(q) != program_digest(assemble(kText, "scale.s")));
+  auto zero = v3;
+  zero[ratio_at] = 0;
+  CHECK(error_of(zero) == fmt::format("k.npuk: byte offset {}: mix ratio 0: a version 3 file "
+                                      "declares 1..255 vector cores per cube core",
+                                      ratio_at));
+}
+
+TEST_CASE("assembler: .aiv_per_aic is checked") {
+  auto error = [](const std::string& text) {
+    try {
+      assemble(text, "m.s");
+    } catch (const IsaError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(error(".aiv_per_aic 0\n.section aic\nend\n.section aiv\nend\n") ==
+        "m.s:1:14: .aiv_per_aic 0 is outside 1..255");
+  CHECK(error(".aiv_per_aic 1\n.aiv_per_aic 1\n.section aic\nend\n.section aiv\nend\n") ==
+        "m.s:2:1: duplicate .aiv_per_aic directive");
+  CHECK(error(".aiv_per_aic 1\n.section aiv\nend\n") ==
+        "m.s:1:1: .aiv_per_aic applies to mix kernels, and this kernel does not have both an aic "
+        "and an aiv section");
 }

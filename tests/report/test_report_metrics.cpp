@@ -214,6 +214,10 @@ TEST_CASE("metrics: task types, mix block dim and waits") {
   CHECK(prof::task_type_of(program_with({K::AIC, K::AIV}), split) == "MIX_AIC");
   CHECK(prof::mix_block_dim_of(program_with({K::AIC, K::AIV}), split, 3) == 3 * split.aiv_per_aic);
   CHECK(prof::mix_block_dim_of(program_with({K::AIC}), split, 3) == 0);
+  // A mix kernel that declares one vector core per cube core (.aiv_per_aic 1) runs 3 of them.
+  isa::Program one_to_one = program_with({K::AIC, K::AIV});
+  one_to_one.aiv_per_aic = 1;
+  CHECK(prof::mix_block_dim_of(one_to_one, split, 3) == 3);
 
   std::vector<prof::OpRecord> ops(3);
   ops[0].start_cycle = 100, ops[0].cycles = 50;   // waits 100 from the origin

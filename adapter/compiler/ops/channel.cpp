@@ -175,7 +175,7 @@ void section_vector_core(KernelBuilder& b, const Reg& core) {
   Reg sub = b.reg("vector core in the group");
   b.emit(Opcode::op_get_block_id, {core});
   b.emit(Opcode::op_get_subblock_id, {sub});
-  b.mul_add(core, core, static_cast<int64_t>(b.config().aiv_per_aic), sub);
+  b.mul_add(core, core, static_cast<int64_t>(b.aiv_per_aic()), sub);
 }
 
 // Emits build_channel_sum's kernel: the tile (tp pixels x ct channels) and the split first, then
@@ -715,7 +715,7 @@ int ChannelSumEmitter::emit_section(const ChannelSumSection& sec) {
         "pixels)");
   if (sec.groups < 1) b.fail("a channel-sum section needs at least one group");
   m_a_arg = sec.a_arg;
-  m_vector_blocks = sec.groups * static_cast<int64_t>(b.config().aiv_per_aic);
+  m_vector_blocks = sec.groups * static_cast<int64_t>(b.aiv_per_aic());
   const int cores = static_cast<int>(m_vector_blocks);
   std::optional<ChannelEpilogueSpec> e;
   if (sec.epilogue) {
@@ -1377,7 +1377,7 @@ void emit_epilogue_section(KernelBuilder& b, const ChannelEpilogueSpec& e,
   if (e.vectors != 0 || partial_args.size() != e.partial_blocks.size() || groups < 1)
     b.fail("an epilogue section reads its partial sets (one argument each) and no vectors");
   const isa::CoreKind kind = b.vector_core_kind();
-  const int cores = groups * b.config().aiv_per_aic;
+  const int cores = groups * b.aiv_per_aic();
   b.begin_section(kind);
   const EpiloguePlan p = plan_epilogue(b, e, b.free_bytes(Buf::UB), cores);
   for (int i = 0; i < e.outputs; ++i) b.declare_arg(fmt::format("output{}", i), e.out_type, {});

@@ -245,7 +245,7 @@ class ConvEmitter {
       Reg i = b.reg("store: tile of the block");
       b.div(i, s, m_t.chunks);
       b.if_(ge(i, tile_window()), [&] {
-        for (int v = 0; v < b.config().aiv_per_aic; ++v)
+        for (int v = 0; v < b.aiv_per_aic(); ++v)
           b.emit(Opcode::op_cc_wait, {Pipe::FIX, kTileTaken},
                  "wait: a vector core took an earlier tile");
       });
@@ -363,7 +363,7 @@ class ConvEmitter {
         t = b.reg("temp"), u = b.reg("temp");
     b.emit(Opcode::op_get_block_id, {k});
     b.emit(Opcode::op_get_subblock_id, {t});
-    b.mul_add(k, k, static_cast<int64_t>(b.config().aiv_per_aic), t);
+    b.mul_add(k, k, static_cast<int64_t>(b.aiv_per_aic()), t);
     KernelBuilder::Origin o(b, "the partials added, a channel tile");
     b.for_range(k, k, tiles, cores, [&] {
       b.mul(c0, k, ct);
@@ -438,7 +438,7 @@ class ConvEmitter {
     const int64_t per_row = pitch * (2 * m_osz + (m_osz == 4 ? 0 : 4) + 4 + 16);
     const int64_t room = static_cast<int64_t>(b.free_bytes(Buf::UB)) -
                          static_cast<int64_t>(2 * acc_bytes + 8 * span + 8 * b.alignment(Buf::UB));
-    const int64_t most = std::min(room / per_row, ceil_div(m_t.tm, b.config().aiv_per_aic));
+    const int64_t most = std::min(room / per_row, ceil_div(m_t.tm, b.aiv_per_aic()));
     TileStats st;
     st.mla = multiply_accumulate_enabled(b);
     st.pitch = pitch;
@@ -476,7 +476,7 @@ class ConvEmitter {
   // chunk (r.chunks: the chunks loaded so far, whose parity picks the raw buffer).
   void sum_tile_rows(const Reg& i, const TileStats& st, const TileStatsRegs& r) {
     KernelBuilder& b = m_b;
-    const int aiv = b.config().aiv_per_aic;
+    const int aiv = b.aiv_per_aic();
     Reg src = b.reg("stats: the rows in y"), r1 = b.reg("stats: end row"),
         n_act = b.reg("stats: channels"), row = b.reg("stats: first row");
     {

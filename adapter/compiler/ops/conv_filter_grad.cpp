@@ -123,6 +123,10 @@ class FilterGradEmitter {
   }
 
   BuiltKernel emit() {
+    // The vector cores only add the parts once every product is stored: one per cube core
+    // under NPUSIM_MIX_ONE_TO_ONE (emit_epilogue_section spreads the sums over the launch's
+    // vector cores, block_dim x the builder's ratio).
+    if (m_s.add_parts && mix_one_to_one_enabled(m_b.op())) m_b.set_aiv_per_aic(1);
     cube_section();
     if (m_s.add_parts) emit_parts_sum();
     return m_b.finish();
@@ -558,6 +562,13 @@ bool conv_staggered_loads_enabled(const std::string& op) {
       fmt::format("{}: NPUSIM_CONV_STAGGERED_LOADS='{}' is neither '0' nor '1'", op, v));
 }
 
+bool mix_one_to_one_enabled(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_MIX_ONE_TO_ONE");
+  if (!v || std::string_view(v) == "0") return false;
+  if (std::string_view(v) == "1") return true;
+  throw CompileError(fmt::format("{}: NPUSIM_MIX_ONE_TO_ONE='{}' is neither '0' nor '1'", op, v));
+}
+
 int64_t filter_grad_dy_part_blocks(const FilterGradSpec& s, const FilterGradTiling& t,
                                    const ChipConfig& cfg, const std::string& op) {
   const double line_rate = cfg.l2_line_read_bytes_per_cycle;  // R, bytes per cycle
@@ -805,7 +816,10 @@ Launch build_filter_grad(const FilterGradSpec& s, const FilterGradTiling& t, con
       t.block_dim, t.cycles);
   if (s.groups > 1)
     l.summary += fmt::format("; {} groups of {} -> {} channels", s.groups, s.c, s.cg_out());
-  if (s.add_parts) l.summary += "; the parts added by the vector cores";
+  if (s.add_parts)
+    l.summary += l.kernel.program.aiv_per_aic == 1
+                     ? "; the parts added by the vector cores, one per cube core"
+                     : "; the parts added by the vector cores";
   if (t.dy_part_blocks > 0)
     l.summary += fmt::format("; dy rows in staggered parts of {} rows", t.dy_part_blocks * kBlk);
   if (s.pixel_channels != 0)

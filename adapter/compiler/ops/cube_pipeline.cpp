@@ -1068,12 +1068,12 @@ void emit_strided_zeros(KernelBuilder& b, const StridedRows& sr, int64_t osz, in
   const int ready = b.flag(Pipe::V, Pipe::MTE3, "zeros written");
   b.set_flag(Pipe::V, Pipe::MTE3, ready);
   b.wait_flag(Pipe::V, Pipe::MTE3, ready);
-  const int cores = block_dim * b.config().aiv_per_aic;
+  const int cores = block_dim * b.aiv_per_aic();
   Reg q = b.reg("run"), base = b.reg("run address"), t = b.reg("scratch"), n = b.reg("bursts"),
       len = b.reg("burst blocks"), g = b.reg("burst gap blocks");
   b.emit(Opcode::op_get_block_id, {q});
   b.emit(Opcode::op_get_subblock_id, {t});
-  b.mul_add(q, q, static_cast<int64_t>(b.config().aiv_per_aic), t, "this vector core");
+  b.mul_add(q, q, static_cast<int64_t>(b.aiv_per_aic()), t, "this vector core");
   b.for_range(q, q, sr.elements / sr.group_pitch * runs, cores, [&] {
     b.div(base, q, runs);
     b.mul(base, base, sr.group_pitch);
