@@ -913,16 +913,12 @@ TEST_CASE("plan_filter_grad: a tile's store priced at the bytes FIXPIPE writes")
   }
 }
 
-TEST_CASE("The fused filter gradient adds parts further apart than copy_gm2ub's source gap") {
-  // The parts' f32 products lie a whole filter apart ([parts][taps * C * cout]): for 1x1 x 512
-  // x 1,040 that is 532,480 floats, 66,560 32-byte blocks, past copy_gm2ub's 16-bit src_gap
-  // (ResNet-50's 1x1 512 -> 2048 filter gradient at batch 256 on the 910b split in 2 parts
-  // failed the verifier so). The vector cores then load each part's row by a copy of its own;
-  // dW against the sums in double.
-  if (!test_sim().config().split) return;  // add_parts: split chips only
-  using compiler::ops::FilterGradSpec;
-  const ConvCase c{1, 16, 16, 512, 1, 1, 1040};
-  FilterGradSpec s;
+namespace {
+
+// The fused filter gradient of case c (NHWC x, dense rows) in two parts that its own kernel adds
+// (split chips), dW in f16.
+compiler::ops::FilterGradSpec fused_filter_grad_spec(const ConvCase& c) {
+  compiler::ops::FilterGradSpec s;
   s.images = c.n;
   s.h = c.h;
   s.w = c.w;
@@ -935,6 +931,21 @@ TEST_CASE("The fused filter gradient adds parts further apart than copy_gm2ub's 
   s.parts = 2;
   s.add_parts = true;
   s.dw_type = isa::Dtype::F16;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("The fused filter gradient adds parts further apart than copy_gm2ub's source gap") {
+  // The parts' f32 products lie a whole filter apart ([parts][taps * C * cout]): for 1x1 x 512
+  // x 1,040 that is 532,480 floats, 66,560 32-byte blocks, past copy_gm2ub's 16-bit src_gap
+  // (ResNet-50's 1x1 512 -> 2048 filter gradient at batch 256 on the 910b split in 2 parts
+  // failed the verifier so). The vector cores then load each part's row by a copy of its own;
+  // dW against the sums in double.
+  if (!test_sim().config().split) return;  // add_parts: split chips only
+  using compiler::ops::FilterGradSpec;
+  const ConvCase c{1, 16, 16, 512, 1, 1, 1040};
+  FilterGradSpec s = fused_filter_grad_spec(c);
   const std::string op = "Conv2DBackpropFilter";
   const compiler::ops::FilterGradTiling t =
       compiler::ops::plan_filter_grad(s, test_sim().config(), op);
@@ -965,19 +976,7 @@ TEST_CASE("NPUSIM_MIX_ONE_TO_ONE: the filter gradient's parts added by one vecto
   using compiler::ops::FilterGradSpec;
   const ChipConfig& cfg = test_sim().config();
   const ConvCase c{2, 16, 16, 96, 1, 1, 80};
-  FilterGradSpec s;
-  s.images = c.n;
-  s.h = c.h;
-  s.w = c.w;
-  s.c = c.c;
-  s.cout = c.cout;
-  s.x_pixel = c.c;
-  s.x_row = c.w * c.c;
-  s.x_image = c.h * c.w * c.c;
-  s.pitch = s.cout;
-  s.parts = 2;
-  s.add_parts = true;
-  s.dw_type = isa::Dtype::F16;
+  FilterGradSpec s = fused_filter_grad_spec(c);
   const std::string op = "Conv2DBackpropFilter";
   const compiler::ops::FilterGradTiling t = compiler::ops::plan_filter_grad(s, cfg, op);
   HostTensor x = random_tensor(DataType::F16, {c.n, c.h, c.w, c.c}, -2, 2, 97);
