@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -551,6 +552,12 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
     r.time_us = I.cfg.cycles_to_us(static_cast<double>(ps) / kPsPerCycle);
     if (launches[i].take_cores_when_ready) group[i].cores = I.chip->launch_cores(i);
   }
+  // The counters of the launches that took their cores when ready: each core's over the time
+  // the launch held it (read before end_concurrent clears the launches' workers).
+  std::vector<uint64_t> before_end;
+  I.counters.raw_values(before_end);
+  std::vector<std::optional<CounterDelta>> held(launches.size());
+  for (size_t i = 0; i < launches.size(); ++i) held[i] = I.chip->held_counters(i, before_end);
   I.chip->end_concurrent();
   out.cycles = ceil_cycles(makespan_ps);
   out.time_us = I.cfg.cycles_to_us(static_cast<double>(makespan_ps) / kPsPerCycle);
@@ -572,7 +579,10 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
     };
     const std::vector<uint64_t>* from = I.chip->counters_at_start(i);
     const std::vector<uint64_t>* to = I.chip->counters_at_end(i);
-    if (from || to) {
+    if (held[i]) {
+      held[i]->set_root(kChipName);
+      r.counter_delta = held[i]->filtered(own);
+    } else if (from || to) {
       // Its cores may have run other launches of the group before or after it: only the
       // counters' growth from its start to its end. A counter registered after its end (on
       // first use, by a later launch on its cores) did not move in it: 0 at its end, where

@@ -178,19 +178,25 @@ struct ConcurrentLaunch {
   // as a CANN stream's task waits for the events recorded after other tasks; if one of them
   // failed it does not run.
   std::vector<size_t> after;
-  // true (cores must be empty): the launch takes its cores when it is ready (each launch of
-  // `after` has ended): block_dim free cores of each kind its program runs on (mix: free
-  // groups), first in chip order; if too few are free it waits until enough are; waiting
-  // launches are served in index order whenever cores free (a later one that fits may start
-  // before an earlier one that does not); it holds them until its end.
-  // Its cores come only from those no launch with fixed cores (named or taken before the run)
-  // uses: those launches hold theirs for the whole group. Its blocks run one per core (group),
-  // so a block_dim above the chip's cores (groups) of the kind outside the fixed launches' is
-  // refused before anything runs (npusim::Error naming the launch), as are names in `cores`.
-  // Then it always gets its cores: the cores it may take are held only by launches that
-  // began, which wait for nothing and end; one that failed keeps its cores to the group's end,
-  // and a launch that cannot run without them does not run (its error names the failed ones).
-  // start_cycle: when it took its cores; counters: those of the cores it took.
+  // true (cores must be empty): the launch takes its cores as they free, as Ascend's task
+  // scheduler dispatches a task's blocks (docs/chip_model.md "Concurrent launches"). Once it is
+  // ready (each launch of `after` has ended) it begins as soon as one worker is free (a core of
+  // the kind its program runs on; mix: a cube core with its mix_aiv_per_block vector cores),
+  // taking the free workers first in chip order, one per block. A worker that finishes a block
+  // takes the launch's next block (after the block start overhead); one with no block left goes
+  // back to the chip at once (not at the launch's end: the completion overhead holds no core).
+  // Workers that go back are served to the launches that are ready and have blocks no worker
+  // holds, in index order (the order the streams' tasks were issued), each taking one per such
+  // block; so a launch's blocks run in waves, on as many workers as it gets, and block_dim may
+  // exceed the chip's workers. Deterministic: the same group gives the same cycles and
+  // counters. Its cores come only from those no launch with fixed cores (named or taken before
+  // the run) uses: those launches hold theirs for the whole group; a launch with no worker
+  // among the others is refused before anything runs (npusim::Error naming the launch), as are
+  // names in `cores`. It always gets a worker: the cores it may take are held only by launches
+  // that began, which wait for nothing and free them; one that failed keeps the cores it held
+  // to the group's end, and a launch that finds no other does not run (its error names the
+  // failed ones). start_cycle: when it began (took its first workers); counters: see
+  // ConcurrentResult.
   bool take_cores_when_ready = false;
 };
 
@@ -202,7 +208,10 @@ struct ConcurrentResult {
   // did not run). counter_delta / counters hold only the
   // counters of the launch's own cores (names "chip.<core>."): what its blocks did (on cores
   // it shares with ordered launches, a stream's, their growth from its start to its end; a
-  // high-water counter there gives the group's maximum).
+  // high-water counter there gives the group's maximum). A launch that takes its cores when
+  // ready counts each core it ran blocks on from when it took that core to when it gave it
+  // back, so a core that ran blocks of several such launches counts each launch's blocks in
+  // that launch's counters only (their sum is the group's, high-water counters aside).
   std::vector<KernelResult> launches;
   uint64_t start_cycle = 0;
   uint64_t cycles = 0;  // makespan: from the start to the last launch's end
@@ -257,7 +266,7 @@ class Simulator {
   // index and kernel) for a malformed group: no program, an unknown core name, more cores than the
   // chip has, a core in two launches neither of which waits for the other (both named), an `after`
   // index that is not an earlier launch's, no core the program can run on, different l2_run values,
-  // a launch that takes its cores when ready and names cores or needs more than it may take
+  // a launch that takes its cores when ready and names cores or has no worker it may take
   // (ConcurrentLaunch::take_cores_when_ready); nothing runs then. The launch log
   // (SimOptions::launch_log) gets a line per launch in the order given. Attached observers see
   // the launches interleaved (docs/chip_model.md "Concurrent launches": the trace and the

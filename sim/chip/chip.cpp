@@ -85,10 +85,18 @@ void Chip::remove_observer(ChipObserver* observer) {
 
 void Chip::dispatch_blocks() {
   // Every running launch's free workers (a launch none of whose workers was freed in this
-  // delta cycle has none free with blocks left: dispatch_free does nothing for it).
-  for (size_t i = 0; i < m_active_slots; ++i)
-    if (!m_slots[i]->aborted) m_slots[i]->scheduler.dispatch_free();
-  schedule_starts();
+  // delta cycle has none free with blocks left: dispatch_free does nothing for it). A worker
+  // of a launch that takes its cores when ready that got no block (none left) goes back to
+  // the chip, and the launches waiting for cores take what is free.
+  bool freed = false;
+  for (size_t i = 0; i < m_active_slots; ++i) {
+    Slot& s = *m_slots[i];
+    if (s.aborted) continue;
+    s.scheduler.dispatch_free();
+    if (s.take_cores_when_ready && s.started) freed = release_idle_workers(i) || freed;
+  }
+  if (freed) serve_free_cores();
+  else schedule_starts();
 }
 
 void Chip::start_blocks() {
@@ -265,8 +273,15 @@ void Chip::start_slot(size_t i) {
   }
   s.started = true;
   s.start = s.end = sc_time_stamp();
-  m_memory->begin_launch_view(s.cores);  // an L2 that starts cold at every launch: at this one's
+  s.view = m_memory->begin_launch_view(s.cores);  // an L2 cold at every launch: at this one's
   if (!s.after.empty() || s.take_cores_when_ready) m_counters.raw_values(s.raw_at_start);
+  if (s.take_cores_when_ready) {
+    // held_counters: every first worker's cores count for it from now.
+    s.used = s.cores;
+    s.raw_at_join.assign(s.workers.size(), s.raw_at_start);
+    s.held_from.clear();
+    s.held_to.clear();
+  }
   for (ChipObserver* o : m_observers)
     o->on_kernel_begin(*s.launch.program, s.launch.block_dim, time_ps(s.start));
   s.scheduler.start(std::move(s.workers), s.launch.block_dim, static_cast<int>(m_cores.size()),
@@ -390,21 +405,21 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
     try {
       prepare_slot(s, *g.program, *g.args, g.block_dim, functional, g.max_insns_per_block);
       if (g.take_cores_when_ready) {
-        // Its workers are made when it takes its cores: block_dim of them, one block each.
+        // Its workers are made as it takes cores (take_free_cores), from the sections
+        // prepare_slot prepared; its blocks run in waves on as many as it gets, so it needs one.
         const size_t chip_workers = s.workers.size();
         const CoreKind kind = s.workers.front().members.front().core->core_kind();
         s.workers.clear();
         s.cores.assign(m_cores.size(), false);
-        const size_t free_workers = worker_cores(*g.program, shared).size();
-        if (static_cast<size_t>(g.block_dim) > free_workers)
+        if (worker_cores(*g.program, shared).empty())
           throw Error(fmt::format(
-              "kernel '{}': block_dim {} needs {} {} at once (it takes its cores when ready); "
-              "the chip has {}, {} of them on cores no launch with fixed cores uses",
-              g.program->name, g.block_dim, g.block_dim,
-              s.mix ? fmt::format("groups of one aic and {} aiv cores",
+              "kernel '{}' takes its cores when ready and needs {}: the chip has {}, none of "
+              "them on cores no launch with fixed cores uses",
+              g.program->name,
+              s.mix ? fmt::format("a group of one aic and {} aiv cores",
                                   mix_aiv_per_block(m_cfg, *g.program))
-                    : fmt::format("{} cores", isa::core_kind_name(kind)),
-              chip_workers, free_workers));
+                    : fmt::format("one {} core", isa::core_kind_name(kind)),
+              chip_workers));
       }
     } catch (const Error& e) {
       for (size_t j = 0; j <= i; ++j) m_slots[j]->workers.clear();
@@ -421,8 +436,8 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
       m_slots[j]->awaited = true;
       m_waiting = true;
     }
-  // A launch that takes its cores when ready frees them at its end: its end is noted as an
-  // awaited launch's is (settle_waiting).
+  // A launch that takes its cores when ready: its end is noted as an awaited launch's is
+  // (settle_waiting), which also begins such launches when what they wait for ended.
   for (size_t i = 0; i < group.size(); ++i)
     if (group[i].take_cores_when_ready) m_slots[i]->awaited = m_waiting = true;
   m_free_cores = shared;
@@ -430,34 +445,151 @@ void Chip::begin_concurrent(const std::vector<GroupLaunch>& group, bool function
   detach_recordings();
   m_memory->begin_launch();
   if (m_waiting) m_memory->watch_writebacks();
-  for (size_t i = 0; i < group.size(); ++i)
-    if (group[i].after.empty() && (!group[i].take_cores_when_ready || take_free_cores(i)))
-      start_slot(i);
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (!group[i].after.empty()) continue;
+    if (group[i].take_cores_when_ready) take_free_cores(i);  // begins it if a worker is free
+    else start_slot(i);
+  }
   schedule_starts();
+}
+
+TaskScheduler::Worker Chip::group_worker(const Slot& s, const std::vector<AiCore*>& g) const {
+  // make_workers prepared the sections: one, or a mix kernel's aic then aiv.
+  TaskScheduler::Worker w;
+  w.members.push_back({g.front(), s.runs.front().get(), 0});
+  for (size_t k = 1; k < g.size(); ++k)
+    w.members.push_back({g[k], s.runs.back().get(), static_cast<int>(k - 1)});
+  return w;
 }
 
 bool Chip::take_free_cores(size_t i) {
   Slot& s = *m_slots[i];
+  if (!s.take_cores_when_ready || !s.fault.empty() || s.aborted) return false;
+  size_t want = 0;
+  if (s.started) {
+    // Blocks that neither a running worker will take nor an idle one takes at dispatch_free.
+    const int left = s.scheduler.blocks_left() - s.scheduler.idle_workers();
+    if (left <= 0) return false;
+    want = static_cast<size_t>(left);
+  } else {
+    for (size_t j : s.after)
+      if (!m_slots[j]->ended || !m_slots[j]->fault.empty()) return false;
+    want = static_cast<size_t>(s.launch.block_dim);
+  }
   const std::vector<std::vector<AiCore*>> free = worker_cores(*s.launch.program, m_free_cores);
-  const size_t want = static_cast<size_t>(s.launch.block_dim);
-  if (free.size() < want) return false;
-  s.cores.assign(m_cores.size(), false);
-  for (size_t w = 0; w < want; ++w)
+  const size_t n = std::min(want, free.size());
+  if (n == 0) return false;
+  std::vector<bool> joining(m_cores.size(), false);
+  for (size_t w = 0; w < n; ++w)
     for (AiCore* c : free[w]) {
-      s.cores[static_cast<size_t>(c->chip_index())] = true;
-      m_free_cores[static_cast<size_t>(c->chip_index())] = false;
+      const size_t ci = static_cast<size_t>(c->chip_index());
+      joining[ci] = true;
+      m_free_cores[ci] = false;
     }
-  s.runs.clear();
-  s.workers = make_workers(s, *s.launch.program);  // cannot throw: begin_concurrent checked it
+  if (!s.started) {
+    s.cores = joining;
+    for (size_t w = 0; w < n; ++w) s.workers.push_back(group_worker(s, free[w]));
+    start_slot(i);
+    return true;
+  }
+  // Joining a running launch: each core is cleaned after the launch that held it before, sees
+  // the launch's L2 view, and its counters count for this launch from now.
+  std::vector<uint64_t> raw;
+  m_counters.raw_values(raw);
+  for (size_t w = 0; w < n; ++w) {
+    for (AiCore* c : free[w]) {
+      const size_t ci = static_cast<size_t>(c->chip_index());
+      s.cores[ci] = s.used[ci] = true;
+      m_slot_of_core[ci] = static_cast<int>(i);
+      c->reset();
+    }
+    const size_t wi = s.scheduler.add_worker(group_worker(s, free[w]),
+                                             cycles_to_time(m_cfg.task_block_start_cycles));
+    if (s.raw_at_join.size() <= wi) s.raw_at_join.resize(wi + 1);
+    s.raw_at_join[wi] = raw;
+  }
+  m_memory->join_launch_view(joining, s.view);
+  return false;
+}
+
+void Chip::serve_free_cores() {
+  for (size_t i = 0; i < m_active_slots; ++i) take_free_cores(i);
+  schedule_starts();
+}
+
+bool Chip::release_idle_workers(size_t i) {
+  Slot& s = *m_slots[i];
+  const std::vector<size_t> gone = s.scheduler.release_idle_workers();
+  if (gone.empty()) return false;
+  std::vector<uint64_t> raw;
+  m_counters.raw_values(raw);
+  const std::vector<std::vector<uint32_t>>& own = core_counter_indices();
+  if (s.held_from.size() < raw.size()) s.held_from.resize(raw.size(), 0);
+  if (s.held_to.size() < raw.size()) s.held_to.resize(raw.size(), 0);
+  for (size_t wi : gone) {
+    std::vector<uint64_t>& from = s.raw_at_join[wi];
+    for (const TaskScheduler::Member& m : s.scheduler.workers()[wi].members) {
+      const size_t ci = static_cast<size_t>(m.core->chip_index());
+      s.cores[ci] = false;
+      m_free_cores[ci] = true;
+      for (uint32_t k : own[ci]) {
+        s.held_from[k] = k < from.size() ? from[k] : 0;
+        s.held_to[k] = raw[k];
+      }
+    }
+    std::vector<uint64_t>().swap(from);
+  }
   return true;
+}
+
+const std::vector<std::vector<uint32_t>>& Chip::core_counter_indices() {
+  m_core_counters.resize(m_cores.size());
+  // Counters register on first use, so the registry may have grown since the last call. Each
+  // new one's name comes from a delta of it alone (large enough to report nonzero).
+  for (size_t k = m_core_counters_seen; k < m_counters.size(); ++k) {
+    const CounterDelta d = m_counters.delta_of({{static_cast<uint32_t>(k), uint64_t{1} << 62}});
+    d.for_each([&](const CounterInfo& info, uint64_t) {
+      const std::string root = m_counter_root + ".";
+      if (info.name.compare(0, root.size(), root) != 0) return;
+      const size_t dot = info.name.find('.', root.size());
+      if (dot == std::string::npos) return;
+      const std::string core = info.name.substr(root.size(), dot - root.size());
+      for (const auto& c : m_cores)
+        if (c->core_name() == core)
+          m_core_counters[static_cast<size_t>(c->chip_index())].push_back(static_cast<uint32_t>(k));
+    });
+  }
+  m_core_counters_seen = m_counters.size();
+  return m_core_counters;
+}
+
+std::optional<CounterDelta> Chip::held_counters(size_t i, const std::vector<uint64_t>& now) {
+  const Slot& s = *m_slots[i];
+  if (!s.take_cores_when_ready || !s.started) return std::nullopt;
+  std::vector<uint64_t> from = s.held_from, to = s.held_to;
+  from.resize(now.size(), 0);
+  to.resize(now.size(), 0);
+  // The workers it still holds (a launch that failed keeps them): their intervals end now.
+  const std::vector<std::vector<uint32_t>>& own = core_counter_indices();
+  const auto& workers = s.scheduler.workers();
+  for (size_t wi = 0; wi < workers.size() && wi < s.raw_at_join.size(); ++wi) {
+    if (workers[wi].released) continue;
+    for (const TaskScheduler::Member& m : workers[wi].members)
+      for (uint32_t k : own[static_cast<size_t>(m.core->chip_index())]) {
+        from[k] = k < s.raw_at_join[wi].size() ? s.raw_at_join[wi][k] : 0;
+        to[k] = now[k];
+      }
+  }
+  return m_counters.delta_between(from, to);
 }
 
 std::vector<int> Chip::launch_cores(size_t i) const {
   std::vector<int> out;
   const Slot& s = *m_slots[i];
   if (s.take_cores_when_ready && !s.started) return out;
-  for (size_t c = 0; c < s.cores.size(); ++c)
-    if (s.cores[c]) out.push_back(static_cast<int>(c));
+  const std::vector<bool>& ran = s.take_cores_when_ready ? s.used : s.cores;
+  for (size_t c = 0; c < ran.size(); ++c)
+    if (ran[c]) out.push_back(static_cast<int>(c));
   return out;
 }
 
@@ -471,8 +603,8 @@ std::string Chip::no_cores_message(size_t i) const {
     holders += fmt::format("{}{} ('{}')", holders.empty() ? "" : ", ", j, o.launch.program->name);
   }
   return fmt::format(
-      "did not run: it takes its cores when ready and too few were free ({} of "
-      "the {} workers it needs){}",
+      "did not run: it takes its cores when ready and none was free ({} of the {} workers "
+      "it needs){}",
       free, s.launch.block_dim,
       holders.empty() ? std::string() : "; failed launches keep theirs: " + holders);
 }
@@ -482,8 +614,8 @@ void Chip::start_waiting() { settle_waiting(true); }
 void Chip::settle_waiting(bool may_start) {
   if (!m_waiting) return;
   bool begun = false;
-  // The ends first: a launch that took its cores when ready frees them at its end (one that
-  // failed keeps them: its cores are cleared only at the group's end).
+  // The ends first (a launch that took its cores when ready gave each back when no block was
+  // left for it, dispatch_blocks; one that failed keeps those it held to the group's end).
   for (size_t i = 0; i < m_active_slots; ++i) {
     Slot& s = *m_slots[i];
     if (!s.started || !s.awaited || s.ended) continue;
@@ -491,13 +623,10 @@ void Chip::settle_waiting(bool may_start) {
       s.ended = true;
       s.ended_at = s.end;
     } else if (s.scheduler.all_done() && s.end <= sc_time_stamp() &&
-               !m_memory->writebacks_in_flight_of(s.cores)) {
+               !m_memory->writebacks_in_flight_of(ran_on(s))) {
       s.ended = true;
-      s.ended_at = std::max(s.end, m_memory->writebacks_end_of(s.cores));
+      s.ended_at = std::max(s.end, m_memory->writebacks_end_of(ran_on(s)));
       m_counters.raw_values(s.raw_at_end);
-      if (s.take_cores_when_ready)
-        for (size_t c = 0; c < s.cores.size(); ++c)
-          if (s.cores[c]) m_free_cores[c] = true;
     }
   }
   // Then the launches not begun, in index order: a launch waits only for earlier ones, so one
@@ -526,7 +655,9 @@ void Chip::settle_waiting(bool may_start) {
                     : std::string("did not run: a launch it waits for did not end");
       s.ended = true;
       s.ended_at = s.end;
-    } else if (all_ended && (!s.take_cores_when_ready || take_free_cores(i))) {
+    } else if (all_ended && s.take_cores_when_ready) {
+      begun = take_free_cores(i) || begun;  // begins it if a worker is free
+    } else if (all_ended) {
       start_slot(i);
       begun = true;
     }
@@ -552,7 +683,7 @@ sc_core::sc_time Chip::end_time(size_t i) const {
       // An awaited launch's end was noted when it came: a later launch may reuse its cores.
       if (s.ended) return s.ended_at;
       return std::max(s.end, m_active_slots == 1 ? m_memory->writebacks_end()
-                                                 : m_memory->writebacks_end_of(s.cores));
+                                                 : m_memory->writebacks_end_of(ran_on(s)));
     case Outcome::Fault: break;
   }
   return s.end;
@@ -731,6 +862,7 @@ void Chip::cross_core_set(AiCore& core, Lane lane, int mode, int id) {
       if (mode == 0) {
         for (const auto& worker : s.scheduler.workers()) {
           if (&worker - &s.scheduler.workers().front() >= s.launch.block_dim) break;
+          if (worker.released) continue;  // gone back to the chip (take_cores_when_ready)
           for (const auto& m : worker.members)
             if (m.core->core_kind() == core.core_kind()) participants.push_back(m.core);
         }

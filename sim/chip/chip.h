@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,8 +84,8 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // indices, as cores()) and the launches it waits for (indices of earlier launches of the
   // group). Two launches may share a core only if one waits for the other, directly or through
   // others (ordered launches: a stream's). take_cores_when_ready (cores empty): the launch
-  // takes block_dim workers' cores when it is ready, among the cores no launch with fixed cores
-  // uses (Simulator's ConcurrentLaunch::take_cores_when_ready). Never recorded.
+  // takes workers' cores as they free once it is ready, among the cores no launch with fixed
+  // cores uses (Simulator's ConcurrentLaunch::take_cores_when_ready). Never recorded.
   struct GroupLaunch {
     const isa::Program* program = nullptr;
     const std::vector<uint64_t>* args = nullptr;
@@ -107,11 +108,15 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // (its index in `group`) for one this chip cannot run on its cores (no section for them, no
   // core of the kind its section needs among them, block_dim < 1, a core outside the chip,
   // listed twice, or also another launch's that neither waits for, a bad `after`; cores named
-  // with take_cores_when_ready, or a block_dim above the workers the cores outside the fixed
-  // launches' make); nothing is begun then. A fault in one launch aborts its cores and its
-  // transfers only: the others run on to their end. Launches that take their cores when ready
-  // get them, in index order each time cores free, from the cores no launch with fixed cores
-  // uses; a launch that failed keeps its cores to the group's end.
+  // with take_cores_when_ready, or no worker on the cores outside the fixed launches'); nothing
+  // is begun then. A fault in one launch aborts its cores and its transfers only: the others
+  // run on to their end. Launches that take their cores when ready get them from the cores no
+  // launch with fixed cores uses, a worker at a time (serve_free_cores): such a launch begins
+  // when it is ready and at least one worker is free, taking as many free workers (first in
+  // chip order) as it has blocks; a worker that finishes a block takes the launch's next one,
+  // and one with no block left goes back to the chip, where the launches in index order that
+  // are ready and have blocks no worker holds take it (its blocks run in waves, block_dim may
+  // exceed the chip's workers). A launch that failed keeps the cores it held to the group's end.
   void begin_concurrent(const std::vector<GroupLaunch>& group, bool functional);
   // After sc_start() returned, of launch i of the group (Outcome::Deadlock: still unfinished,
   // or not begun while what it waits for runs; Outcome::Fault also: it did not run).
@@ -129,11 +134,17 @@ class Chip : public sc_core::sc_module, public CoreEnv {
     return s.started && (!s.after.empty() || s.take_cores_when_ready) ? &s.raw_at_start : nullptr;
   }
   // The chip indices of the cores launch i of the group ran on (for one that took its cores
-  // when ready: those it took; none if it did not run).
+  // when ready: every core that ran a block of it; none if it did not run).
   std::vector<int> launch_cores(size_t i) const;
   const std::vector<uint64_t>* counters_at_end(size_t i) const {
     return m_slots[i]->ended && m_slots[i]->fault.empty() ? &m_slots[i]->raw_at_end : nullptr;
   }
+  // Of a launch that took its cores when ready and began (else nullopt): the growth of each of
+  // its cores' counters ("<root>.<core>.") over the time it held that core, from taking it to
+  // giving it back (a core it still holds, having failed: to `now`, raw_values at the group's
+  // end), so a core that ran blocks of several launches counts each one's work in its own.
+  // Other counters: 0, but high-water ones, which report the group's maximum (delta_between).
+  std::optional<CounterDelta> held_counters(size_t i, const std::vector<uint64_t>& now);
   // Launch i's end: its last block's end with the completion overhead, or if later the end of
   // the last write-back flow of the lines its cores' transfers evicted; its fault; or
   // (deadlock) now. A launch that did not run ends where it began.
@@ -206,9 +217,23 @@ class Chip : public sc_core::sc_module, public CoreEnv {
     bool ended = false;
     sc_core::sc_time ended_at;
     std::vector<uint64_t> raw_at_start, raw_at_end;  // counters_at_start / counters_at_end
-    // GroupLaunch::take_cores_when_ready: `cores` is empty until it begins.
+    // GroupLaunch::take_cores_when_ready: `cores` is the cores it holds now (empty until it
+    // begins, none once every worker went back), `used` every core that ran a block of it.
     bool take_cores_when_ready = false;
+    std::vector<bool> used;
+    uint64_t view = 0;  // its L2 view (MemorySystem::begin_launch_view), for cores that join
+    // held_counters: raw values when each worker (by index in the scheduler) joined, and the
+    // values bounding the intervals of the workers given back: from / to, by counter index.
+    std::vector<std::vector<uint64_t>> raw_at_join;
+    std::vector<uint64_t> held_from, held_to;
   };
+  // The cores a launch's transfers came from: those it was given, or (one that took its cores
+  // when ready) every core that ran a block of it. Its end waits for their write-backs: where a
+  // core ran blocks of a later launch too, for that one's as well (the memory system knows a
+  // transfer's core, not its launch).
+  static const std::vector<bool>& ran_on(const Slot& s) {
+    return s.take_cores_when_ready ? s.used : s.cores;
+  }
   Slot& slot_of(const AiCore& core) {
     return *m_slots[static_cast<size_t>(m_slot_of_core[static_cast<size_t>(core.chip_index())])];
   }
@@ -232,10 +257,23 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // g * aiv_per_aic ...), the groups whose cores are all in `mask`. Empty for a split chip's program with no aic / aiv section.
   std::vector<std::vector<AiCore*>> worker_cores(const isa::Program& program,
                                                  const std::vector<bool>& mask) const;
-  // Launch i of the group takes its cores when ready: if the free cores (m_free_cores) make
-  // block_dim workers, takes the first block_dim in chip order, makes its workers and returns
-  // true; else takes none.
+  // Launch i of the group takes its cores when ready: if it is ready (begun with blocks no
+  // worker holds, or not begun and every launch it waits for ended well) it takes free
+  // workers (m_free_cores, first in chip order), one per block no worker holds; one that had
+  // not begun begins if it got any. Returns whether it began.
   bool take_free_cores(size_t i);
+  // take_free_cores for every launch in index order (the task scheduler serves the streams'
+  // tasks in the order they were issued); schedules the blocks' starts.
+  void serve_free_cores();
+  // Gives back the idle workers of launch i (take_cores_when_ready) that have no block left:
+  // their cores become free and their counters' intervals end. Returns whether any was.
+  bool release_idle_workers(size_t i);
+  // The worker of slot s (its sections prepared by make_workers) on the cores of group g
+  // (worker_cores: one core, or a cube core and its vector cores).
+  TaskScheduler::Worker group_worker(const Slot& s, const std::vector<AiCore*>& g) const;
+  // The counter indices of each core's counters (by chip index; "<root>.<core>."), extended to
+  // the counters registered so far.
+  const std::vector<std::vector<uint32_t>>& core_counter_indices();
   // Why launch i (take_cores_when_ready, ready) did not run: too few free cores, and the failed
   // launches that keep the others.
   std::string no_cores_message(size_t i) const;
@@ -267,6 +305,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // By chip index: the core is free for a launch that takes its cores when ready (no launch
   // with fixed cores uses it, and no launch that took it holds it).
   std::vector<bool> m_free_cores;
+  // core_counter_indices(): the indices so far, and how many counters were looked at.
+  std::vector<std::vector<uint32_t>> m_core_counters;
+  size_t m_core_counters_seen = 0;
 
   // The launches in progress: slot 0 the lone launch; slots 0..m_active_slots-1 a concurrent
   // group's. Slots are kept for later launches (their events stay alive).

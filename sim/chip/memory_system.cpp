@@ -148,12 +148,18 @@ void MemorySystem::begin_launch(bool record, uint64_t trace_max) {
   m_watch_writebacks = false;
 }
 
-void MemorySystem::begin_launch_view(const std::vector<bool>& ports) {
-  if (m_l2_carried) return;
+uint64_t MemorySystem::begin_launch_view(const std::vector<bool>& ports) {
+  if (m_l2_carried) return 0;
   m_l2.stamp_fills(++m_view_stamp);
+  join_launch_view(ports, m_view_stamp);
+  return m_view_stamp;
+}
+
+void MemorySystem::join_launch_view(const std::vector<bool>& ports, uint64_t stamp) {
+  if (m_l2_carried || stamp == 0) return;
   if (m_view_of_port.size() < ports.size()) m_view_of_port.resize(ports.size(), 0);
   for (size_t p = 0; p < ports.size(); ++p)
-    if (ports[p]) m_view_of_port[p] = m_view_stamp;
+    if (ports[p]) m_view_of_port[p] = stamp;
 }
 
 void MemorySystem::abort_transfers() {

@@ -108,7 +108,12 @@ class MemorySystem : public sc_core::sc_module {
   // chip's one L2 does). With a carried L2 (kept across launches, a graph run's) it does
   // nothing: the group's launches share the L2 as the run's launches in order do.
   // docs/chip_model.md "Concurrent launches".
-  void begin_launch_view(const std::vector<bool>& ports);
+  // Returns the view's stamp (0 with a carried L2), for cores that join the launch later.
+  uint64_t begin_launch_view(const std::vector<bool>& ports);
+  // Cores `ports` join a launch begun with begin_launch_view (a launch that takes cores as they
+  // free: Chip::begin_concurrent): their lookups take its view, `stamp`, from now on (they see
+  // what it sees: the lines filled since its start). Nothing with a carried L2 (stamp 0).
+  void join_launch_view(const std::vector<bool>& ports, uint64_t stamp);
   // The L2's tags between launches: the launch replay checks a recording against a copy of
   // them and installs the copy's end state when it replays (sim/simulator.cpp).
   const L2Tags& l2() const { return m_l2; }

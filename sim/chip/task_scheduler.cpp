@@ -23,7 +23,9 @@ void TaskScheduler::dispatch(Worker& w, const sc_core::sc_time& delay) {
   ++w.blocks_run;
   w.pending = static_cast<int>(w.members.size());
   if (delay == sc_core::SC_ZERO_TIME) assign(w);
-  else m_starts.emplace_back(sc_core::sc_time_stamp() + delay, &w);
+  else
+    m_starts.emplace_back(sc_core::sc_time_stamp() + delay,
+                          static_cast<size_t>(&w - m_workers.data()));
 }
 
 void TaskScheduler::assign(const Worker& w) {
@@ -32,7 +34,7 @@ void TaskScheduler::assign(const Worker& w) {
 
 void TaskScheduler::start_due() {
   while (!m_starts.empty() && m_starts.front().first <= sc_core::sc_time_stamp()) {
-    assign(*m_starts.front().second);
+    assign(m_workers[m_starts.front().second]);
     m_starts.pop_front();
   }
 }
@@ -55,8 +57,41 @@ bool TaskScheduler::core_done(AiCore& core) {
 void TaskScheduler::dispatch_free() {
   for (Worker& w : m_workers) {
     if (m_next >= m_block_dim) return;
-    if (w.block < 0) dispatch(w, m_block_start);
+    if (w.block < 0 && !w.released) dispatch(w, m_block_start);
   }
+}
+
+size_t TaskScheduler::add_worker(Worker w, const sc_core::sc_time& block_start) {
+  const size_t wi = m_workers.size();
+  for (const Member& m : w.members) {
+    const size_t ci = static_cast<size_t>(m.core->chip_index());
+    if (ci >= m_worker_of_core.size()) m_worker_of_core.resize(ci + 1, -1);
+    m_worker_of_core[ci] = static_cast<int>(wi);
+  }
+  w.block = -1;
+  w.pending = 0;
+  w.released = false;
+  m_workers.push_back(std::move(w));
+  if (m_next < m_block_dim) dispatch(m_workers.back(), block_start);
+  return wi;
+}
+
+int TaskScheduler::idle_workers() const {
+  int n = 0;
+  for (const Worker& w : m_workers) n += w.block < 0 && !w.released;
+  return n;
+}
+
+std::vector<size_t> TaskScheduler::release_idle_workers() {
+  std::vector<size_t> out;
+  if (m_next < m_block_dim) return out;
+  for (size_t i = 0; i < m_workers.size(); ++i) {
+    Worker& w = m_workers[i];
+    if (w.block >= 0 || w.released) continue;
+    w.released = true;
+    out.push_back(i);
+  }
+  return out;
 }
 
 const TaskScheduler::Worker* TaskScheduler::worker_of(const AiCore& core) const {

@@ -7,6 +7,10 @@
 // blocks dispatch + block_start after the launch begins. Blocks due at the same time start in
 // the order they were handed out, in one delta cycle (start_due), as blocks handed out without
 // a delay do: the overheads shift a launch's blocks in time and change nothing else.
+// A launch of a concurrent group that takes its cores when ready (Chip::begin_concurrent) may
+// gain workers while it runs (add_worker: cores another launch freed), and gives up a worker
+// that is free when no block is left to hand out (release_idle_workers): its cores go back to
+// the chip for other launches.
 #pragma once
 
 #include <deque>
@@ -30,6 +34,7 @@ class TaskScheduler {
     int pending = 0;  // members still running the current block
     int block = -1;
     int blocks_run = 0;  // blocks handed to this worker in the launch
+    bool released = false;  // given back to the chip (release_idle_workers): takes no block
   };
 
   // Starts a launch: dispatches blocks to the workers in order; they start after `dispatch`
@@ -46,6 +51,16 @@ class TaskScheduler {
   bool core_done(AiCore& core);
   // Hands the next blocks to the free workers, in worker order.
   void dispatch_free();
+  // A worker joins the running launch (cores another launch freed) and is handed the next
+  // block, which starts after `block_start`. Returns its index in workers().
+  size_t add_worker(Worker w, const sc_core::sc_time& block_start);
+  // Blocks not yet handed to a worker.
+  int blocks_left() const { return m_block_dim - m_next; }
+  // Workers neither running a block nor released (they take the next blocks at dispatch_free).
+  int idle_workers() const;
+  // Marks released every idle worker if no block is left to hand out, and returns their
+  // indices in workers() (none while blocks are left: a worker's next block is the launch's).
+  std::vector<size_t> release_idle_workers();
   bool all_done() const { return m_done == m_block_dim; }
   int blocks_done() const { return m_done; }
   const std::vector<Worker>& workers() const { return m_workers; }
@@ -58,7 +73,8 @@ class TaskScheduler {
   void assign(const Worker& w);
   std::vector<Worker> m_workers;
   sc_core::sc_time m_block_start;
-  std::deque<std::pair<sc_core::sc_time, Worker*>> m_starts;  // handed out, due at, in order
+  // Handed out, due at, in order: (time, index in m_workers; add_worker may move the workers).
+  std::deque<std::pair<sc_core::sc_time, size_t>> m_starts;
   std::vector<int> m_worker_of_core;  // by chip index, -1 if not in the launch
   int m_next = 0, m_done = 0, m_block_dim = 0;
 };

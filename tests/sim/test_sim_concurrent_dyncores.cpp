@@ -1,14 +1,20 @@
 // Launches that take their cores when ready (ConcurrentLaunch::take_cores_when_ready) on the
-// tiny split chip (2 cube cores, 4 vector cores): launches that each need every vector core run
-// one after another in index order, each in its time alone; a chain of them runs beside an
-// independent cube launch; a later launch that fits begins before an earlier one waiting for
-// cores; a mix launch takes whole groups; launches with fixed cores keep theirs (and may be
-// ordered with the others); a failed launch keeps its cores and a launch that needs them does
-// not run; launches that can never get their cores are refused.
+// tiny split chip (2 cube cores, 4 vector cores): each begins when it is ready and a core (mix:
+// a group) is free, and its blocks run on cores as they free (waves). Launches that each need
+// every vector core run one after another in index order, each in its time alone, the next
+// beginning when the one before's blocks end (not waiting for its completion overhead); a
+// chain of them runs beside an independent cube launch; a launch needing more cores than are
+// free begins on those and takes others as they free, its cycles derived from its blocks' own;
+// a mix launch takes whole groups; launches with fixed cores keep theirs (and may be ordered
+// with the others); a failed launch keeps its cores and a launch that needs them does not run;
+// the same group twice gives the same cycles and counters; a launch with no core it may ever
+// take is refused.
 #include <catch2/catch.hpp>
 
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "common/error.h"
 #include "common/numeric.h"
@@ -48,6 +54,18 @@ const isa::Program& mix_nop() {
       ".section aic\n    nop\n    end\n.section aiv\n    nop\n    end\n", "mix_nop.s");
   return p;
 }
+// A vector kernel whose every block spins `n` iterations of the scalar unit: no memory, so a
+// block takes the same cycles on any core, beside any launch.
+isa::Program spin(int n) {
+  return isa::assemble(fmt::format(".kernel spin_{0}\n.section aiv\n    movi x4, 0\nloop:\n"
+                                   "    add x4, x4, 1\n    blt x4, {0}, loop\n    end\n",
+                                   n),
+                       fmt::format("spin_{}.s", n));
+}
+// Cycles of one block of `p` (a lone launch of one block less its task overheads).
+uint64_t block_cycles(const isa::Program& p);
+// The task's completion overhead (cycles): a launch ends this long after its last block.
+uint64_t done_cycles() { return test::us_cycles(sim().config(), sim().config().task_done_us); }
 
 // A launch of `prog` that takes its cores when ready, waiting for the launches `after`.
 ConcurrentLaunch when_ready(const isa::Program& prog, std::vector<uint64_t> args, int block_dim,
@@ -93,6 +111,12 @@ void write_operands() {
 
 std::vector<uint64_t> vadd_args(int k) { return {kIn[k], kIn[k], kOut[k], kN}; }
 
+uint64_t block_cycles(const isa::Program& p) {
+  const KernelResult r = sim().run(kernel_launch(p, {}, 1));
+  REQUIRE(r.ok);
+  return r.cycles - test::task_overhead(sim().config(), 1);
+}
+
 // The message of the Error run_concurrent throws for `group` ("" if it runs).
 std::string refusal(const std::vector<ConcurrentLaunch>& group) {
   try {
@@ -107,7 +131,7 @@ std::string refusal(const std::vector<ConcurrentLaunch>& group) {
 
 TEST_CASE(
     "three independent launches each needing every vector core: in index order, each its "
-    "time alone") {
+    "time alone, each beginning when the blocks of the one before end") {
   write_operands();
   // Alone: each begins on a chip with nothing of the others' in the L2, as in the group (their
   // data are disjoint and the tiny chip's L2 holds all of it).
@@ -136,9 +160,11 @@ TEST_CASE(
             alone[static_cast<size_t>(k)].counter_delta.tree()["chip"][core]);
     }
     CHECK(read_gm<uint16_t>(sim(), kOut[k], kN) == doubled(kN, 31 + 2 * k, 1.0f + k));
-    begin += r.cycles;
+    // Its cores free when its blocks end; the next launch takes them then, while this one's
+    // completion is reported.
+    begin += r.cycles - done_cycles();
   }
-  CHECK(g.cycles == begin - g.start_cycle);
+  CHECK(g.cycles == begin + done_cycles() - g.start_cycle);
   CHECK(counter(g.counters.tree(), "chip.aiv0.blocks") == 3);
   // The same group again: the same timing.
   for (size_t k = 0; k < 3; ++k) {
@@ -188,39 +214,83 @@ TEST_CASE("a chain of launches needing every vector core beside an independent c
   CHECK(read_gm<uint16_t>(sim(), kC[0], M * N) == read_gm<uint16_t>(sim(), kC[1], M * N));
 }
 
-TEST_CASE("a later launch that fits begins before an earlier one waiting for cores") {
-  write_operands();
-  // 0 takes aiv0, aiv1 for a long add; 1 needs all four vector cores and waits; 2 fits on aiv2,
-  // aiv3 and begins at once; 1 begins when 0, the later to end, frees its cores.
-  ConcurrentResult g = sim().run_concurrent(
-      {when_ready(vadd(), {kLongIn, kLongIn, kLongOut, kLongN}, 2),
-       when_ready(vadd(), vadd_args(1), 4), when_ready(vadd(), vadd_args(2), 2)});
+TEST_CASE("a launch needing more cores than are free begins on those, its blocks in waves") {
+  const uint64_t d = test::us_cycles(sim().config(), sim().config().task_dispatch_us);
+  const uint64_t bs = static_cast<uint64_t>(sim().config().task_block_start_cycles);
+  const uint64_t D = done_cycles();
+  // 0 takes aiv0, aiv1 for a long spin; 1 (6 short blocks) begins at once on aiv2, aiv3, the
+  // free ones, and runs its blocks three to a core: its duration is the lone launch's of one
+  // worker running three blocks.
+  const isa::Program long_spin = spin(3000), short_spin = spin(100);
+  const uint64_t a = block_cycles(long_spin), c = block_cycles(short_spin);
+  ConcurrentResult g =
+      sim().run_concurrent({when_ready(long_spin, {}, 2), when_ready(short_spin, {}, 6)});
   for (const KernelResult& r : g.launches) REQUIRE(r.ok);
-  const KernelResult &a = g.launches[0], &b = g.launches[1], &c = g.launches[2];
-  INFO("0: " << a.start_cycle << "+" << a.cycles << ", 1: " << b.start_cycle << "+" << b.cycles
-             << ", 2: " << c.start_cycle << "+" << c.cycles);
-  CHECK(a.start_cycle == g.start_cycle);
-  CHECK(c.start_cycle == g.start_cycle);
-  REQUIRE(c.start_cycle + c.cycles < a.start_cycle + a.cycles);
-  CHECK(b.start_cycle == a.start_cycle + a.cycles);
-  // The cores each took, first in chip order among the free ones.
-  CHECK(counter(a.counters, "chip.aiv0.blocks") == 1);
-  CHECK(counter(a.counters, "chip.aiv1.blocks") == 1);
-  CHECK(!a.counters["chip"].contains("aiv2"));
-  CHECK(counter(c.counters, "chip.aiv2.blocks") == 1);
-  CHECK(counter(c.counters, "chip.aiv3.blocks") == 1);
-  CHECK(!c.counters["chip"].contains("aiv0"));
-  for (int k = 0; k < 4; ++k)
-    CHECK(counter(b.counters, "chip.aiv" + std::to_string(k) + ".blocks") == 1);
-  CHECK(read_gm<uint16_t>(sim(), kLongOut, kLongN) == doubled(kLongN, 53, 3.0f));
-  CHECK(read_gm<uint16_t>(sim(), kOut[1], kN) == doubled(kN, 33, 2.0f));
-  CHECK(read_gm<uint16_t>(sim(), kOut[2], kN) == doubled(kN, 35, 3.0f));
+  const KernelResult &l0 = g.launches[0], &l1 = g.launches[1];
+  INFO("0: " << l0.start_cycle << "+" << l0.cycles << ", 1: " << l1.start_cycle << "+" << l1.cycles
+             << "; blocks " << a << ", " << c);
+  REQUIRE(d + 3 * (bs + c) < d + bs + a);  // its three waves end before launch 0's block
+  CHECK(l0.start_cycle == g.start_cycle);
+  CHECK(l0.cycles == d + bs + a + D);
+  CHECK(l1.start_cycle == g.start_cycle);
+  CHECK(l1.cycles == d + 3 * (bs + c) + D);
+  for (const char* core : {"aiv2", "aiv3"})
+    CHECK(counter(l1.counters, std::string("chip.") + core + ".blocks") == 3);
+  CHECK(!l1.counters["chip"].contains("aiv0"));
+  CHECK(!l1.counters["chip"].contains("aiv1"));
+
+  // Cores joining a running launch. 0 (2 blocks of x) on aiv0, aiv1; 1 (2 blocks of y, longer)
+  // on aiv2, aiv3; 2 (6 blocks of z) waits for a free core: at e0 = d + bs + x, the end of 0's
+  // blocks, it begins on aiv0, aiv1 (blocks 0, 1, starting after dispatch and block start); at
+  // e1 = d + bs + y, during that first wave, it takes aiv2, aiv3 for blocks 2, 3 (block start
+  // only); blocks 4, 5 go to aiv0, aiv1 again, the first to free, and aiv2, aiv3 go back.
+  const isa::Program px = spin(200), py = spin(1600), pz = spin(1500);
+  const uint64_t x = block_cycles(px), y = block_cycles(py), z = block_cycles(pz);
+  const uint64_t e0 = d + bs + x, e1 = d + bs + y;
+  INFO("blocks " << x << ", " << y << ", " << z);
+  REQUIRE(e0 + d + bs < e1);
+  REQUIRE(e1 < e0 + d + bs + z);
+  ConcurrentResult j =
+      sim().run_concurrent({when_ready(px, {}, 2), when_ready(py, {}, 2), when_ready(pz, {}, 6)});
+  for (const KernelResult& r : j.launches) REQUIRE(r.ok);
+  const KernelResult& l2 = j.launches[2];
+  INFO("2: " << l2.start_cycle << "+" << l2.cycles);
+  CHECK(j.launches[0].cycles == e0 + D);
+  CHECK(j.launches[1].cycles == e1 + D);
+  CHECK(l2.start_cycle == j.start_cycle + e0);
+  CHECK(l2.cycles == d + 2 * (bs + z) + D);  // aiv0's two blocks, the path to its end
+  CHECK(j.cycles == e0 + d + 2 * (bs + z) + D);
+  CHECK(counter(l2.counters, "chip.aiv0.blocks") == 2);
+  CHECK(counter(l2.counters, "chip.aiv1.blocks") == 2);
+  CHECK(counter(l2.counters, "chip.aiv2.blocks") == 1);
+  CHECK(counter(l2.counters, "chip.aiv3.blocks") == 1);
+  // Each launch's counters are its own blocks' on each core it held: aiv2 ran a block of 1,
+  // then one of 2.
+  CHECK(counter(j.launches[1].counters, "chip.aiv2.blocks") == 1);
+  CHECK(counter(j.counters.tree(), "chip.aiv2.blocks") == 2);
+  uint64_t insns = 0;
+  for (const KernelResult& r : j.launches) insns += counter(r.counters, "chip.aiv2.s.issued");
+  CHECK(insns == counter(j.counters.tree(), "chip.aiv2.s.issued"));
+
+  // The same group again: the same cycles and counters, bit for bit.
+  ConcurrentResult again =
+      sim().run_concurrent({when_ready(px, {}, 2), when_ready(py, {}, 2), when_ready(pz, {}, 6)});
+  for (size_t k = 0; k < 3; ++k) {
+    REQUIRE(again.launches[k].ok);
+    CHECK(again.launches[k].start_cycle - again.start_cycle ==
+          j.launches[k].start_cycle - j.start_cycle);
+    CHECK(again.launches[k].cycles == j.launches[k].cycles);
+    CHECK(counter_digest(again.launches[k].counter_delta) ==
+          counter_digest(j.launches[k].counter_delta));
+  }
+  CHECK(again.cycles == j.cycles);
 }
 
 TEST_CASE("a launch with named cores keeps them: the others take the rest") {
   write_operands();
   // The long add on aiv0 for the whole group; two nops of three blocks each take aiv1..aiv3
-  // one after the other, each in its time alone (the task overheads and one cycle).
+  // one after the other, each in its time alone (the task overheads and one cycle), the second
+  // when the first's blocks end.
   ConcurrentResult g = sim().run_concurrent(
       {concurrent_launch(vadd(), {kLongIn, kLongIn, kLongOut, kLongN}, 1, {"aiv0"}),
        when_ready(nop(), {}, 3), when_ready(nop(), {}, 3)});
@@ -228,7 +298,8 @@ TEST_CASE("a launch with named cores keeps them: the others take the rest") {
   const uint64_t nop_alone = test::task_overhead(sim().config()) + 1;
   CHECK(g.launches[1].start_cycle == g.start_cycle);
   CHECK(g.launches[1].cycles == nop_alone);
-  CHECK(g.launches[2].start_cycle == g.start_cycle + nop_alone);
+  CHECK(g.launches[2].start_cycle == g.start_cycle + nop_alone - done_cycles());
+  CHECK(g.launches[2].cycles == nop_alone);
   for (size_t k = 1; k < 3; ++k) {
     CHECK(!g.launches[k].counters["chip"].contains("aiv0"));
     CHECK(counter(g.launches[k].counters, "chip.aiv3.blocks") == 1);
@@ -250,7 +321,8 @@ TEST_CASE("a launch with named cores keeps them: the others take the rest") {
 TEST_CASE("a mix launch takes whole groups: a cube core with its vector cores") {
   write_operands();
   // 0 takes aiv0 for a long add, so group 0 (aic0, aiv0, aiv1) is not free; 1 takes group 1
-  // (aic1, aiv2, aiv3) at once; 2 needs both groups and begins when 0, the later, ends.
+  // (aic1, aiv2, aiv3) at once; 2 (two blocks) begins on group 1 when 1's block ends and runs
+  // both blocks there, one after the other, while 0 still holds aiv0.
   ConcurrentResult g =
       sim().run_concurrent({when_ready(vadd(), {kLongIn, kLongIn, kLongOut, kLongN}, 1),
                             when_ready(mix_nop(), {}, 1), when_ready(mix_nop(), {}, 2)});
@@ -263,38 +335,56 @@ TEST_CASE("a mix launch takes whole groups: a cube core with its vector cores") 
     CHECK(counter(b.counters, std::string("chip.") + core + ".blocks") == 1);
   CHECK(!b.counters["chip"].contains("aic0"));
   CHECK(!b.counters["chip"].contains("aiv1"));
-  const uint64_t end = a.start_cycle + a.cycles;
-  CHECK(c.start_cycle <= end);
-  CHECK(c.start_cycle + 1 >= end);
-  for (const char* core : {"aic0", "aic1", "aiv0", "aiv1", "aiv2", "aiv3"})
-    CHECK(counter(c.counters, std::string("chip.") + core + ".blocks") == 1);
+  CHECK(c.start_cycle == b.start_cycle + b.cycles - done_cycles());
+  CHECK(c.cycles == test::task_overhead(sim().config(), 2) + 2);
+  REQUIRE(c.start_cycle + c.cycles < a.start_cycle + a.cycles);
+  for (const char* core : {"aic1", "aiv2", "aiv3"})
+    CHECK(counter(c.counters, std::string("chip.") + core + ".blocks") == 2);
+  CHECK(!c.counters["chip"].contains("aic0"));
+  CHECK(!c.counters["chip"].contains("aiv0"));
   CHECK(read_gm<uint16_t>(sim(), kLongOut, kLongN) == doubled(kLongN, 53, 3.0f));
-  // Three groups: the chip has two.
-  CHECK(refusal({when_ready(mix_nop(), {}, 3)}) ==
-        "concurrent launch 0: kernel 'mix_nop': block_dim 3 needs 3 groups of one aic and 2 aiv "
-        "cores at once (it takes its cores when ready); the chip has 2, 2 of them on cores no "
-        "launch with fixed cores uses");
+  // Three groups on the chip's two: in waves, as a lone launch of three blocks.
+  const KernelResult lone = sim().run(kernel_launch(mix_nop(), {}, 3));
+  ConcurrentResult w = sim().run_concurrent({when_ready(mix_nop(), {}, 3)});
+  REQUIRE(lone.ok);
+  REQUIRE(w.launches[0].ok);
+  CHECK(w.launches[0].cycles == lone.cycles);
+  CHECK(w.launches[0].cycles == test::task_overhead(sim().config(), 2) + 2);
+  CHECK(counter(w.launches[0].counters, "chip.aic0.blocks") == 2);
+  CHECK(counter(w.launches[0].counters, "chip.aic1.blocks") == 1);
 }
 
 TEST_CASE("a failed launch keeps its cores: one that needs them does not run, the others do") {
   write_operands();
   isa::Program bad =
       isa::assemble(".section aiv\n    movi x3, 0\n    div x4, x3, 0\n    end\n", "bad.s");
+  // 0 faults on aiv0..aiv2 and keeps them; 1 runs its two blocks on aiv3, one after the
+  // other; 2 then takes aiv3 as well.
   ConcurrentResult g = sim().run_concurrent({when_ready(bad, {}, 3), when_ready(nop(), {}, 2),
                                              when_ready(nop(), {}, 1),
                                              when_ready(gemm(), {kA, kB, kC[0], M, N, K}, 2)});
   REQUIRE_FALSE(g.launches[0].ok);
   CHECK(g.launches[0].error.find("division by zero") != std::string::npos);
-  REQUIRE_FALSE(g.launches[1].ok);
-  CHECK(g.launches[1].error ==
-        "did not run: it takes its cores when ready and too few were free (1 of the 2 workers "
-        "it needs); failed launches keep theirs: 0 ('bad')");
-  CHECK(g.launches[1].cycles == 0);
-  CHECK(g.launches[2].ok);  // aiv3, free
+  REQUIRE(g.launches[1].ok);
+  CHECK(counter(g.launches[1].counters, "chip.aiv3.blocks") == 2);
+  REQUIRE(g.launches[2].ok);
   CHECK(counter(g.launches[2].counters, "chip.aiv3.blocks") == 1);
+  CHECK(g.launches[2].start_cycle ==
+        g.launches[1].start_cycle + g.launches[1].cycles - done_cycles());
   CHECK(g.launches[3].ok);
-  CHECK(counter(g.counters.tree(), "chip.launches") == 3);
+  CHECK(counter(g.counters.tree(), "chip.launches") == 4);
   CHECK(counter(g.counters.tree(), "chip.failed_launches") == 1);
+  // 0 faults on every vector core: 1 and 2 never get one.
+  ConcurrentResult h = sim().run_concurrent(
+      {when_ready(bad, {}, 4), when_ready(nop(), {}, 2), when_ready(nop(), {}, 1)});
+  REQUIRE_FALSE(h.launches[0].ok);
+  REQUIRE_FALSE(h.launches[1].ok);
+  CHECK(h.launches[1].error ==
+        "did not run: it takes its cores when ready and none was free (0 of the 2 workers it "
+        "needs); failed launches keep theirs: 0 ('bad')");
+  CHECK(h.launches[1].cycles == 0);
+  REQUIRE_FALSE(h.launches[2].ok);
+  CHECK(counter(h.counters.tree(), "chip.launches") == 1);
   // The chip is clean afterwards: a nop on every vector core alone takes the task overheads
   // and its one cycle.
   KernelResult r = sim().run(kernel_launch(nop(), {}, 4));
@@ -302,30 +392,31 @@ TEST_CASE("a failed launch keeps its cores: one that needs them does not run, th
   CHECK(r.cycles == test::task_overhead(sim().config()) + 1);
 }
 
-TEST_CASE("refused: more cores than may be taken, cores named as well") {
+TEST_CASE("refused: no core that may be taken, cores named as well") {
   auto refused = [&](const std::vector<ConcurrentLaunch>& group, const std::string& what) {
     INFO(what);
     const std::string got = refusal(group);
     INFO(got);
     CHECK(got.find(what) != std::string::npos);
   };
-  refused({when_ready(nop(), {}, 1), when_ready(nop(), {}, 5)},
-          "concurrent launch 1: kernel 'nop': block_dim 5 needs 5 aiv cores at once (it takes "
-          "its cores when ready); the chip has 4, 4 of them on cores no launch with fixed cores "
-          "uses");
-  // aiv0 is named by launch 0 (for the whole group): 3 vector cores remain.
-  refused({concurrent_launch(nop(), {}, 1, {"aiv0"}), when_ready(nop(), {}, 4)},
-          "concurrent launch 1: kernel 'nop': block_dim 4 needs 4 aiv cores at once (it takes "
-          "its cores when ready); the chip has 4, 3 of them on cores no launch with fixed cores "
-          "uses");
+  // Every vector core is named by launch 0 (for the whole group): none remains.
+  refused(
+      {concurrent_launch(nop(), {}, 4, {"aiv0", "aiv1", "aiv2", "aiv3"}), when_ready(nop(), {}, 1)},
+      "concurrent launch 1: kernel 'nop' takes its cores when ready and needs one aiv core: "
+      "the chip has 4, none of them on cores no launch with fixed cores uses");
   ConcurrentLaunch both = when_ready(nop(), {}, 1);
   both.cores = {"aiv1"};
   refused({both},
           "run_concurrent: launch 0 ('nop') names 1 cores and takes its cores when ready "
           "(take_cores_when_ready): it may do only one");
-  // A GEMM runs on the cube cores: 2.
-  refused({when_ready(gemm(), {kA, kB, kC[0], M, N, K}, 3)},
-          "block_dim 3 needs 3 aic cores at once");
+  // More blocks than the chip has cores: in waves, as a lone launch.
+  const KernelResult lone = sim().run(kernel_launch(nop(), {}, 5));
+  ConcurrentResult w = sim().run_concurrent({when_ready(nop(), {}, 1), when_ready(nop(), {}, 5)});
+  REQUIRE(lone.ok);
+  REQUIRE(w.launches[1].ok);
+  CHECK(w.launches[1].start_cycle == w.start_cycle);  // aiv1..aiv3 are free
+  CHECK(lone.cycles == test::task_overhead(sim().config(), 2) + 2);
+  CHECK(w.launches[1].cycles == lone.cycles);
   // The group is still usable after refusals.
   ConcurrentResult g = sim().run_concurrent({when_ready(nop(), {}, 4)});
   REQUIRE(g.launches[0].ok);

@@ -2,7 +2,8 @@
 // KERNEL_TYPE_MIX_AIC_1_1) on the tiny chip (2 cube cores, 4 vector cores, 2 per cube core):
 // a 1:1 kernel computes what its 1:2 twin does, each block on cube core g and vector core 2g
 // only; its freed vector cores run a vector launch beside it in a concurrent group (cores fixed
-// at the group's start, or taken when ready); a ratio the chip cannot run is refused.
+// at the group's start, or taken when ready, also one with more blocks than those cores, in
+// waves); a ratio the chip cannot run is refused.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -146,7 +147,9 @@ TEST_CASE("a 1:1 mix kernel computes what its 1:2 twin does, on one vector core 
 TEST_CASE("the freed vector cores of a 1:1 mix launch run a vector launch beside it") {
   // Launch 0: the mix kernel on both groups, long (the cube cores spin); launch 1: a vector
   // launch of 2 blocks. 1:1 leaves aiv1 and aiv3 free: launch 1 starts with the group. 1:2
-  // holds every vector core: launch 1 waits for launch 0's end.
+  // holds every vector core: launch 1 waits for launch 0's end (fixed cores, ordered) or for
+  // its blocks' end (taken when ready: the cores free then, before its completion overhead).
+  const uint64_t done = test::us_cycles(sim().config(), sim().config().task_done_us);
   const isa::Program one = sum_kernel(1, 2000, "sum_long_1");
   const isa::Program two = sum_kernel(2, 2000, "sum_long_2");
   for (const bool when_ready : {false, true}) {
@@ -173,11 +176,43 @@ TEST_CASE("the freed vector cores of a 1:1 mix launch run a vector launch beside
         CHECK(vec.start_cycle + vec.cycles < mix.start_cycle + mix.cycles);
         for (const char* core : {"aiv1", "aiv3"})
           CHECK(counter(vec.counters, std::string("chip.") + core + ".blocks") == 1);
+      } else if (when_ready) {
+        CHECK(vec.start_cycle == mix.start_cycle + mix.cycles - done);
       } else {
         CHECK(vec.start_cycle + 1 >= mix.start_cycle + mix.cycles);
       }
     }
   }
+}
+
+TEST_CASE("a vector launch with more blocks than a 1:1 mix launch leaves free runs in waves") {
+  // Launch 0: the long 1:1 mix kernel on both groups (aic0 + aiv0, aic1 + aiv2); launch 1: a
+  // vector launch of 6 blocks, taken when ready: it begins at once on aiv1 and aiv3 and runs
+  // three blocks on each, as a lone launch of 6 blocks on two vector cores does.
+  const isa::Program one = sum_kernel(1, 2000, "sum_long_1");
+  write_gm(sim(), kBuf, std::vector<int64_t>(2 * 16, -1));
+  std::vector<ConcurrentLaunch> group{concurrent_launch(one, {kBuf}, 2, {}, {}),
+                                      concurrent_launch(vec_nop(), {}, 6, {}, {})};
+  for (ConcurrentLaunch& c : group) c.take_cores_when_ready = true;
+  ConcurrentResult g = sim().run_concurrent(group);
+  for (const KernelResult& r : g.launches) REQUIRE(r.ok);
+  const KernelResult &mix = g.launches[0], &vec = g.launches[1];
+  for (int b = 0; b < 2; ++b)
+    CHECK(read_gm<int64_t>(sim(), kBuf + 128 * b, kRows + 2) == expected_slots(b));
+  // The reference: the same 6 blocks alone on two vector cores named for them.
+  ConcurrentResult lone =
+      sim().run_concurrent({concurrent_launch(vec_nop(), {}, 6, {"aiv1", "aiv3"}, {})});
+  REQUIRE(lone.launches[0].ok);
+  CHECK(vec.start_cycle == g.start_cycle);
+  CHECK(vec.cycles == lone.launches[0].cycles);
+  CHECK(vec.cycles == test::task_overhead(sim().config(), 3) + 3);  // a nop block: one cycle
+  CHECK(vec.start_cycle + vec.cycles < mix.start_cycle + mix.cycles);
+  for (const char* core : {"aiv1", "aiv3"})
+    CHECK(counter(vec.counters, std::string("chip.") + core + ".blocks") == 3);
+  CHECK(!vec.counters["chip"].contains("aiv0"));
+  CHECK(!vec.counters["chip"].contains("aiv2"));
+  CHECK(counter(mix.counters, "chip.aiv0.blocks") == 1);
+  CHECK(!mix.counters["chip"].contains("aiv1"));
 }
 
 TEST_CASE("Mix Block Dim and core taking follow the program's ratio") {
