@@ -633,6 +633,44 @@ TEST_CASE("Conv2DBNTrainingReduce: the sums per tile as the cube cores store the
   check_conv_reduce_per_tile({2, 16, 16, 32}, {3, 3, 32, 64}, DataType::F32, 86, 0);
 }
 
+TEST_CASE("NPUSIM_MIX_ONE_TO_ONE: Conv2DBNTrainingReduce's sums on one vector core a block") {
+  // (split chips only.) Under the switch the convolution with the statistics declares one
+  // vector core per cube core (.aiv_per_aic 1), per tile and after a barrier: y bit for bit the
+  // convolution's, the sums within BNTrainingReduce's bounds (their partials now one per cube
+  // core: another order of f32 additions), and the launch's blocks on the groups' first vector
+  // cores only, the others left free.
+  const ChipConfig& cfg = test_sim().config();
+  if (!cfg.split) return;
+  const std::vector<int64_t> xs{2, 16, 16, 32}, ws{3, 3, 32, 64};
+  std::vector<HostTensor> in = {random_tensor(DataType::F16, xs, 0, 1, 90),
+                                random_tensor(DataType::F16, ws, -0.5, 0.5, 91)};
+  const std::map<std::string, compiler::AttrValue> attrs = {
+      {"strides", std::vector<int64_t>{1, 1, 1, 1}}, {"padding", std::string("SAME")}};
+  const RunResult conv = run("Conv2D", in, attrs, 1);
+  for (const char* tiles : {"1", "0"}) {
+    INFO("NPUSIM_FUSION_CONV_BN_REDUCE_TILES=" << tiles);
+    ScopedEnv per_tile("NPUSIM_FUSION_CONV_BN_REDUCE_TILES", tiles);
+    ScopedEnv one("NPUSIM_MIX_ONE_TO_ONE", "1");
+    const auto k =
+        compiler::compile(make_op("Conv2DBNTrainingReduce", {in[0].desc, in[1].desc}, attrs), cfg);
+    size_t stats = k.launches.size();
+    for (size_t i = 0; i < k.launches.size(); ++i)
+      if (k.launches[i].kernel.program.name.find("_BNTrainingReduce") != std::string::npos)
+        stats = i;
+    REQUIRE(stats < k.launches.size());
+    CHECK(k.launches[stats].kernel.program.aiv_per_aic == 1);
+    CHECK((k.launches[stats].kernel.listing.find("tile stored: to the vector cores") !=
+           std::string::npos) == (std::string(tiles) == "1"));
+    const RunResult r = run("Conv2DBNTrainingReduce", in, attrs, 3);
+    CHECK(r.outputs[0].values == conv.outputs[0].values);
+    check_channel_sums(r.outputs[0], ws[3], r, 1);
+    REQUIRE(stats < r.counters.size());
+    const nlohmann::json& chip = r.counters[stats]["chip"];
+    CHECK(chip.contains("aiv0"));
+    CHECK_FALSE(chip.contains("aiv1"));
+  }
+}
+
 TEST_CASE("Conv2DBNTrainingReduce: the sums within the chip's cross-core flag ids") {
   // (split chips only.) The per-tile sums use cross-core flag ids 0-4, the sums after a barrier
   // 0-2: compiled for the test chip with 4 ids the kernel takes the barrier (no hand-over of

@@ -121,6 +121,9 @@ class ConvEmitter {
           "the convolution with batch-norm statistics needs {} cross-core flag ids; the chip "
           "has {} (sync.cross_core_flag_ids)",
           kPartialsStored + 1, m_b.config().cross_core_flag_ids));
+    // The statistics on one vector core per cube core under NPUSIM_MIX_ONE_TO_ONE (both
+    // sections split the block's rows and partials by the builder's ratio).
+    if (m_s.bn_stats && mix_one_to_one_enabled(m_b.op())) m_b.set_aiv_per_aic(1);
     cube_section();
     if (m_s.y_zero_fill) emit_strided_zeros(m_b, m_s.y_strided, m_osz, m_t.block_dim, "y");
     if (stats_per_tile())
@@ -223,8 +226,7 @@ class ConvEmitter {
   // flag counters hold cross_core_max_pending sets, and a cube core's kTileTaken counts one
   // per vector core and tile.
   int64_t tile_window() const {
-    const ChipConfig& cfg = m_b.config();
-    return cfg.cross_core_max_pending / std::max(1, cfg.aiv_per_aic);
+    return m_b.config().cross_core_max_pending / std::max(1, m_b.aiv_per_aic());
   }
 
   // CubeConvSpec::bn_stats_per_tile, where it applies (its flag ids among the chip's).
@@ -269,8 +271,7 @@ class ConvEmitter {
   void emit_tile_stats() {
     check_stats_layout();
     KernelBuilder& b = m_b;
-    const ChipConfig& cfg = b.config();
-    const int aiv = cfg.aiv_per_aic;
+    const int aiv = b.aiv_per_aic();
     const int cores = m_t.block_dim * aiv;
     const int64_t cy = m_s.cy;
     b.begin_section(b.vector_core_kind());
