@@ -241,12 +241,12 @@ class Device {
   // a single chip one Simulator::run_concurrent, each launch beginning when those it waits for
   // (`after`) have ended, the L2 and HBM shared. Cores: each launch takes them when it is ready
   // (Simulator's ConcurrentLaunch::take_cores_when_ready, as a stream's task is given cores as
-  // they free): block_dim free cores of its kernel's kind (a mix kernel: block_dim groups of a
-  // cube core and its vector cores), the first in core order, held to its end; where too few
-  // are free it waits until enough are, the waiting launches served in group order whenever
-  // cores free (a later one that fits may start first). The group starts once the
-  // stream is ready, after the launches' host dispatches; each LaunchRecord starts at its
-  // launch's own start and lasts its own cycles. Never replayed. The caller guarantees that
+  // they free): it begins once ready with the free cores of its kernel's kind (a mix kernel:
+  // groups of a cube core and its vector cores), the first in core order, one per block, and
+  // its blocks run on cores as they free (in waves where block_dim exceeds them); a core goes
+  // back when no block is left for it, the ready launches served in group order. The group
+  // starts once the stream is ready, after the launches' host dispatches; each LaunchRecord
+  // starts at its launch's own start and lasts its own cycles. Never replayed. The caller guarantees that
   // launches that may overlap are independent (no one writes what another reads or writes).
   // Checked as launch_kernel checks each (invalid_argument naming the kernel); a launch that
   // does not fit the idle chip, or an `after` naming no earlier launch, is invalid_argument

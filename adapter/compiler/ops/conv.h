@@ -514,10 +514,11 @@ int64_t filter_grad_dy_part_blocks(const FilterGradSpec& s, const FilterGradTili
 // staggered parts (unset or "1" yes, "0" no; anything else a CompileError naming op).
 bool conv_staggered_loads_enabled(const std::string& op);
 // NPUSIM_MIX_ONE_TO_ONE: whether the mix kernels whose vector cores are little busy (the filter
-// gradient's, which adds its parts: FilterGradSpec::add_parts) run one vector core per cube core
-// (KernelBuilder::set_aiv_per_aic(1), Ascend C KERNEL_TYPE_MIX_AIC_1_1), leaving the other
-// vector core of each group free for concurrent launches. Unset or "0" no, "1" yes (default:
-// docs/compiler.md); anything else a CompileError naming op. Read at every compile.
+// gradient's, which adds its parts: FilterGradSpec::add_parts), and the convolution's with
+// batch-norm statistics (CubeConvSpec::bn_stats: Conv2DBNTrainingReduce), run one vector core
+// per cube core (KernelBuilder::set_aiv_per_aic(1), Ascend C KERNEL_TYPE_MIX_AIC_1_1), leaving
+// the other vector core of each group free for concurrent launches. Unset or "0" no, "1" yes
+// (default: docs/compiler.md); anything else a CompileError naming op. Read at every compile.
 bool mix_one_to_one_enabled(const std::string& op);
 // Every tiling that fits the cube core, each with its modelled cycles, in the planner's order;
 // CompileError naming op if none fits.
