@@ -6,8 +6,9 @@
 // same size at the same offset) replays with the same records, writing at the new addresses,
 // while one that differs in an argument's offset in its block, one `after` edge or one
 // argument's block extent is simulated; a group with a launch whose loaded value steers it
-// replays where the bytes its ld reads before the group writes them are the recorded ones
-// (check mode: tests/sim/test_sim_group_replay_check.cpp).
+// replays where the bytes its ld reads before the group writes them are the recorded ones;
+// blocks overlapping a planned buffer are keyed at their addresses (check mode:
+// tests/sim/test_sim_group_replay_check.cpp).
 // The written ranges a replay invalidates, normalized, do what the ranges one by one do.
 #include <catch2/catch.hpp>
 
@@ -285,4 +286,33 @@ TEST_CASE("a steering ld that reads what the group wrote before it replays whate
   const Records second = run(g);
   REQUIRE(second.replayed == std::vector<bool>{true, true, true, true});
   require_same(first, second);
+}
+
+TEST_CASE("blocks overlapping a planned buffer stay at their addresses: moved, simulated") {
+  // A graph's arena (an allocation) with a statically planned buffer at its start: the L2 files
+  // an address in the buffer by the buffer, any other by the arena. z of the first launch lies
+  // in the arena outside the buffer, x of the second in the buffer: their blocks overlap, so
+  // the key holds their addresses. The same group without the plan moves with its arena.
+  constexpr uint64_t kArenaBytes = 0x200000;
+  const auto arena_group = [&](uint64_t arena, bool planned) {
+    const GmBlockLookup blocks = lookup_of({{kX, kBlock}, {kY, kBlock}, {arena, kArenaBytes}});
+    std::vector<ConcurrentLaunch> g = {
+        {kernel_launch(vadd(), {kX, kY, arena + 0x100000, kN}, 2), {}, {}},
+        {kernel_launch(vadd(), {arena, kY, arena + 0x180000, kN}, 2), {}, {0}},
+    };
+    for (ConcurrentLaunch& c : g) {
+      c.take_cores_when_ready = true;
+      c.launch.gm_blocks = blocks;
+      if (planned) c.launch.planned_blocks = {{arena, 0x100000}};
+    }
+    return g;
+  };
+  constexpr uint64_t kArena = 0x6000000, kArena2 = 0x6400000;
+  const Records first = run(arena_group(kArena, true));
+  REQUIRE(none_replayed(first));
+  REQUIRE(run(arena_group(kArena, true)).replayed == std::vector<bool>{true, true});
+  REQUIRE(none_replayed(run(arena_group(kArena2, true))));
+  // Without the plan the arena is one block, which moves: replayed at the other address.
+  REQUIRE(none_replayed(run(arena_group(kArena, false))));
+  REQUIRE(run(arena_group(kArena2, false)).replayed == std::vector<bool>{true, true});
 }
