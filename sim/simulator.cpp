@@ -483,7 +483,9 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
   GroupLayout layout;
   const std::string unkeyed = I.group_unkeyed(launches, blocks, &exact, &translated, &layout);
   const RecordedGroup* recorded = nullptr;
-  std::vector<GmAccess> replay_writes;  // the ranges the replay writes undefined
+  // The ranges the replay writes undefined: the recording's, or its translation's moved.
+  std::vector<GmAccess> moved_writes;
+  const std::vector<GmAccess>* replay_writes = nullptr;
   std::string how, stale;               // replay log: how it replays, or why its recording did not
   const auto in_time = [&](const RecordedGroup* r) {
     return r && time_ps(start) + r->quiescent_ps <= kSimTimeLimitPs;
@@ -496,8 +498,9 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
                                                               : uint64_t{it->second};
     }();
     if (in_time(r) && r->translation &&
-        translated_group_writes(*r->translation, layout, granule, I.gm, &replay_writes, &stale)) {
+        translated_group_writes(*r->translation, layout, granule, I.gm, &moved_writes, &stale)) {
       recorded = r;
+      replay_writes = &moved_writes;
       how = r->translation->loads.empty()
                 ? "blocks laid out alike"
                 : "blocks laid out alike, its steering loads read as recorded";
@@ -507,13 +510,13 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
     const RecordedGroup* r = I.groups.find(exact);
     if (in_time(r)) {
       recorded = r;
-      replay_writes = r->writes;
+      replay_writes = &r->writes;
       how = "its own key";
     }
   }
   const bool check = recorded && I.opts.replay == SimOptions::Replay::check;
   if (recorded && !check) {
-    for (const GmAccess& w : replay_writes) I.gm.invalidate(w.addr, w.bytes);
+    for (const GmAccess& w : *replay_writes) I.gm.invalidate(w.addr, w.bytes);
     I.counters.restart_windows();  // what the snapshot before a simulated group does
     I.counters.apply(recorded->counters);
     run_for(sc_time(static_cast<double>(recorded->quiescent_ps), sc_core::SC_PS));
@@ -541,7 +544,7 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
   DeviceMemory::Snapshot replayed;
   if (check) {
     const DeviceMemory::Snapshot before = I.gm.snapshot();
-    for (const GmAccess& w : replay_writes) I.gm.invalidate(w.addr, w.bytes);
+    for (const GmAccess& w : *replay_writes) I.gm.invalidate(w.addr, w.bytes);
     replayed = I.gm.snapshot();
     I.gm.restore(before);
   }
@@ -637,7 +640,7 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
     rec.translation = recorder.translation(&untranslated);
     if (check) {
       // throws naming the first difference
-      I.check_group(*recorded, rec, out, replay_writes, replayed);
+      I.check_group(*recorded, rec, out, *replay_writes, replayed);
       for (KernelResult& r : out.launches) r.replayed = true;
       note += fmt::format("; group of {} launches replayed ({}), checked by simulating",
                           launches.size(), how);
