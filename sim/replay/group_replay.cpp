@@ -93,7 +93,8 @@ std::string group_key(const std::vector<ConcurrentLaunch>& launches, const GmBlo
   t.push_back(kTranslatedKey | launches.size());
   bool translatable = bool(blocks);
   if (!translatable) layout->why_not = "no allocation blocks (a kept L2)";
-  std::map<uint64_t, int32_t> block_number;  // block start -> number
+  // (start, bytes) -> number: a planned buffer at its arena's start is a block of its own.
+  std::map<std::pair<uint64_t, uint64_t>, int32_t> block_number;
   layout->arg_block.resize(launches.size());
   layout->flows.resize(launches.size(), nullptr);
   layout->steered.resize(launches.size(), false);
@@ -135,7 +136,8 @@ std::string group_key(const std::vector<ConcurrentLaunch>& launches, const GmBlo
         similar.args[k] = l.args[k];
         continue;
       }
-      auto [it, added] = block_number.try_emplace(start, static_cast<int32_t>(block_number.size()));
+      auto [it, added] =
+          block_number.try_emplace({start, bytes}, static_cast<int32_t>(block_number.size()));
       if (added) layout->blocks.push_back({start, bytes});
       arg_block[k] = it->second;
       places.insert(places.end(), {k, l.args[k] - start, bytes, static_cast<uint64_t>(it->second)});
