@@ -7,7 +7,8 @@
 //     (append_block_extents, as a single launch's key); plan() reads no data, and a member's
 //     program either has no ld or its loaded values provably reach data operands only (its
 //     address flow is ok: sim/replay/address_flow.h), so no data reaches its control flow,
-//     addresses or timing; cross-core flags order time only, deterministically;
+//     addresses or timing (under the translated key below a member may also be steered by
+//     them: (3)); cross-core flags order time only, deterministically;
 //   - the group's structure: every member's `after` edges, named cores, whether it takes its
 //     cores when ready, and the members' order (which serves waiting launches);
 //   - the state the group starts from: a cold L2 (a kept L2, across launches or a graph run's,
@@ -41,6 +42,11 @@
 //       replays only where those bytes, moved with their blocks, hold the same at its start.
 //       By induction over the group's effects in simulated order (each the recorded one, moved,
 //       while every earlier ld read its recorded value), every ld then reads its recorded value.
+// A block that overlaps another of the group's blocks or a statically planned buffer (an
+// arena and the buffers planned in it: the lookup files an address by the buffer where one
+// holds it) is fixed (GroupLayout::fixed): the translated key holds its address and the planned
+// buffers overlapping it, so its addresses file as then, and a range derived from its argument
+// may lie anywhere in the fixed blocks.
 // A group that fails (1) or (2) is recorded under its exact key (addresses and extents), as
 // before; one with a steering member and no translation is not replayed.
 //
