@@ -90,9 +90,10 @@ struct Simulator::Impl {
   std::unique_ptr<ChipLauncher> launcher;  // after chip
 
   // Why a group run_concurrent was given (its lines filed by `blocks`) may not be replayed or
-  // recorded, or "" with its key in *key (sim/replay/group_replay.h).
+  // recorded, or "" with its keys and layout (group_key, sim/replay/group_replay.h).
   std::string group_unkeyed(const std::vector<ConcurrentLaunch>& launches,
-                            const GmBlockLookup& blocks, GroupKey* key) {
+                            const GmBlockLookup& blocks, GroupKey* exact, GroupKey* translated,
+                            GroupLayout* layout) {
     if (opts.functional) return "a functional simulator (groups replay in timing-only ones)";
     // A key lookup without a walk: on where the translated replay is (a timing-only TF run
     // turns the walking replay off and keeps replay_translated; NPUSIM_REPLAY=off turns both).
@@ -101,14 +102,16 @@ struct Simulator::Impl {
     if (chip->memory().l2_carried())
       return "its L2 is kept (across launches, or a graph run's): not keyed";
     if (!chip->observers().empty()) return "an observer is attached";
-    return group_key(launches, blocks, store, key);
+    return group_key(launches, blocks, store, exact, translated, layout);
   }
 
   // Replay check of a group (SimOptions::Replay::check): `simulated` is the group's run from the
-  // state `recorded` was replayed from, `out` its results, `replayed` device memory as the
-  // replay left it. Throws npusim::Error naming the first difference.
+  // state `recorded` was replayed from, `out` its results, `replayed_writes` the ranges the
+  // replay wrote, `replayed` device memory as the replay left it. Throws npusim::Error naming
+  // the first difference.
   void check_group(const RecordedGroup& recorded, const RecordedGroup& simulated,
-                   const ConcurrentResult& out, const DeviceMemory::Snapshot& replayed) {
+                   const ConcurrentResult& out, const std::vector<GmAccess>& replayed_writes,
+                   const DeviceMemory::Snapshot& replayed) {
     const std::string what =
         fmt::format("replay check of a group of {} launches", recorded.members.size());
     const auto pairs = [](const CounterDelta& d) {
@@ -146,13 +149,13 @@ struct Simulator::Impl {
       throw Error(fmt::format("{}: the chip's counters differ from the recorded run ({} vs {} "
                               "moved)", what, simulated.counters.size(),
                               recorded.counters.size()));
-    if (recorded.writes.size() != simulated.writes.size() ||
-        !std::equal(recorded.writes.begin(), recorded.writes.end(), simulated.writes.begin(),
+    if (replayed_writes.size() != simulated.writes.size() ||
+        !std::equal(replayed_writes.begin(), replayed_writes.end(), simulated.writes.begin(),
                     [](const GmAccess& x, const GmAccess& y) {
                       return x.addr == y.addr && x.bytes == y.bytes;
                     }))
       throw Error(fmt::format("{}: the GM ranges written differ from the recorded run's ({} vs {} "
-                              "ranges)", what, simulated.writes.size(), recorded.writes.size()));
+                              "ranges)", what, simulated.writes.size(), replayed_writes.size()));
     if (auto addr = gm.first_difference(replayed))
       throw Error(fmt::format("{}: device memory differs at {:#x} between the simulated and the "
                               "replayed group", what, *addr));
@@ -474,18 +477,52 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
   I.launcher->begin_beside();
   // A group simulated before with the same key gives its recorded results
   // (sim/replay/group_replay.h); its first run is recorded.
-  GroupKey key;
-  const std::string unkeyed = I.group_unkeyed(launches, blocks, &key);
-  const RecordedGroup* recorded = unkeyed.empty() ? I.groups.find(key) : nullptr;
-  if (recorded && time_ps(start) + recorded->quiescent_ps > kSimTimeLimitPs) recorded = nullptr;
+  // Its translated key first (a recording there times the group at these addresses if its
+  // blocks moved by the GM alignment and its steering loads read as recorded), then its exact
+  // key (a recording that could not be translated).
+  GroupKey exact, translated;
+  GroupLayout layout;
+  const std::string unkeyed = I.group_unkeyed(launches, blocks, &exact, &translated, &layout);
+  const RecordedGroup* recorded = nullptr;
+  // The ranges the replay writes undefined: the recording's, or its translation's moved.
+  std::vector<GmAccess> moved_writes;
+  const std::vector<GmAccess>* replay_writes = nullptr;
+  std::string how, stale;               // replay log: how it replays, or why its recording did not
+  const auto in_time = [&](const RecordedGroup* r) {
+    return r && time_ps(start) + r->quiescent_ps <= kSimTimeLimitPs;
+  };
+  if (unkeyed.empty() && layout.translated) {
+    const RecordedGroup* r = I.groups.find(translated);
+    const uint64_t granule = [&] {
+      auto it = I.cfg.align_bytes.find(isa::Buf::GM);
+      return it == I.cfg.align_bytes.end() || it->second == 0 ? uint64_t{1}
+                                                              : uint64_t{it->second};
+    }();
+    if (in_time(r) && r->translation &&
+        translated_group_writes(*r->translation, layout, granule, I.gm, &moved_writes, &stale)) {
+      recorded = r;
+      replay_writes = &moved_writes;
+      how = r->translation->loads.empty()
+                ? "blocks laid out alike"
+                : "blocks laid out alike, its steering loads read as recorded";
+    }
+  }
+  if (!recorded && unkeyed.empty() && !layout.any_steered) {
+    const RecordedGroup* r = I.groups.find(exact);
+    if (in_time(r)) {
+      recorded = r;
+      replay_writes = &r->writes;
+      how = "its own key";
+    }
+  }
   const bool check = recorded && I.opts.replay == SimOptions::Replay::check;
   if (recorded && !check) {
-    for (const GmAccess& w : recorded->writes) I.gm.invalidate(w.addr, w.bytes);
+    for (const GmAccess& w : *replay_writes) I.gm.invalidate(w.addr, w.bytes);
     I.counters.restart_windows();  // what the snapshot before a simulated group does
     I.counters.apply(recorded->counters);
     run_for(sc_time(static_cast<double>(recorded->quiescent_ps), sc_core::SC_PS));
     I.launcher->note_group(
-        fmt::format("replayed\tgroup of {} launches, its own key", launches.size()));
+        fmt::format("replayed\tgroup of {} launches, {}", launches.size(), how));
     for (size_t i = 0; i < launches.size(); ++i) {
       const RecordedGroup::Member& m = recorded->members[i];
       KernelResult& r = out.launches[i];
@@ -508,24 +545,25 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
   DeviceMemory::Snapshot replayed;
   if (check) {
     const DeviceMemory::Snapshot before = I.gm.snapshot();
-    for (const GmAccess& w : recorded->writes) I.gm.invalidate(w.addr, w.bytes);
+    for (const GmAccess& w : *replay_writes) I.gm.invalidate(w.addr, w.bytes);
     replayed = I.gm.snapshot();
     I.gm.restore(before);
   }
-  // A group that may be replayed later has the ranges it writes gathered on every core.
-  GroupWriteCollector writes;
+  // A group that may be replayed later is recorded on every core: the ranges it writes and
+  // whether (and how) its recording translates (GroupRecorder).
+  GroupRecorder recorder(launches, layout, I.gm);
   struct Collect {
     Chip& chip;
     bool on;
-    Collect(Chip& c, GroupWriteCollector* w) : chip(c), on(w != nullptr) {
+    Collect(Chip& c, GroupRecorder* g) : chip(c), on(g != nullptr) {
       if (on)
-        for (const auto& core : chip.cores()) core->attach_recorder(w);
+        for (const auto& core : chip.cores()) core->attach_recorder(g->probe(*core));
     }
     ~Collect() {
       if (on)
         for (const auto& core : chip.cores()) core->attach_recorder(nullptr);
     }
-  } collect(*I.chip, unkeyed.empty() ? &writes : nullptr);
+  } collect(*I.chip, unkeyed.empty() ? &recorder : nullptr);
   std::vector<uint64_t> base;
   I.counters.snapshot(base);
   I.chip->begin_concurrent(group, I.opts.functional);  // throws for a malformed group
@@ -607,16 +645,27 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
                              out.launches[i].counter_delta});
     rec.counters = I.counters.raw_delta_since(base);
     rec.delta = out.counters;
-    rec.writes = writes.take();
+    rec.writes = recorder.writes();
+    std::string untranslated;
+    rec.translation = recorder.translation(&untranslated);
     if (check) {
-      I.check_group(*recorded, rec, out, replayed);  // throws naming the first difference
+      // throws naming the first difference
+      I.check_group(*recorded, rec, out, *replay_writes, replayed);
       for (KernelResult& r : out.launches) r.replayed = true;
-      note += fmt::format("; group of {} launches replayed, checked by simulating", launches.size());
-    } else if (all_ok) {
-      I.groups.insert(std::move(key), std::move(rec));
-      note += "; group recorded";
-    } else {
+      note += fmt::format("; group of {} launches replayed ({}), checked by simulating",
+                          launches.size(), how);
+    } else if (!all_ok) {
       note += "; group not recorded: a launch failed";
+    } else if (rec.translation) {
+      rec.writes.clear();  // the replay moves the translation's
+      I.groups.insert(std::move(translated), std::move(rec));
+      note += "; group recorded, translatable";
+      if (!stale.empty()) note += " (its recording: " + stale + ")";
+    } else if (!layout.any_steered) {
+      I.groups.insert(std::move(exact), std::move(rec));
+      note += "; group recorded under its addresses (not translatable: " + untranslated + ")";
+    } else {
+      note += "; group not recorded: a launch's ld may steer it and " + untranslated;
     }
   } else {
     note += "; group not replayed: " + unkeyed;

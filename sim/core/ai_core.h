@@ -43,6 +43,9 @@ class AiCore : public sc_core::sc_module {
   const std::string& core_name() const { return m_name; }
   // The section of the block being (or last) run; nullptr before the first block.
   const isa::Section* current_section() const { return m_run ? m_run->section : nullptr; }
+  // The section run (its section and launch) of the block being (or last) run; nullptr before
+  // the first block. A concurrent group's recorder tells its launches apart by it.
+  const SectionRun* current_run() const { return m_run; }
   // The core's abort signal: the chip raises it when the launch the core runs faults or is
   // aborted, and clears it when the launch ends (its transfers in the memory system wait on it
   // too). Launches beside each other on disjoint cores are aborted apart.

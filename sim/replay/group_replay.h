@@ -7,7 +7,8 @@
 //     (append_block_extents, as a single launch's key); plan() reads no data, and a member's
 //     program either has no ld or its loaded values provably reach data operands only (its
 //     address flow is ok: sim/replay/address_flow.h), so no data reaches its control flow,
-//     addresses or timing; cross-core flags order time only, deterministically;
+//     addresses or timing (under the translated key below a member may also be steered by
+//     them: (3)); cross-core flags order time only, deterministically;
 //   - the group's structure: every member's `after` edges, named cores, whether it takes its
 //     cores when ready, and the members' order (which serves waiting launches);
 //   - the state the group starts from: a cold L2 (a kept L2, across launches or a graph run's,
@@ -16,6 +17,38 @@
 //     per Simulator).
 // So a group with the key of one simulated before gives the recorded results (each member's
 // start, cycles and counters, the group's makespan and counters) without simulating.
+//
+// Translated form (the rule of a single launch's translated replay, launch_replay.h
+// translated_writes, applied to the whole group). A TF step places some tensors at new
+// addresses every step, so the group is keyed by where its arguments lie in their allocation
+// blocks rather than by their addresses: every member's program, untyped arguments and block
+// count, and for each argument inside a block its offset there, the block's size and which of
+// the group's blocks it is (numbered in order of first appearance over the members' arguments,
+// so arguments sharing a block share one again, across members too). A recording times the
+// group at other addresses if
+//   (1) every member's program moves with its tensors (its address flow ok, or steered, below:
+//       sim/replay/address_flow.h), so each instruction's plan() is the recorded one but for its
+//       GM ranges, which move with the argument they derive from;
+//   (2) every GM range the recorded run touched (read or written, ld and st included) lay inside
+//       the block of the argument it derives from (GroupRecorder checks it per instruction),
+//       and each block moved by a multiple of the GM alignment: under the L2's filing by block
+//       (a cold L2, sim/chip/l2_placement.h) every range then has its recorded L2 address, so
+//       every lookup hits and misses as then and every member takes its recorded time;
+//   (3) a member whose loaded values steer it (AddressFlow::steered, a timing-only simulator
+//       only) loads its recorded values: in a timing-only run a byte an ld reads holds either
+//       what it held at the group's start or, if an earlier effect of the group wrote it, zero
+//       (a timing-only write, DeviceMemory::invalidate; st too). The recording keeps, per byte
+//       that an ld read before any effect of the group wrote it, the value read; a group
+//       replays only where those bytes, moved with their blocks, hold the same at its start.
+//       By induction over the group's effects in simulated order (each the recorded one, moved,
+//       while every earlier ld read its recorded value), every ld then reads its recorded value.
+// A block that overlaps another of the group's blocks or a statically planned buffer (an
+// arena and the buffers planned in it: the lookup files an address by the buffer where one
+// holds it) is fixed (GroupLayout::fixed): the translated key holds its address and the planned
+// buffers overlapping it, so its addresses file as then, and a range derived from its argument
+// may lie anywhere in the fixed blocks.
+// A group that fails (1) or (2) is recorded under its exact key (addresses and extents), as
+// before; one with a steering member and no translation is not replayed.
 //
 // Only in a timing-only simulator (SimOptions::functional false), where the translated replay is
 // on (SimOptions::replay on, or replay_translated: a lookup and no walk, as that replay; a
@@ -28,6 +61,7 @@
 
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -37,10 +71,13 @@
 #include "sim/core/core_recorder.h"
 #include "sim/counters/counters.h"
 #include "sim/exec/exec.h"
+#include "sim/replay/address_flow.h"
 #include "sim/simulator.h"
 
 namespace npusim {
 
+class AiCore;
+class DeviceMemory;
 struct ReplayStore;  // sim/replay/chip_launcher.h
 
 // What a group's timing depends on besides the chip and the options (see the file's comment).
@@ -56,32 +93,103 @@ struct GroupKeyHash {
   size_t operator()(const GroupKey& k) const { return static_cast<size_t>(k.hash); }
 };
 
-// The key of `launches` (a group that passed run_concurrent's checks) whose lines are filed by
-// `blocks` (MemorySystem::select_l2's lookup for a cold L2; may be empty). Returns an empty string
-// and sets *key if every member may be replayed, else why not (naming the member).
-std::string group_key(const std::vector<ConcurrentLaunch>& launches, const GmBlockLookup& blocks,
-                      ReplayStore& store, GroupKey* key);
+// Where a group's arguments lie, for its translated key (see the file's comment).
+struct GroupLayout {
+  bool translated = false;  // the group has a translated key (group_key's `translated`)
+  std::string why_not;      // if not, why (naming the member)
+  struct Block {
+    uint64_t start = 0, bytes = 0;
+  };
+  std::vector<Block> blocks;  // the blocks its arguments point into, by number
+  // [block]: it overlaps another block or a planned buffer (KernelLaunch::planned_blocks), so
+  // the lookup may file its addresses by the other: keyed at its address, it does not move.
+  std::vector<bool> fixed;
+  // [member][argument]: the number of the block the argument points into, or -1.
+  std::vector<std::vector<int32_t>> arg_block;
+  // [member]: its program's address flow (ok or steered; null where neither).
+  std::vector<const AddressFlow*> flows;
+  std::vector<bool> steered;  // [member]: its loaded values steer it (AddressFlow::steered)
+  bool any_steered = false;
+};
 
-// The GM ranges a timing-only group writes, gathered from every core's probe points while it is
-// simulated (attached to each core with AiCore::attach_recorder; the simulation runs on one
-// thread, so the cores share one collector).
-class GroupWriteCollector final : public CoreRecorder {
+// The keys of `launches` (a group that passed run_concurrent's checks) whose lines are filed by
+// `blocks` (MemorySystem::select_l2's lookup for a cold L2; may be empty): *exact by addresses,
+// *translated by blocks and offsets with *layout (translated->words empty and
+// layout->translated false where some member's program does not move with its tensors, or
+// without `blocks`). Returns an empty string if the group may be replayed, else why not (naming
+// the member): a member with ld whose values may steer it and no translated key.
+std::string group_key(const std::vector<ConcurrentLaunch>& launches, const GmBlockLookup& blocks,
+                      ReplayStore& store, GroupKey* exact, GroupKey* translated,
+                      GroupLayout* layout);
+
+// What a translated replay of a group needs besides its timing: where it wrote and what its
+// steering loads read, relative to the group's blocks (GroupLayout::blocks).
+struct GroupTranslation {
+  // A range in a fixed block (GroupLayout::fixed) by its address.
+  static constexpr uint32_t kFixed = UINT32_MAX;
+  struct Range {
+    uint32_t block;          // the block's number, or kFixed
+    uint64_t offset, bytes;  // [block start + offset, + bytes); kFixed: [offset, + bytes)
+  };
+  std::vector<uint64_t> block_starts;  // the recorded group's, by block number
+  // The union of the ranges written, split at block ends; and the written ranges of a page or
+  // more (the only ones that can cover a page whole, wherever the block lies), none inside
+  // another: normalized_writes of both, moved, is that of the ranges one by one, moved.
+  std::vector<Range> spans, long_writes;
+  // The bytes a steering ld read before any effect of the group wrote them, merged into runs;
+  // each run's bytes at `first` in `loaded`.
+  std::vector<Range> loads;
+  std::vector<size_t> load_first;
+  std::vector<uint8_t> loaded;
+  uint64_t bytes() const;
+};
+
+// Whether `t` times a group laid out as `now` (its translated key equal to the recording's):
+// every block moved by a multiple of `granule` (the GM alignment) and the steering loads'
+// bytes, moved, hold the recorded values in `gm`. On true, *writes holds the ranges the group
+// writes there, normalized (normalized_writes). why (may be null): on false, which failed.
+bool translated_group_writes(const GroupTranslation& t, const GroupLayout& now, uint64_t granule,
+                             const DeviceMemory& gm, std::vector<GmAccess>* writes,
+                             std::string* why = nullptr);
+
+// What a timing-only group does while it is simulated, from every core's probe points (a probe
+// per core, AiCore::attach_recorder; the simulation runs on one thread, in simulated order):
+// the GM ranges it writes and, with a translated layout, whether its recording is translatable
+// ((2) and (3) of the file's comment) and its GroupTranslation.
+class GroupRecorder {
  public:
-  void on_scalar_pc(uint32_t) override {}
-  void on_scalar_gm(uint32_t, const GmAccess& access) override {
-    if (access.write) add(access.addr, access.bytes);
-  }
-  void on_pipe_op(isa::Pipe, uint32_t, const ExecCost& cost) override {
-    for (const GmAccess& a : cost.gm)
-      if (a.write) add(a.addr, a.bytes);
-  }
-  void on_gm_transfer(isa::Pipe) override {}
+  // `launches` and `layout` (group_key's) and `gm` outlive the recorder.
+  GroupRecorder(const std::vector<ConcurrentLaunch>& launches, const GroupLayout& layout,
+                const DeviceMemory& gm);
+  ~GroupRecorder();
+  GroupRecorder(const GroupRecorder&) = delete;
+  GroupRecorder& operator=(const GroupRecorder&) = delete;
+  // The probe to attach to `core` (owned by the recorder).
+  CoreRecorder* probe(const AiCore& core);
   // The ranges written, as normalized_writes() gives them.
-  std::vector<GmAccess> take();
+  std::vector<GmAccess> writes() const;
+  // The translation of the recorded run, or null with *why set (why it is not translatable).
+  std::shared_ptr<const GroupTranslation> translation(std::string* why) const;
 
  private:
-  void add(uint64_t addr, uint64_t bytes);
-  std::vector<GmAccess> m_ranges;
+  class Probe;
+  void access(const AiCore& core, uint32_t pc, const GmAccess& a, bool scalar);
+  void add_write(uint64_t addr, uint64_t bytes);
+  void fail(std::string why);
+  const std::vector<ConcurrentLaunch>& m_launches;
+  const GroupLayout& m_layout;
+  const DeviceMemory& m_gm;
+  std::vector<std::unique_ptr<Probe>> m_probes;
+  std::unordered_map<const std::vector<uint64_t>*, size_t> m_member_of;  // by args
+  std::vector<GmAccess> m_ranges;  // written, merged into their union past a bound
+  std::vector<GmAccess> m_long;    // written, a page or more each
+  std::string m_untranslatable;    // why not, once known ("" while translatable)
+  std::vector<GmAccess> m_fixed;   // the fixed blocks' union (GroupLayout::fixed)
+  // Steering loads: the blocks they may read ([start, end)), the bytes written there so far
+  // (begin -> end, merged) and the bytes loaded before a write (address -> value).
+  std::vector<std::pair<uint64_t, uint64_t>> m_watched;
+  std::map<uint64_t, uint64_t> m_written_watched;
+  std::map<uint64_t, uint8_t> m_loaded;
 };
 
 // Ranges whose invalidation, one after another in any order, leaves device memory as the
@@ -105,7 +213,9 @@ struct RecordedGroup {
   CounterRegistry::RawDelta counters;  // every counter's growth over the group
   CounterDelta delta;                  // the same as ConcurrentResult::counters reported them
   std::vector<GmAccess> writes;        // normalized_writes of what the members wrote
-  uint64_t bytes() const;              // host memory held, about
+  // Set for a recording under a translated key (`writes` then empty: the replay moves these).
+  std::shared_ptr<const GroupTranslation> translation;
+  uint64_t bytes() const;  // host memory held, about
 };
 
 // Recorded groups by key, least recently used dropped first past `capacity` groups or about

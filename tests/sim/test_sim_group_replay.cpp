@@ -2,9 +2,13 @@
 // timing-only simulator on the tiny split chip: the same group a second time is replayed and
 // gives the first run's records (each launch's start after the group's, cycles, counters; the
 // group's makespan and counters; the chip's counters move alike) and writes its outputs'
-// ranges undefined again; a group that differs in one argument, one `after` edge or one
-// argument's block extent is simulated, as is a group with a launch whose loaded value steers it
-// (check mode: tests/sim/test_sim_group_replay_check.cpp).
+// ranges undefined again; a group whose arguments moved by whole blocks (each in a block of the
+// same size at the same offset) replays with the same records, writing at the new addresses,
+// while one that differs in an argument's offset in its block, one `after` edge or one
+// argument's block extent is simulated; a group with a launch whose loaded value steers it
+// replays where the bytes its ld reads before the group writes them are the recorded ones;
+// blocks overlapping a planned buffer are keyed at their addresses (check mode:
+// tests/sim/test_sim_group_replay_check.cpp).
 // The written ranges a replay invalidates, normalized, do what the ranges one by one do.
 #include <catch2/catch.hpp>
 
@@ -48,6 +52,8 @@ constexpr uint64_t kCN = 8 * kN;
 
 // z = x + y, then w = z + y after it (a stream), and v = u + u beside both; each takes its
 // cores when ready, as the runtime's launch groups do. `w_after`: w's `after` edges.
+// The other blocks (kMoved..., of kBlock each) are where a test moves z.
+constexpr uint64_t kMoved = 0x1400000, kMoved2 = 0x1500000;
 std::vector<ConcurrentLaunch> group(uint64_t z = kZ, std::vector<size_t> w_after = {0},
                                     uint64_t u_block = 2 * kCN) {
   const GmBlockLookup blocks = lookup_of({{kX, kBlock},
@@ -56,7 +62,8 @@ std::vector<ConcurrentLaunch> group(uint64_t z = kZ, std::vector<size_t> w_after
                                           {kW, kBlock},
                                           {kU, u_block},
                                           {kV, 2 * kCN},
-                                          {0x1400000, kBlock}});
+                                          {kMoved, kBlock},
+                                          {kMoved2, kBlock}});
   std::vector<ConcurrentLaunch> g = {
       {kernel_launch(vadd(), {kX, kY, z, kN}, 2), {}, {}},
       {kernel_launch(vadd(), {z, kY, kW, kN}, 2), {}, std::move(w_after)},
@@ -172,12 +179,30 @@ TEST_CASE("the same group again is replayed with the first run's records and eff
   REQUIRE(sim().gm().last_write_epoch(kX, kN * 2) <= epoch);  // an input: not written
 }
 
-TEST_CASE("a group differing in one argument, one edge or one block extent is simulated") {
+TEST_CASE("a group whose arguments moved by whole blocks replays, writing at the new place") {
   const Records base = run(group());
-  // Another output address for z (and w's input): simulated, then itself replayed.
-  const Records moved = run(group(0x1400000));
+  REQUIRE(base.replayed == std::vector<bool>{true, true, true});  // recorded by the test above
+  // z (and w's input) in another block of the same size, at the same offset: every range z's
+  // member touches moves with the block, so under the L2's filing by block it keeps its L2
+  // address and the group its timing.
+  write_gm(sim(), kMoved, std::vector<uint16_t>(kN, 0x3c00));
+  const uint64_t epoch = sim().gm().advance_write_epoch();
+  const Records moved = run(group(kMoved));
+  REQUIRE(moved.replayed == std::vector<bool>{true, true, true});
+  require_same(base, moved);
+  // Its writes moved with it: z's new range written undefined, its old one not.
+  REQUIRE(read_gm<uint16_t>(sim(), kMoved, kN) == std::vector<uint16_t>(kN, 0));
+  REQUIRE(sim().gm().last_write_epoch(kMoved, kN * 2) > epoch);
+  REQUIRE(sim().gm().last_write_epoch(kZ, kN * 2) <= epoch);
+}
+
+TEST_CASE("a group differing in one argument's offset, one edge or one block extent is simulated") {
+  const Records base = run(group());
+  // z at another offset in its block: its lines fall elsewhere in the L2, so its key differs:
+  // simulated, then itself replayed.
+  const Records moved = run(group(kMoved2 + 0x80000));
   REQUIRE(none_replayed(moved));
-  REQUIRE(run(group(0x1400000)).replayed == std::vector<bool>{true, true, true});
+  REQUIRE(run(group(kMoved2 + 0x80000)).replayed == std::vector<bool>{true, true, true});
   // w waiting for nothing: it overlaps z now, so its start moves.
   const Records unordered = run(group(kZ, {}));
   REQUIRE(none_replayed(unordered));
@@ -219,17 +244,75 @@ TEST_CASE("the normalized ranges of a group's writes invalidate as the ranges on
   REQUIRE_FALSE(one.holds_data(a + P, P));  // released
 }
 
-TEST_CASE("a group with a launch whose loaded value steers it is simulated every time") {
-  // A branch on a loaded value: its control flow (and so the group's timing) may follow data.
-  static const isa::Program steered = isa::assemble(
-      ".arg x, f16[16]\n.section aiv\n  ldarg x1, x\n  ld x2, x1\n  bne x2, 0, l\nl:\n  end\n",
+// A branch on a loaded value: its control flow (and so the group's timing) follows data. The
+// taken branch skips scalar instructions, so the two values take different times.
+const isa::Program& steered() {
+  static const isa::Program p = isa::assemble(
+      ".arg x, f16[16]\n.section aiv\n  ldarg x1, x\n  ld x2, x1\n  bne x2, 0, l\n"
+      "  add x3, x3, 1\n  mul x3, x3, x3\n  add x3, x3, 1\n  mul x3, x3, x3\n"
+      "  add x3, x3, 1\n  mul x3, x3, x3\n  add x3, x3, 1\n  mul x3, x3, x3\nl:\n  end\n",
       "steered.s");
+  return p;
+}
+
+TEST_CASE("a group with a launch whose loaded value steers it replays where it loads alike") {
   std::vector<ConcurrentLaunch> g = group();
-  g.push_back({kernel_launch(steered, {kX}, 1), {}, {}});
+  g.push_back({kernel_launch(steered(), {kX}, 1), {}, {}});
   g.back().take_cores_when_ready = true;
+  write_gm(sim(), kX, std::vector<uint64_t>{0});
   const Records first = run(g);
-  const Records second = run(g);
   REQUIRE(none_replayed(first));
-  REQUIRE(none_replayed(second));
-  require_same(first, second);  // simulated alike: the same data
+  // The same bytes where its ld reads: replayed with the first run's records.
+  const Records second = run(g);
+  REQUIRE(second.replayed == std::vector<bool>{true, true, true, true});
+  require_same(first, second);
+  // Other bytes there: simulated (the branch goes the other way), then replayed in turn.
+  write_gm(sim(), kX, std::vector<uint64_t>{1});
+  const Records other = run(g);
+  REQUIRE(none_replayed(other));
+  REQUIRE(other.cycles[3] != first.cycles[3]);
+  REQUIRE(run(g).replayed == std::vector<bool>{true, true, true, true});
+}
+
+TEST_CASE("a steering ld that reads what the group wrote before it replays whatever was there") {
+  // The steering launch reads z after z = x + y (its `after`): in a timing-only run it loads
+  // the undefined bytes z's member wrote (zero), not what z held at the group's start.
+  std::vector<ConcurrentLaunch> g = group(kMoved2);
+  g.push_back({kernel_launch(steered(), {kMoved2}, 1), {}, {0}});
+  g.back().take_cores_when_ready = true;
+  write_gm(sim(), kMoved2, std::vector<uint64_t>{1});
+  const Records first = run(g);
+  write_gm(sim(), kMoved2, std::vector<uint64_t>{2});
+  const Records second = run(g);
+  REQUIRE(second.replayed == std::vector<bool>{true, true, true, true});
+  require_same(first, second);
+}
+
+TEST_CASE("blocks overlapping a planned buffer stay at their addresses: moved, simulated") {
+  // A graph's arena (an allocation) with a statically planned buffer at its start: the L2 files
+  // an address in the buffer by the buffer, any other by the arena. z of the first launch lies
+  // in the arena outside the buffer, x of the second in the buffer: their blocks overlap, so
+  // the key holds their addresses. The same group without the plan moves with its arena.
+  constexpr uint64_t kArenaBytes = 0x200000;
+  const auto arena_group = [&](uint64_t arena, bool planned) {
+    const GmBlockLookup blocks = lookup_of({{kX, kBlock}, {kY, kBlock}, {arena, kArenaBytes}});
+    std::vector<ConcurrentLaunch> g = {
+        {kernel_launch(vadd(), {kX, kY, arena + 0x100000, kN}, 2), {}, {}},
+        {kernel_launch(vadd(), {arena, kY, arena + 0x180000, kN}, 2), {}, {0}},
+    };
+    for (ConcurrentLaunch& c : g) {
+      c.take_cores_when_ready = true;
+      c.launch.gm_blocks = blocks;
+      if (planned) c.launch.planned_blocks = {{arena, 0x100000}};
+    }
+    return g;
+  };
+  constexpr uint64_t kArena = 0x6000000, kArena2 = 0x6400000;
+  const Records first = run(arena_group(kArena, true));
+  REQUIRE(none_replayed(first));
+  REQUIRE(run(arena_group(kArena, true)).replayed == std::vector<bool>{true, true});
+  REQUIRE(none_replayed(run(arena_group(kArena2, true))));
+  // Without the plan the arena is one block, which moves: replayed at the other address.
+  REQUIRE(none_replayed(run(arena_group(kArena, false))));
+  REQUIRE(run(arena_group(kArena2, false)).replayed == std::vector<bool>{true, true});
 }
