@@ -451,6 +451,8 @@ __attribute__((target("avx,f16c"))) void widen_transpose_fractal_f16_f16c(const 
     for (int bj = 0; bj < 2; ++bj) {  // source columns (k) 8*bj..8*bj+7
       const uint8_t* s = src + (bi * 8 * 16 + bj * 8) * 2;
       __m256 r[8];
+      // Unrolled, so that r stays in registers (GCC at -O2 kept the loop and r on the stack).
+#pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
         r[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * 32)));
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(r[i], r[i], _CMP_UNORD_Q));

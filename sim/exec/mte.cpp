@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 #include <fmt/format.h>
@@ -20,6 +20,7 @@
 #include "isa/layout.h"
 #include "sim/exec/exec.h"
 #include "sim/exec/f16_bulk.h"
+#include "sim/exec/host_simd.h"
 #include "sim/exec/mte_common.h"
 
 namespace npusim {
@@ -86,6 +87,59 @@ struct BurstCopy {
   }
 };
 
+// nd2nz's row copies: n rows at src, `pitch` bytes apart (all within one device page, so one
+// host span), each of `blocks` whole C0 blocks and then `tail` bytes (< 32) of a partial one;
+// block j of row r goes to out + j * plane_bytes + r * 32 (the partial block zero-padded). The
+// row kNd2NzAhead rows on is prefetched while one is copied (rows a pitch apart cross host
+// pages, where the hardware prefetchers stop).
+constexpr uint64_t kNd2NzAhead = 8;
+
+void nd2nz_rows_generic(const uint8_t* src, uint64_t pitch, uint64_t n, uint64_t blocks,
+                        uint64_t tail, uint8_t* out, uint64_t plane_bytes) {
+  const uint64_t row_bytes = blocks * kBlockBytes + tail;
+  for (uint64_t r = 0; r < n; ++r, src += pitch, out += kBlockBytes) {
+    if (r + kNd2NzAhead < n)
+      for (uint64_t b = 0; b < row_bytes; b += 64)
+        __builtin_prefetch(src + kNd2NzAhead * pitch + b);
+    for (uint64_t j = 0; j < blocks; ++j)
+      std::memcpy(out + j * plane_bytes, src + j * kBlockBytes, kBlockBytes);
+    if (tail) mte::copy_block_prefix(out + blocks * plane_bytes, src + blocks * kBlockBytes, tail);
+  }
+}
+
+#if defined(__SSE2__)
+// Whole blocks only (tail 0), each one 32-byte move; kBlocks > 0 fixes the count at compile
+// time (rows of one and two blocks: feature-map channel blocks and weight k-blocks), 0 reads
+// `blocks`.
+template <uint64_t kBlocks>
+__attribute__((target("avx2"))) void nd2nz_rows_avx2(const uint8_t* src, uint64_t pitch,
+                                                     uint64_t n, uint64_t blocks, uint8_t* out,
+                                                     uint64_t plane_bytes) {
+  const uint64_t count = kBlocks ? kBlocks : blocks;
+  for (uint64_t r = 0; r < n; ++r, src += pitch, out += kBlockBytes) {
+    if (r + kNd2NzAhead < n)
+      for (uint64_t b = 0; b < count * kBlockBytes; b += 64)
+        __builtin_prefetch(src + kNd2NzAhead * pitch + b);
+    for (uint64_t j = 0; j < count; ++j)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j * plane_bytes),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src) + j));
+  }
+}
+#endif
+
+void nd2nz_rows(const uint8_t* src, uint64_t pitch, uint64_t n, uint64_t blocks, uint64_t tail,
+                uint8_t* out, uint64_t plane_bytes) {
+#if defined(__SSE2__)
+  static const bool avx2 = host_simd_at_least(HostSimd::kAvx2);
+  if (avx2 && tail == 0) {
+    if (blocks == 1) return nd2nz_rows_avx2<1>(src, pitch, n, blocks, out, plane_bytes);
+    if (blocks == 2) return nd2nz_rows_avx2<2>(src, pitch, n, blocks, out, plane_bytes);
+    return nd2nz_rows_avx2<0>(src, pitch, n, blocks, out, plane_bytes);
+  }
+#endif
+  nd2nz_rows_generic(src, pitch, n, blocks, tail, out, plane_bytes);
+}
+
 // nd2nz: ND rows x cols (row pitch src_stride elements; rows may overlap in GM, a read) in GM
 // -> NZ in L1
 // Writes [ceil(cols/C0)][dst_rows][C0]; rows >= `rows` and columns >= `cols` are zero-filled.
@@ -138,75 +192,114 @@ struct Nd2Nz {
       for (uint64_t j = 0; j < col_blocks; ++j)
         std::memset(out + (j * dst_rows + rows) * kBlockBytes, 0,
                     (dst_rows - rows) * kBlockBytes);
-    thread_local std::vector<uint8_t> row;  // a GM row that crosses a page boundary
-    // Rows are src_stride apart, many to a page: look each page up once.
+    // The rows in runs that lie in one device page each (one lookup, one host span); a row
+    // that crosses a page boundary is read into a buffer and copied alone.
     constexpr uint64_t kPage = DeviceMemory::kPageBytes;
-    uint64_t page = UINT64_MAX;
-    const uint8_t* page_bytes = nullptr;
-    constexpr uint64_t kAhead = 8;
-    for (uint64_t r = 0; r < rows; ++r) {
-      const uint64_t addr = xsrc + r * src_stride * size;
-      const uint64_t off = addr % kPage;
-      const uint8_t* src = nullptr;
+    const uint64_t pitch = src_stride * size, plane_bytes = dst_rows * kBlockBytes;
+    thread_local std::vector<uint8_t> row;  // a GM row that crosses a page boundary
+    for (uint64_t r = 0; r < rows;) {
+      const uint64_t addr = xsrc + r * pitch, off = addr % kPage;
+      uint8_t* dst = out + r * kBlockBytes;
       if (off + row_bytes <= kPage) {
-        if (addr / kPage != page) {
-          page = addr / kPage;
-          page_bytes = ctx.gm.view(addr, row_bytes) - off;
-        }
-        src = page_bytes + off;
-        // Rows src_stride apart cross host pages, where the hardware prefetchers stop: ask
-        // for the row kAhead rows on while this one is copied (same device page only).
-        const uint64_t ahead = off + kAhead * src_stride * size;
-        if (r + kAhead < rows && ahead + row_bytes <= kPage)
-          for (uint64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(page_bytes + ahead + b);
-      }
-      if (!src) {
+        const uint64_t n = std::min(rows - r, (kPage - row_bytes - off) / pitch + 1);
+        nd2nz_rows(ctx.gm.view(addr, (n - 1) * pitch + row_bytes), pitch, n, full_blocks, tail,
+                   dst, plane_bytes);
+        r += n;
+      } else {
         row.resize(row_bytes);
         ctx.gm.read(addr, row.data(), row_bytes);
-        src = row.data();
+        nd2nz_rows(row.data(), pitch, 1, full_blocks, tail, dst, plane_bytes);
+        ++r;
       }
-      for (uint64_t j = 0; j < full_blocks; ++j)
-        std::memcpy(out + (j * dst_rows + r) * kBlockBytes, src + j * kBlockBytes, kBlockBytes);
-      if (tail)
-        mte::copy_block_prefix(out + (full_blocks * dst_rows + r) * kBlockBytes,
-                               src + full_blocks * kBlockBytes, tail);
     }
   }
 };
 
-// A 16 x 16 fractal of 2-byte elements transposed: out (c, r) = in (r, c). Exact copies.
+// A 16 x 16 fractal of 2-byte elements transposed: out (c, r) = in (r, c). Exact copies. Rows of
+// in and out are 32 bytes (kFractalRows elements) apart. Three rounds of unpacks (16-, 32- and
+// 64-bit lanes) transpose an 8 x 8 block of 16-bit elements held one row a register; written
+// out in full (GCC at -O2 left the loops over register arrays partly rolled, the arrays on the
+// stack and the store positions in a table).
+#if defined(__SSE2__)
+// The 8 x 8 block at in (rows 32 bytes apart), transposed to out (rows 32 bytes apart).
+inline void transpose_8x8_16bit_sse2(const uint8_t* in, uint8_t* out) {
+  auto row = [in](int i) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i * kBlockBytes));
+  };
+  const __m128i r0 = row(0), r1 = row(1), r2 = row(2), r3 = row(3), r4 = row(4), r5 = row(5),
+                r6 = row(6), r7 = row(7);
+  // t: pairs of rows interleaved (columns 0-3 in lo, 4-7 in hi); u: four rows, two columns a
+  // register; v: eight rows of one column.
+  const __m128i t0 = _mm_unpacklo_epi16(r0, r1), t1 = _mm_unpackhi_epi16(r0, r1);
+  const __m128i t2 = _mm_unpacklo_epi16(r2, r3), t3 = _mm_unpackhi_epi16(r2, r3);
+  const __m128i t4 = _mm_unpacklo_epi16(r4, r5), t5 = _mm_unpackhi_epi16(r4, r5);
+  const __m128i t6 = _mm_unpacklo_epi16(r6, r7), t7 = _mm_unpackhi_epi16(r6, r7);
+  const __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
+  const __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
+  const __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
+  const __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
+  auto put = [out](int c, __m128i v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c * kBlockBytes), v);
+  };
+  put(0, _mm_unpacklo_epi64(u0, u4));
+  put(1, _mm_unpackhi_epi64(u0, u4));
+  put(2, _mm_unpacklo_epi64(u1, u5));
+  put(3, _mm_unpackhi_epi64(u1, u5));
+  put(4, _mm_unpacklo_epi64(u2, u6));
+  put(5, _mm_unpackhi_epi64(u2, u6));
+  put(6, _mm_unpacklo_epi64(u3, u7));
+  put(7, _mm_unpackhi_epi64(u3, u7));
+}
+
+// Both 8 x 8 blocks of one column half at once: register i holds row i's 8 columns of the half
+// in its low 128-bit lane and row i + 8's in its high lane, so the same unpacks (which work
+// within lanes) leave in register c column c's rows 0-7 low and 8-15 high: out's row c whole.
+// Row i's 16 bytes at s (rows 32 bytes apart) in the low lane, row i + 8's in the high lane.
+__attribute__((target("avx2"), always_inline)) inline __m256i rows_i_and_i8(const uint8_t* s,
+                                                                            int i) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * kBlockBytes));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + (i + 8) * kBlockBytes));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+__attribute__((target("avx2"))) void transpose_fractal_16bit_avx2(const uint8_t* in,
+                                                                  uint8_t* out) {
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* s = in + half * (kBlockBytes / 2);
+    const __m256i r0 = rows_i_and_i8(s, 0), r1 = rows_i_and_i8(s, 1), r2 = rows_i_and_i8(s, 2),
+                  r3 = rows_i_and_i8(s, 3), r4 = rows_i_and_i8(s, 4), r5 = rows_i_and_i8(s, 5),
+                  r6 = rows_i_and_i8(s, 6), r7 = rows_i_and_i8(s, 7);
+    const __m256i t0 = _mm256_unpacklo_epi16(r0, r1), t1 = _mm256_unpackhi_epi16(r0, r1);
+    const __m256i t2 = _mm256_unpacklo_epi16(r2, r3), t3 = _mm256_unpackhi_epi16(r2, r3);
+    const __m256i t4 = _mm256_unpacklo_epi16(r4, r5), t5 = _mm256_unpackhi_epi16(r4, r5);
+    const __m256i t6 = _mm256_unpacklo_epi16(r6, r7), t7 = _mm256_unpackhi_epi16(r6, r7);
+    const __m256i u0 = _mm256_unpacklo_epi32(t0, t2), u1 = _mm256_unpackhi_epi32(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi32(t1, t3), u3 = _mm256_unpackhi_epi32(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi32(t4, t6), u5 = _mm256_unpackhi_epi32(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi32(t5, t7), u7 = _mm256_unpackhi_epi32(t5, t7);
+    __m256i* d = reinterpret_cast<__m256i*>(out + half * 8 * kBlockBytes);  // 32-byte rows
+    _mm256_storeu_si256(d + 0, _mm256_unpacklo_epi64(u0, u4));
+    _mm256_storeu_si256(d + 1, _mm256_unpackhi_epi64(u0, u4));
+    _mm256_storeu_si256(d + 2, _mm256_unpacklo_epi64(u1, u5));
+    _mm256_storeu_si256(d + 3, _mm256_unpackhi_epi64(u1, u5));
+    _mm256_storeu_si256(d + 4, _mm256_unpacklo_epi64(u2, u6));
+    _mm256_storeu_si256(d + 5, _mm256_unpackhi_epi64(u2, u6));
+    _mm256_storeu_si256(d + 6, _mm256_unpacklo_epi64(u3, u7));
+    _mm256_storeu_si256(d + 7, _mm256_unpackhi_epi64(u3, u7));
+  }
+}
+#endif
+
 void transpose_fractal_16bit(const uint8_t* in, uint8_t* out) {
 #if defined(__SSE2__)
-  // Four 8 x 8 blocks, each transposed in registers (unpack 16-, 32-, 64-bit lanes) and stored
-  // at the mirrored block position.
-  for (int bi = 0; bi < 2; ++bi)
-    for (int bj = 0; bj < 2; ++bj) {
-      const uint8_t* s = in + (bi * 8 * kFractalRows + bj * 8) * 2;
-      __m128i r[8];
-      for (int i = 0; i < 8; ++i)
-        r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * kFractalRows * 2));
-      __m128i a[8], b[8];
-      for (int i = 0; i < 4; ++i) {
-        a[2 * i] = _mm_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
-        a[2 * i + 1] = _mm_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
-      }
-      for (int i = 0; i < 2; ++i)
-        for (int h = 0; h < 2; ++h) {
-          b[4 * i + h] = _mm_unpacklo_epi32(a[4 * i + h], a[4 * i + 2 + h]);
-          b[4 * i + 2 + h] = _mm_unpackhi_epi32(a[4 * i + h], a[4 * i + 2 + h]);
-        }
-      // b[0]: columns 0,1 of rows 0-3; b[1]: columns 4,5; b[2]: columns 2,3; b[3]: 6,7 (rows
-      // 4-7 likewise in b[4..7]).
-      uint8_t* d = out + (bj * 8 * kFractalRows + bi * 8) * 2;
-      const int col_of[4] = {0, 4, 2, 6};
-      for (int q = 0; q < 4; ++q) {
-        const int c = col_of[q];
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + c * kFractalRows * 2),
-                         _mm_unpacklo_epi64(b[q], b[4 + q]));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (c + 1) * kFractalRows * 2),
-                         _mm_unpackhi_epi64(b[q], b[4 + q]));
-      }
-    }
+  static const bool avx2 = host_simd_at_least(HostSimd::kAvx2);
+  if (avx2) return transpose_fractal_16bit_avx2(in, out);
+  // The four 8 x 8 blocks, each to its mirrored position.
+  const uint64_t half = kBlockBytes / 2, down = 8 * kBlockBytes;
+  transpose_8x8_16bit_sse2(in, out);
+  transpose_8x8_16bit_sse2(in + half, out + down);
+  transpose_8x8_16bit_sse2(in + down, out + half);
+  transpose_8x8_16bit_sse2(in + down + half, out + down + half);
 #else
   for (uint64_t r = 0; r < kFractalRows; ++r)
     for (uint64_t c = 0; c < kFractalRows; ++c)
@@ -244,9 +337,11 @@ struct Load2d {
 
   void run(ExecContext& ctx) const {
     uint8_t* out = ctx.local.at(dst, xdst, nfrac * kFractalBytes);
+    // The fractals' whole span, looked up once (the constructor checked it).
+    const uint8_t* src =
+        ctx.local.at(Buf::L1, xsrc, ((nfrac - 1) * src_stride + 1) * kFractalBytes);
     for (uint64_t f = 0; f < nfrac; ++f) {
-      const uint8_t* in = ctx.local.at(Buf::L1, xsrc + f * src_stride * kFractalBytes,
-                                       kFractalBytes);
+      const uint8_t* in = src + f * src_stride * kFractalBytes;
       uint8_t* o = out + f * kFractalBytes;
       if (!transpose) {  // 32 bytes at a time: a 512-byte memcpy compiles to `rep movsq`
         for (uint64_t b = 0; b < kFractalBytes; b += kBlockBytes)
@@ -341,7 +436,8 @@ struct Load3d {
     }
     // The window in the Zz layout (fractal (row block r, column block kb) at r * k_blocks + kb),
     // then each fractal transposed to (kb, r): index kb * m_blocks + r.
-    std::vector<uint8_t> window(dst_bytes());
+    thread_local std::vector<uint8_t> window;  // grown once, not allocated per instruction
+    window.resize(std::max<size_t>(window.size(), dst_bytes()));
     img2col(ctx, window.data());
     const uint64_t k_blocks = k_ext / c0, m_blocks = m_ext / kFractalRows;
     for (uint64_t r = 0; r < m_blocks; ++r)

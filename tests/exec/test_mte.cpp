@@ -72,46 +72,86 @@ TEST_CASE("copy_l12bt copies len blocks from L1 to the bias table") {
   CHECK(t.get_local<uint8_t>(Buf::BT, 64, 96) == src);
 }
 
+namespace {
+
+struct Nd2NzCase {
+  Dtype type;
+  int rows, cols, src_stride, dst_rows;
+  uint64_t gsrc = 0x3000;  // the first row's GM address
+};
+
+// Runs nd2nz on a patterned ND source (L1 at 0x1000 holding stale bytes) and checks L1 against
+// a plain loop over [ceil(cols/C0)][dst_rows][C0] with zero padding; the stale bytes past the
+// NZ image must stay.
+void check_nd2nz(ExecBench& t, const Nd2NzCase& c) {
+  const int size = isa::dtype_size(c.type), c0 = 32 / size;
+  INFO(isa::dtype_name(c.type) << " rows " << c.rows << " cols " << c.cols << " src_stride "
+                               << c.src_stride << " from GM " << c.gsrc);
+  auto nd = pattern(size_t(c.rows) * c.src_stride * size + c.cols * size, 1);
+  const uint64_t l1 = 0x1000;
+  t.put_gm(c.gsrc, nd);
+  const int col_blocks = (c.cols + c0 - 1) / c0;
+  const size_t nz_bytes = size_t(col_blocks) * c.dst_rows * 32;
+  t.put_local(Buf::L1, l1, std::vector<uint8_t>(nz_bytes + 64, 0xEE));  // stale contents
+  t.run(Opcode::op_nd2nz, {{"type", dt(c.type)}, {"xdst", l1}, {"xsrc", int64_t(c.gsrc)},
+                           {"rows", c.rows}, {"cols", c.cols}, {"src_stride", c.src_stride},
+                           {"dst_rows", c.dst_rows}});
+  std::vector<uint8_t> want(nz_bytes + 64, 0xEE);
+  for (int j = 0; j < col_blocks; ++j)
+    for (int r = 0; r < c.dst_rows; ++r)
+      for (int e = 0; e < c0; ++e) {
+        int col = j * c0 + e;
+        for (int b = 0; b < size; ++b)
+          want[((size_t(j) * c.dst_rows + r) * c0 + e) * size + b] =
+              r < c.rows && col < c.cols ? nd[(size_t(r) * c.src_stride + col) * size + b] : 0;
+      }
+  CHECK(t.get_local<uint8_t>(Buf::L1, l1, want.size()) == want);
+}
+
+}  // namespace
+
 TEST_CASE("nd2nz writes [ceil(cols/C0)][dst_rows][C0] with zero padding") {
   ExecBench t;
-  struct Case {
-    Dtype type;
-    int rows, cols, src_stride, dst_rows;
-  };
-  for (Case c : {Case{Dtype::F16, 20, 37, 40, 32}, Case{Dtype::S8, 5, 70, 70, 16},
-                 Case{Dtype::F32, 17, 9, 11, 48},
-                 // partial blocks of 31 and 6 bytes (every piece size of copy_block_prefix;
-                 // an image's 3 channels), rows back to back as in NHWC
-                 Case{Dtype::S8, 3, 31, 31, 16}, Case{Dtype::F16, 40, 3, 3, 48},
-                 // rows over two 64 KiB device pages from 0x3000, row 87 across the boundary:
-                 // one, two (+ a partial) and three whole C0 blocks a row
-                 Case{Dtype::F16, 194, 16, 306, 208}, Case{Dtype::F16, 194, 32, 306, 208},
-                 Case{Dtype::F16, 194, 40, 306, 208}, Case{Dtype::F16, 194, 48, 306, 208},
-                 // dst_rows not a multiple of 16: column blocks dst_rows blocks apart (21
-                 // pixels of 64 channels as four planes back to back; a gap of two rows)
-                 Case{Dtype::F16, 21, 64, 64, 21}, Case{Dtype::F16, 21, 40, 64, 23}}) {
-    const int size = isa::dtype_size(c.type), c0 = 32 / size;
-    INFO(isa::dtype_name(c.type) << " rows " << c.rows << " cols " << c.cols);
-    auto nd = pattern(size_t(c.rows) * c.src_stride * size, 1);
-    const uint64_t gsrc = 0x3000, l1 = 0x1000;
-    t.put_gm(gsrc, nd);
-    const int col_blocks = (c.cols + c0 - 1) / c0;
-    const size_t nz_bytes = size_t(col_blocks) * c.dst_rows * 32;
-    t.put_local(Buf::L1, l1, std::vector<uint8_t>(nz_bytes + 64, 0xEE));  // stale contents
-    t.run(Opcode::op_nd2nz, {{"type", dt(c.type)}, {"xdst", l1}, {"xsrc", gsrc},
-                             {"rows", c.rows}, {"cols", c.cols}, {"src_stride", c.src_stride},
-                             {"dst_rows", c.dst_rows}});
-    std::vector<uint8_t> want(nz_bytes + 64, 0xEE);
-    for (int j = 0; j < col_blocks; ++j)
-      for (int r = 0; r < c.dst_rows; ++r)
-        for (int e = 0; e < c0; ++e) {
-          int col = j * c0 + e;
-          for (int b = 0; b < size; ++b)
-            want[((size_t(j) * c.dst_rows + r) * c0 + e) * size + b] =
-                r < c.rows && col < c.cols ? nd[(size_t(r) * c.src_stride + col) * size + b] : 0;
-        }
-    CHECK(t.get_local<uint8_t>(Buf::L1, l1, want.size()) == want);
-  }
+  for (Nd2NzCase c :
+       {Nd2NzCase{Dtype::F16, 20, 37, 40, 32}, Nd2NzCase{Dtype::S8, 5, 70, 70, 16},
+        Nd2NzCase{Dtype::F32, 17, 9, 11, 48},
+        // partial blocks of 31 and 6 bytes (every piece size of copy_block_prefix; an image's
+        // 3 channels), rows back to back as in NHWC
+        Nd2NzCase{Dtype::S8, 3, 31, 31, 16}, Nd2NzCase{Dtype::F16, 40, 3, 3, 48},
+        // rows over two 64 KiB device pages from 0x3000, row 87 across the boundary: one, two
+        // (+ a partial) and three whole C0 blocks a row
+        Nd2NzCase{Dtype::F16, 194, 16, 306, 208}, Nd2NzCase{Dtype::F16, 194, 32, 306, 208},
+        Nd2NzCase{Dtype::F16, 194, 40, 306, 208}, Nd2NzCase{Dtype::F16, 194, 48, 306, 208},
+        // dst_rows not a multiple of 16: column blocks dst_rows blocks apart (21 pixels of 64
+        // channels as four planes back to back; a gap of two rows)
+        Nd2NzCase{Dtype::F16, 21, 64, 64, 21}, Nd2NzCase{Dtype::F16, 21, 40, 64, 23}})
+    check_nd2nz(t, c);
+}
+
+// nd2nz copies the rows in runs that lie in one 64 KiB device page (sim/exec/mte.cpp
+// nd2nz_rows: fixed one- and two-block rows, any count of whole blocks, a partial last block),
+// a row across a page boundary alone.
+TEST_CASE("nd2nz rows in runs per device page: whole and partial blocks, page edges") {
+  ExecBench t;
+  constexpr uint64_t kPage = 64 * 1024;
+  for (Nd2NzCase c : {
+           // 700 rows of five blocks, 192 bytes apart, over three pages from 0x40 before one
+           Nd2NzCase{Dtype::F16, 700, 80, 96, 704, kPage - 0x40},
+           // rows that overlap in GM (64 bytes apart, 128 long) across a page boundary
+           Nd2NzCase{Dtype::F16, 1100, 64, 32, 1104, 0x20},
+           // page-aligned rows of 128 bytes, 128 apart: each page's last row ends at its end,
+           // no row crosses (four whole-block rows of s8)
+           Nd2NzCase{Dtype::S8, 1030, 128, 128, 1040, 2 * kPage},
+           // one and two blocks a row, rows 2000 and 1200 bytes apart (runs of ~32 and ~54
+           // rows a page), odd starts
+           Nd2NzCase{Dtype::F16, 1500, 16, 1000, 1504, kPage + 6},
+           Nd2NzCase{Dtype::BF16, 900, 32, 600, 912, 3 * kPage - 30},
+           // two whole blocks and a partial one of 16 bytes (f32), rows across boundaries
+           Nd2NzCase{Dtype::F32, 2000, 20, 24, 2000, 0x1234},
+           // a single row, and a single row across a page boundary
+           Nd2NzCase{Dtype::F16, 1, 48, 48, 16, 0x100},
+           Nd2NzCase{Dtype::F16, 1, 48, 48, 16, kPage - 40}})
+    check_nd2nz(t, c);
 }
 
 TEST_CASE("load2d copies strided fractals, transposing 16x16 fractals of 16-bit elements") {
@@ -138,6 +178,24 @@ TEST_CASE("load2d copies strided fractals, transposing 16x16 fractals of 16-bit 
           for (int b = 0; b < 2; ++b)
             want[f * 512 + (c * 16 + r) * 2 + b] = l1[f * stride * 512 + (r * 16 + c) * 2 + b];
     CHECK(t.get_local<uint8_t>(Buf::L0B, 0, want.size()) == want);
+  }
+  SECTION("transposed, every element of the source distinct; the same fractal again") {
+    // 16-bit elements numbered 0, 1, 2, ... over 8 fractals: a misplaced element shows.
+    std::vector<uint16_t> elems(8 * 256);
+    for (size_t i = 0; i < elems.size(); ++i) elems[i] = static_cast<uint16_t>(i * 3 + 1);
+    t.put_local(Buf::L1, 0x800, elems);
+    for (int stride : {0, 3}) {
+      INFO("src_stride " << stride);
+      t.run(Opcode::op_load2d, {{"type", dt(Dtype::F16)}, {"dst", bf(Buf::L0A)}, {"xdst", 512},
+                                {"xsrc", 0x800 + 512}, {"nfrac", 2}, {"src_stride", stride},
+                                {"transpose", 1}});
+      std::vector<uint16_t> want(2 * 256);
+      for (int f = 0; f < 2; ++f)
+        for (int r = 0; r < 16; ++r)
+          for (int c = 0; c < 16; ++c)
+            want[f * 256 + c * 16 + r] = elems[(1 + f * stride) * 256 + r * 16 + c];
+      CHECK(t.get_local<uint16_t>(Buf::L0A, 512, want.size()) == want);
+    }
   }
 }
 
