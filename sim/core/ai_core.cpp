@@ -730,10 +730,17 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
         wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)), u.waiter);
       else run_gm_transfer(u, cost);
       is_issue_timed = cost.gm_issue_cycles > 0;
+      // A fixpipe .uf3 ends after its last mmad (unit_flag_fixpipe), but within one time step
+      // the M process may not have run yet: the tile's data are taken after the mmad's.
+      while (tile && in.op == Opcode::op_fixpipe && !tile->last_executed)
+        wait_abortable(u.waiter.flag_or_abort);
       if (m_launch->functional) execute(op, ctx);
       else invalidate_gm_writes(cost, m_gm);
-      if (tile && in.op == Opcode::op_fixpipe) {  // drained: the tile is free for a new chain
-        tile->chain_begun = tile->last_started = false;
+      if (tile && in.op == Opcode::op_mmad && unit_flag_of(op) == isa::UnitFlag::LAST) {
+        tile->last_executed = true;
+        m_flag_event.notify(SC_ZERO_TIME);
+      } else if (tile && in.op == Opcode::op_fixpipe) {  // drained: free for a new chain
+        tile->chain_begun = tile->last_started = tile->last_executed = false;
         m_flag_event.notify(SC_ZERO_TIME);
       }
       if (m_recorder) m_recorder->on_pipe_op(u.pipe, op.pc, cost);

@@ -138,6 +138,7 @@ class AiCore : public sc_core::sc_module {
                                 // last_end); cleared when the fixpipe has drained the tile
     sc_core::sc_time last_start = sc_core::SC_ZERO_TIME, last_end = sc_core::SC_ZERO_TIME;
     uint64_t last_l0c_bytes = 0;  // the L0C bytes the .uf3 mmad writes
+    bool last_executed = false;   // the .uf3 mmad has taken effect (the fixpipe's data is there)
   };
   // An mmad with a unit flag: waits while the tile's previous chain is not drained (a stall
   // like a wait_flag's), then marks the chain begun and, for .uf3, its last mmad started now,
