@@ -322,6 +322,17 @@ class Assembler {
     if (parse_register(name) != -1) fail(col, fmt::format("name '{}' is a register", name));
   }
 
+  // Whether `text` is a suffix value of kind k (Dt, Cmp, L2h, Uf).
+  static bool suffix_parses(FieldKind k, std::string_view text) {
+    switch (k) {
+      case FieldKind::Dt: return dtype_from_name(text).has_value();
+      case FieldKind::Cmp: return cmp_from_name(text).has_value();
+      case FieldKind::L2h: return l2_hint_from_name(text).has_value();
+      case FieldKind::Uf: return unit_flag_from_name(text).has_value();
+      default: return false;
+    }
+  }
+
   void parse_instruction(Piece p) {
     auto [word, args] = split_word(p);
     // mnemonic[.suffix...]
@@ -346,7 +357,9 @@ class Assembler {
     for (size_t i = 0; i < d.fields.size(); ++i)
       (field_is_suffix(d.fields[i].kind) ? suffix_fields : operand_fields).push_back(int(i));
 
-    // An optional suffix (the L2 policy) may only be the last one; left out, it stays 0.
+    // The optional suffixes (the L2 policy, the unit flag) follow the required ones in table
+    // order; any of them may be left out (it stays 0): a suffix past the required ones goes to
+    // the next optional field whose kind reads it.
     size_t nsuffix = parts.size() - 1;
     size_t required = suffix_fields.size();
     while (required > 0 && field_is_optional(d.fields[suffix_fields[required - 1]].kind))
@@ -364,10 +377,20 @@ class Assembler {
                : fmt::format("{} takes {} suffix{} ({}), got {}", d.mnemonic, count,
                              suffix_fields.size() == 1 ? "" : "es", expect, nsuffix));
     }
+    size_t next_field = 0;  // index into suffix_fields of the next field a suffix may fill
     for (size_t s = 0; s < nsuffix; ++s) {
       const Piece& sp = parts[s + 1];
-      const FieldDesc& f = d.fields[suffix_fields[s]];
-      Operand& o = in.ops[suffix_fields[s]];
+      if (s >= required) {  // an optional suffix: skip the optional fields it is not for
+        size_t f = next_field;
+        while (f < suffix_fields.size() && !suffix_parses(d.fields[suffix_fields[f]].kind, sp.text))
+          ++f;
+        if (f < suffix_fields.size()) next_field = f;  // else: reported against the next field
+      }
+      if (next_field >= suffix_fields.size())
+        fail(sp.col, fmt::format("{} takes no further suffix, got '.{}'", d.mnemonic, sp.text));
+      const FieldDesc& f = d.fields[suffix_fields[next_field]];
+      Operand& o = in.ops[suffix_fields[next_field]];
+      ++next_field;
       auto set = [&](auto parsed, const char* expected) {
         if (!parsed)
           fail(sp.col, fmt::format("bad suffix '.{}' for {} of {}: expected {}", sp.text, f.name,
@@ -378,6 +401,8 @@ class Assembler {
         set(dtype_from_name(sp.text), "a data type (f32, f16, bf16, s32, s16, s8, u8, u16, s64)");
       else if (f.kind == FieldKind::L2h)
         set(l2_hint_from_name(sp.text), "an L2 policy (normal, noalloc, bypass)");
+      else if (f.kind == FieldKind::Uf)
+        set(unit_flag_from_name(sp.text), "a unit flag (uf2, uf3)");
       else
         set(cmp_from_name(sp.text), "a comparison (eq, ne, lt, gt, le, ge)");
     }
@@ -438,6 +463,7 @@ class Assembler {
       case FieldKind::Dt:
       case FieldKind::Cmp:
       case FieldKind::L2h:
+      case FieldKind::Uf:
         break;  // suffixes, handled by the caller
       default: {
         if (reg >= 0) {

@@ -33,6 +33,12 @@ std::string operand_text(const FieldDesc& f, const Operand& o, const Section* se
     case FieldKind::Buf: return code_name(o.value, Buf(kNumBufs), buf_name, "buf");
     case FieldKind::Label: return label_text(o.value, section);
     case FieldKind::L2h: return code_name(o.value, L2Hint(kNumL2Hints), l2_hint_name, "l2h");
+    case FieldKind::Uf: {
+      const char* name = o.value >= 0 && o.value <= 3 && o.value != 1
+                             ? unit_flag_name(UnitFlag(o.value))
+                             : nullptr;
+      return name ? std::string(name) : fmt::format("?uf{}", o.value);
+    }
     case FieldKind::I64:
       // Small values in decimal (signed), others as their 64-bit pattern in hex.
       if (o.value > -65536 && o.value < 65536) return fmt::format("{}", o.value);

@@ -74,6 +74,7 @@ int imm_width(FieldKind k) {
     case FieldKind::Cmp: return 3;
     case FieldKind::Label: return 20;
     case FieldKind::L2h: return 2;
+    case FieldKind::Uf: return 2;
   }
   return 0;
 }
@@ -111,6 +112,19 @@ const char* l2_hint_name(L2Hint h) { return kL2HintNames[static_cast<int>(h)]; }
 std::optional<L2Hint> l2_hint_from_name(std::string_view s) {
   return lookup<L2Hint>(kL2HintNames, s);
 }
+const char* unit_flag_name(UnitFlag u) {
+  switch (u) {
+    case UnitFlag::OFF: return "";
+    case UnitFlag::CHAIN: return "uf2";
+    case UnitFlag::LAST: return "uf3";
+  }
+  return nullptr;
+}
+std::optional<UnitFlag> unit_flag_from_name(std::string_view s) {
+  if (s == "uf2") return UnitFlag::CHAIN;
+  if (s == "uf3") return UnitFlag::LAST;
+  return std::nullopt;
+}
 const char* core_kind_name(CoreKind k) { return kCoreKindNames[static_cast<int>(k)]; }
 std::optional<CoreKind> core_kind_from_name(std::string_view s) {
   return lookup<CoreKind>(kCoreKindNames, s);
@@ -121,9 +135,9 @@ int field_bits(FieldKind k) {
   return imm_width(k);
 }
 bool field_is_suffix(FieldKind k) {
-  return k == FieldKind::Dt || k == FieldKind::Cmp || k == FieldKind::L2h;
+  return k == FieldKind::Dt || k == FieldKind::Cmp || k == FieldKind::L2h || k == FieldKind::Uf;
 }
-bool field_is_optional(FieldKind k) { return k == FieldKind::L2h; }
+bool field_is_optional(FieldKind k) { return k == FieldKind::L2h || k == FieldKind::Uf; }
 bool field_is_reg_or_imm(FieldKind k) {
   // RU8, RU12, RU16, RU32 are consecutive enumerators: one unsigned range compare (this runs
   // for every operand the scalar unit resolves).
@@ -258,6 +272,11 @@ std::optional<std::string> illegal_operand(const Instruction& in) {
       limit = kNumBufs - 1, what = "buffer code";
     } else if (f.kind == FieldKind::L2h) {
       limit = kNumL2Hints - 1, what = "L2 policy code";
+    } else if (f.kind == FieldKind::Uf) {
+      if (v == 1)
+        return fmt::format("{} operand {}: unit flag code 1 is not a unit flag (0 off, 2, 3)",
+                           d.mnemonic, f.name);
+      limit = static_cast<uint64_t>(UnitFlag::LAST), what = "unit flag code";
     }
     if (v > limit)
       return fmt::format("{} operand {}: {} {} is out of range 0..{}", d.mnemonic, f.name, what,

@@ -45,14 +45,22 @@ inline constexpr int kNumL2Hints = 3;
 const char* l2_hint_name(L2Hint h);  // "normal", "noalloc", "bypass"
 std::optional<L2Hint> l2_hint_from_name(std::string_view s);
 
+// UnitFlag of an mmad chain and the fixpipe that takes its tile out of L0C (Ascend C's
+// MmadParams::unitFlag / FixpipeParamsV220::unitFlag: 0 off, 2 an mmad of the chain but the
+// last, 3 the chain's last mmad and the fixpipe; docs/assembly.md "UnitFlag"). 1 is not a value.
+enum class UnitFlag : uint8_t { OFF = 0, CHAIN = 2, LAST = 3 };
+const char* unit_flag_name(UnitFlag u);  // "", "uf2", "uf3" (nullptr for a code that is none)
+std::optional<UnitFlag> unit_flag_from_name(std::string_view s);  // "uf2", "uf3"
+
 enum class FieldKind : uint8_t {
-  Reg, RU8, RU12, RU16, RU32, U1, U2, U3, U4, U8, U16, I64, Dt, Cmp, Pipe, Buf, Label, L2h
+  Reg, RU8, RU12, RU16, RU32, U1, U2, U3, U4, U8, U16, I64, Dt, Cmp, Pipe, Buf, Label, L2h, Uf
 };
 // Encoded width in bits of one field of this kind (including the register/immediate flag).
 int field_bits(FieldKind k);
-// True for kinds written as a ".suffix" of the mnemonic (Dt, Cmp, L2h).
+// True for kinds written as a ".suffix" of the mnemonic (Dt, Cmp, L2h, Uf).
 bool field_is_suffix(FieldKind k);
-// True for kinds that may be left out (only as the last suffix): L2h, value 0 (normal) then.
+// True for kinds that may be left out (only after the required suffixes): L2h, value 0
+// (normal) then; Uf, value 0 (off) then.
 bool field_is_optional(FieldKind k);
 // True for RU* kinds (a register or an immediate).
 bool field_is_reg_or_imm(FieldKind k);

@@ -300,6 +300,11 @@ void KernelBuilder::emit(Opcode op, std::initializer_list<Opnd> operands,
         if (o.kind() != Opnd::Kind::kL2Hint) wrong("an L2 policy");
         out.value = o.value();
         break;
+      case FieldKind::Uf:  // an immediate isa::UnitFlag code: 0, 2 or 3
+        if (o.kind() != Opnd::Kind::kImm || o.value() < 0 || o.value() == 1 || o.value() > 3)
+          wrong("a unit flag code (0, 2, 3)");
+        out.value = o.value();
+        break;
       case FieldKind::Label:
         if (o.kind() != Opnd::Kind::kLabel || o.value() < 0) wrong("a label");
         label_fields.push_back(i);

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "isa/disassembler.h"
+#include "isa/layout.h"
 
 namespace npusim {
 
@@ -494,6 +495,7 @@ void AiCore::issue(const isa::Instruction& in, uint32_t pc, Pipe pipe) {
 // ---- flags ----
 
 void AiCore::clear_flags() {
+  if (!m_unit_flag_tiles.empty()) m_unit_flag_tiles.clear();
   if (m_flags_set == 0) return;
   for (auto& by_dst : m_flags)
     for (auto& by_id : by_dst) by_id.fill(Flag{});
@@ -597,9 +599,91 @@ void AiCore::pipe_thread(PipeUnit& u) {
   }
 }
 
+namespace {
+// Operand indices of the UnitFlag fields and the L0C tile address (isa.def).
+struct UnitFlagFields {
+  int mmad_uf = isa::field_index(Opcode::op_mmad, "unit_flag");
+  int mmad_xc = isa::field_index(Opcode::op_mmad, "xc");
+  int mmad_m = isa::field_index(Opcode::op_mmad, "m");
+  int mmad_n = isa::field_index(Opcode::op_mmad, "n");
+  int fix_uf = isa::field_index(Opcode::op_fixpipe, "unit_flag");
+  int fix_xsrc = isa::field_index(Opcode::op_fixpipe, "xsrc");
+  int fix_m = isa::field_index(Opcode::op_fixpipe, "m");
+  int fix_n = isa::field_index(Opcode::op_fixpipe, "n");
+};
+const UnitFlagFields& unit_flag_fields() {
+  static const UnitFlagFields f;
+  return f;
+}
+// The unit flag of an mmad or fixpipe (OFF for any other instruction).
+isa::UnitFlag unit_flag_of(const IssuedOp& op) {
+  const UnitFlagFields& f = unit_flag_fields();
+  if (op.op() == Opcode::op_mmad) return static_cast<isa::UnitFlag>(op[f.mmad_uf]);
+  if (op.op() == Opcode::op_fixpipe) return static_cast<isa::UnitFlag>(op[f.fix_uf]);
+  return isa::UnitFlag::OFF;
+}
+// The L0C bytes of an m x n tile (NZ, f32 / s32 words; isa/layout.h).
+uint64_t l0c_tile_bytes(int64_t m, int64_t n) {
+  return layout::l0c_extent(static_cast<uint64_t>(m), static_cast<uint64_t>(n)) * 4;
+}
+// UnitFlag moves L0C in units of this many bytes (the Ascend C UnitFlag page: 512 B).
+constexpr double kUnitFlagBytes = 512;
+}  // namespace
+
+void AiCore::unit_flag_mmad(PipeUnit& u, const IssuedOp& op, const ExecCost& cost,
+                            UnitFlagTile& t) {
+  if (t.last_started) {  // the previous chain's fixpipe has not drained the tile
+    const sc_time t0 = sc_time_stamp();
+    u.blocked = {op.insn, op.pc};
+    while (t.last_started) wait_abortable(u.waiter.flag_or_abort);
+    u.blocked = {};
+    u.stall_flag.add(time_ps(sc_time_stamp() - t0));
+  }
+  t.chain_begun = true;
+  if (unit_flag_of(op) == isa::UnitFlag::LAST) {
+    const UnitFlagFields& f = unit_flag_fields();
+    t.last_started = true;
+    t.last_start = sc_time_stamp();
+    t.last_end = t.last_start + cycles_to_time(static_cast<double>(cost.cycles));
+    t.last_l0c_bytes = l0c_tile_bytes(op[f.mmad_m], op[f.mmad_n]);
+  }
+  m_flag_event.notify(SC_ZERO_TIME);
+}
+
+void AiCore::unit_flag_fixpipe(PipeUnit& u, const IssuedOp& op, const ExecCost& cost,
+                               UnitFlagTile& t) {
+  // In flight from here: the chain has begun; its last mmad may not have.
+  u.blocked = {op.insn, op.pc};
+  while (!t.last_started) wait_abortable(u.waiter.flag_or_abort);
+  u.blocked = {};
+  const UnitFlagFields& f = unit_flag_fields();
+  // The first 512 B of the tile are complete a unit's share into the last mmad.
+  const sc_time first_unit =
+      t.last_start + (t.last_end - t.last_start) *
+                         std::min(1.0, kUnitFlagBytes / static_cast<double>(t.last_l0c_bytes));
+  if (sc_time_stamp() < first_unit) wait_abortable(first_unit - sc_time_stamp(), u.waiter);
+  const sc_time t0 = sc_time_stamp();
+  sc_time landed_after = SC_ZERO_TIME;  // the GM transfer's latency still to elapse
+  if (cost.gm.empty()) {
+    wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)), u.waiter);
+  } else {
+    run_gm_transfer(u, cost);
+    if (u.complete_at > sc_time_stamp()) landed_after = u.complete_at - sc_time_stamp();
+  }
+  // A constant-rate flow behind the cube's: it cannot end before the last unit, complete at
+  // last_end, has moved at the rate this transfer had (its time's share of one unit).
+  const double unit_share = std::min(
+      1.0, kUnitFlagBytes / static_cast<double>(l0c_tile_bytes(op[f.fix_m], op[f.fix_n])));
+  const sc_time done = t.last_end + (sc_time_stamp() - t0) * unit_share;
+  if (sc_time_stamp() < done) {
+    wait_abortable(done - sc_time_stamp(), u.waiter);
+    u.complete_at = std::max(u.complete_at, sc_time_stamp() + landed_after);
+  }
+}
+
 void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
   const isa::Instruction& in = *op.insn;
-  const sc_time start = sc_time_stamp();
+  sc_time start = sc_time_stamp();
   bool is_issue_timed = false;  // a GM copy with the DMA issue's minimum (run_gm_transfer)
   switch (in.op) {
     case Opcode::op_set_flag:
@@ -625,12 +709,40 @@ void AiCore::run_pipe_op(PipeUnit& u, const IssuedOp& op) {
     default: {
       ExecContext ctx{m_cfg, m_kind, *m_local, m_gm};
       const ExecCost cost = plan(op, ctx);
-      if (cost.gm.empty())
+      UnitFlagTile* tile = nullptr;  // an mmad's or fixpipe's with a unit flag
+      if (unit_flag_of(op) != isa::UnitFlag::OFF) {
+        const UnitFlagFields& f = unit_flag_fields();
+        const bool mmad = in.op == Opcode::op_mmad;
+        tile = &m_unit_flag_tiles[op[mmad ? f.mmad_xc : f.fix_xsrc]];
+        if (mmad) {
+          unit_flag_mmad(u, op, cost, *tile);
+        } else if (!tile->chain_begun) {  // the fixpipe starts once its chain has begun
+          const sc_time t0 = sc_time_stamp();
+          u.blocked = {&in, op.pc};
+          while (!tile->chain_begun) wait_abortable(u.waiter.flag_or_abort);
+          u.blocked = {};
+          u.stall_flag.add(time_ps(sc_time_stamp() - t0));
+        }
+        start = sc_time_stamp();
+      }
+      if (tile && in.op == Opcode::op_fixpipe) unit_flag_fixpipe(u, op, cost, *tile);
+      else if (cost.gm.empty())
         wait_abortable(cycles_to_time(static_cast<double>(cost.cycles)), u.waiter);
       else run_gm_transfer(u, cost);
       is_issue_timed = cost.gm_issue_cycles > 0;
+      // A fixpipe .uf3 ends after its last mmad (unit_flag_fixpipe), but within one time step
+      // the M process may not have run yet: the tile's data are taken after the mmad's.
+      while (tile && in.op == Opcode::op_fixpipe && !tile->last_executed)
+        wait_abortable(u.waiter.flag_or_abort);
       if (m_launch->functional) execute(op, ctx);
       else invalidate_gm_writes(cost, m_gm);
+      if (tile && in.op == Opcode::op_mmad && unit_flag_of(op) == isa::UnitFlag::LAST) {
+        tile->last_executed = true;
+        m_flag_event.notify(SC_ZERO_TIME);
+      } else if (tile && in.op == Opcode::op_fixpipe) {  // drained: free for a new chain
+        tile->chain_begun = tile->last_started = tile->last_executed = false;
+        m_flag_event.notify(SC_ZERO_TIME);
+      }
       if (m_recorder) m_recorder->on_pipe_op(u.pipe, op.pc, cost);
       u.busy.add(time_ps(sc_time_stamp() - start));
       // In flight from its start until its data has landed (complete_at covers this transfer).
@@ -732,9 +844,13 @@ std::string AiCore::where(uint32_t pc, const isa::Instruction* in) const {
 std::vector<std::string> AiCore::blocked_waits() const {
   std::vector<std::string> out;
   auto describe = [&](const Blocked& b) {
-    if (b.insn)
-      out.push_back(fmt::format("core {} {} {} never set", m_name, where(b.pc, b.insn),
-                                isa::disassemble(*b.insn, m_run ? m_run->section : nullptr)));
+    if (!b.insn) return;
+    const bool unit_flag = b.insn->op == Opcode::op_mmad || b.insn->op == Opcode::op_fixpipe;
+    out.push_back(fmt::format("core {} {} {} {}", m_name, where(b.pc, b.insn),
+                              isa::disassemble(*b.insn, m_run ? m_run->section : nullptr),
+                              unit_flag ? "waits on its L0C tile's unit flag (no mmad chain "
+                                          "into it, or its fixpipe never came)"
+                                        : "never set"));
   };
   describe(m_scalar_blocked);
   for (const PipeUnit* u : m_pipe_list) describe(u->blocked);

@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <systemc>
@@ -130,6 +131,26 @@ class AiCore : public sc_core::sc_module {
   void wait_cross_core(Lane lane, Waiter& w, int id, Blocked& blocked, uint32_t pc,
                        const isa::Instruction& in, Counter& stall);
   void check_pipe_operand(isa::Pipe p, const char* what) const;
+
+  // UnitFlag (isa::UnitFlag, docs/chip_model.md "UnitFlag"): an mmad chain with unit flags and
+  // the fixpipe .uf3 that drains its tile synchronise through the tile itself, keyed by its L0C
+  // byte address (the mmads' xc, the fixpipe's xsrc), with no flag between M and FIX.
+  struct UnitFlagTile {
+    bool chain_begun = false;   // an mmad with a unit flag into the tile has started
+    bool last_started = false;  // the chain's .uf3 mmad has started (the tile is complete at
+                                // last_end); cleared when the fixpipe has drained the tile
+    sc_core::sc_time last_start = sc_core::SC_ZERO_TIME, last_end = sc_core::SC_ZERO_TIME;
+    uint64_t last_l0c_bytes = 0;  // the L0C bytes the .uf3 mmad writes
+    bool last_executed = false;   // the .uf3 mmad has taken effect (the fixpipe's data is there)
+  };
+  // An mmad with a unit flag: waits while the tile's previous chain is not drained (a stall
+  // like a wait_flag's), then marks the chain begun and, for .uf3, its last mmad started now,
+  // ending after cost.cycles.
+  void unit_flag_mmad(PipeUnit& u, const IssuedOp& op, const ExecCost& cost, UnitFlagTile& t);
+  // A fixpipe .uf3, once its chain has begun (the caller waited): moves the tile at the pipe's
+  // rate as the last mmad completes it, 512 L0C bytes at a time; returns when the last unit
+  // has moved (the fixpipe's data then lands as its GM transfer's latency says).
+  void unit_flag_fixpipe(PipeUnit& u, const IssuedOp& op, const ExecCost& cost, UnitFlagTile& t);
   // Clears every flag (those set are counted in m_flags_set).
   void clear_flags();
 
@@ -193,7 +214,9 @@ class AiCore : public sc_core::sc_module {
   // The core got a block or a cross-core flag since the last reset(): only then has it state
   // to clear (a launch with few blocks leaves most cores of a large chip untouched).
   bool m_touched = false;
-  sc_core::sc_event m_flag_event;  // any flag or cross-core flag of this core became set
+  // UnitFlag state by L0C address; cleared with the flags (a block starts with none).
+  std::unordered_map<int64_t, UnitFlagTile> m_unit_flag_tiles;
+  sc_core::sc_event m_flag_event;  // any flag, cross-core flag or unit flag of this core changed
   Waiter m_scalar_wait;            // the scalar unit's
 
   // Counters.

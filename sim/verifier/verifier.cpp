@@ -103,6 +103,7 @@ class SectionCheck {
     m_clean.assign(m_sec.code.size(), true);
     for (size_t pc = 0; pc < m_sec.code.size(); ++pc) check_static(pc);
     check_flag_pairs();
+    check_unit_flags();
     const Instruction& last = m_sec.code.back();
     if (last.op != Opcode::op_end && last.op != Opcode::op_jmp)
       m_out.push_back(
@@ -283,6 +284,43 @@ class SectionCheck {
                                 "with its vector cores)",
                                 mn, operand(in, "mode").value));
         return;
+    }
+  }
+
+  // UnitFlag (isa::UnitFlag): a fixpipe's unit flag is .uf3 or none; a fixpipe .uf3 waits for
+  // an mmad chain into its tile, so the section must have an mmad .uf3 before it; an mmad chain
+  // with unit flags keeps its tile until a fixpipe .uf3 drains it, so the section must have one
+  // after its mmads. Which tile (the L0C address) is a run-time value: a fixpipe whose chain
+  // writes elsewhere is a deadlock the simulator reports (AiCore::blocked_waits).
+  void check_unit_flags() {
+    const int mmad_uf = field_index(Opcode::op_mmad, "unit_flag");
+    const int fix_uf = field_index(Opcode::op_fixpipe, "unit_flag");
+    const size_t none = m_sec.code.size();
+    size_t first_last_mmad = none, last_fixpipe = none;  // an mmad .uf3, a fixpipe .uf3
+    for (size_t pc = 0; pc < m_sec.code.size(); ++pc) {
+      const Instruction& in = m_sec.code[pc];
+      if (in.op == Opcode::op_mmad && in.ops[mmad_uf].value == int64_t(UnitFlag::LAST) &&
+          first_last_mmad == none)
+        first_last_mmad = pc;
+      if (in.op == Opcode::op_fixpipe && in.ops[fix_uf].value == int64_t(UnitFlag::LAST))
+        last_fixpipe = pc;
+    }
+    for (size_t pc = 0; pc < m_sec.code.size(); ++pc) {
+      const Instruction& in = m_sec.code[pc];
+      if (in.op == Opcode::op_fixpipe) {
+        const int64_t uf = in.ops[fix_uf].value;
+        if (uf == int64_t(UnitFlag::CHAIN))
+          issue(pc, "fixpipe: unit flag .uf2 marks an mmad of a chain; a fixpipe takes .uf3 "
+                    "(on) or none");
+        else if (uf == int64_t(UnitFlag::LAST) && (first_last_mmad == none || first_last_mmad > pc))
+          issue(pc, "fixpipe.uf3: no mmad .uf3 before it in the section: it would wait for an "
+                    "mmad chain with unit flags into its L0C tile that never comes");
+      } else if (in.op == Opcode::op_mmad && in.ops[mmad_uf].value != 0 &&
+                 (last_fixpipe == none || last_fixpipe < pc)) {
+        issue(pc, fmt::format("mmad.{}: no fixpipe .uf3 after it in the section drains its L0C "
+                              "tile: the tile's next chain would wait forever",
+                              unit_flag_name(UnitFlag(in.ops[mmad_uf].value))));
+      }
     }
   }
 

@@ -614,3 +614,50 @@ TEST_CASE("MatMul staggered tiles: the kernel computes every tile, the same bits
     CHECK(grouped_cases >= 1);
   }
 }
+
+TEST_CASE("MatMul unit flag: the tile's mmads and FIXPIPE synchronise by UnitFlag, same bits") {
+  // NPUSIM_MATMUL_UNIT_FLAG=1: each tile's mmads carry .uf2 (.uf3 on its last step), its
+  // FIXPIPE .uf3, and no M -> FIX flag is set. The values against the double reference, and
+  // bit for bit against the kernel synchronised by flags (the same instructions move the same
+  // data). Shapes: one k step, several k steps and L1 chunks, ragged tiles, transposes, a bias.
+  const ChipConfig& chip = test_sim().config();
+  const bool direct = !compiler::ops::cube_store_via_ub(
+      chip, compiler::ops::cube_core(chip, "MatMul"), "MatMul");
+  struct Case {
+    MatmulCase c;
+    uint32_t seed;
+    int bias;
+  };
+  for (const Case& cs : {Case{{16, 16, 16, false, false}, 601, 0},
+                         Case{{200, 1000, 300, false, false}, 602, 0},
+                         Case{{77, 530, 45, true, true}, 603, 0},
+                         Case{{64, 700, 96, false, true}, 604, 1}}) {
+    setenv("NPUSIM_MATMUL_UNIT_FLAG", "1", 1);
+    compiler::CompiledKernel with;
+    const RunResult on = check_matmul(DataType::F16, cs.c, PrecisionMode::kKeepFp32, cs.seed,
+                                      cs.bias, [&](const compiler::OpDesc& op) {
+                                        with = compiler::compile(op, chip);
+                                        return with;
+                                      });
+    unsetenv("NPUSIM_MATMUL_UNIT_FLAG");
+    const RunResult off =
+        check_matmul(DataType::F16, cs.c, PrecisionMode::kKeepFp32, cs.seed, cs.bias);
+    CHECK(on.outputs[0].values == off.outputs[0].values);
+    const std::string listing = isa::disassemble(with.launches[0].kernel.program);
+    if (direct) {
+      CHECK(listing.find("mmad.f16.uf3") != std::string::npos);
+      CHECK(listing.find(".uf3 gm,") != std::string::npos);  // the fixpipe
+      CHECK(listing.find("wait_flag m, fix") == std::string::npos);
+    } else {  // tiles leave L0C through the UB: no unit flags
+      CHECK(listing.find(".uf") == std::string::npos);
+    }
+  }
+  setenv("NPUSIM_MATMUL_UNIT_FLAG", "2", 1);
+  CHECK_THROWS_WITH(
+      compiler::compile(make_op("MatMul", {TensorDesc{DataType::F16, {32, 32}},
+                                           TensorDesc{DataType::F16, {32, 32}}},
+                                {}),
+                        chip),
+      Catch::Contains("NPUSIM_MATMUL_UNIT_FLAG='2' is neither '0' nor '1'"));
+  unsetenv("NPUSIM_MATMUL_UNIT_FLAG");
+}

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "isa/assembler.h"
+#include "isa/disassembler.h"
 
 using namespace npusim;
 using namespace npusim::isa;
@@ -194,10 +195,53 @@ end
   CHECK_THROWS_WITH(assemble("copy_gm2ub.noalloc.bypass x1, x2, 1, 4, 0, 0", "t.s"),
                     Catch::Contains("copy_gm2ub takes 0 to 1 suffix ([.l2]), got 2"));
   CHECK_THROWS_WITH(assemble("fixpipe.f32 gm, x1, x2, 16, 32, 32, 1, 0, x3", "t.s"),
-                    Catch::Contains("fixpipe takes 2 to 3 suffixes (.src_type.dst_type[.l2]), "
-                                    "got 1"));
+                    Catch::Contains("fixpipe takes 2 to 4 suffixes "
+                                    "(.src_type.dst_type[.l2][.unit_flag]), got 1"));
   CHECK_THROWS_WITH(assemble("copy_l12ub.noalloc x1, x2, 1, 4, 0, 0", "t.s"),
                     Catch::Contains("copy_l12ub takes no suffix"));
+}
+
+TEST_CASE("assembler: the unit flag is an optional suffix of mmad and fixpipe, off when left out") {
+  Program p = assemble(R"(
+mmad.f16 x1, x2, x3, 16, 32, 16, 0, x0
+mmad.f16.uf2 x1, x2, x3, 16, 32, 16, 0, x0
+mmad.f16.uf3 x1, x2, x3, 16, 32, 16, 1, x0
+fixpipe.f32.f16.uf3 gm, x4, x1, 16, 16, 16, 1, 0, x0
+fixpipe.f32.f16.noalloc.uf3 gm, x4, x1, 16, 16, 16, 1, 0, x0
+fixpipe.f32.f16.bypass gm, x4, x1, 16, 16, 16, 1, 0, x0
+end
+)", "t.s");
+  const auto& c = p.sections.at(0).code;
+  const int64_t uf[] = {0, 2, 3, 3, 3, 0};
+  const int64_t l2[] = {0, 0, 0, int64_t(L2Hint::NORMAL), int64_t(L2Hint::NOALLOC),
+                        int64_t(L2Hint::BYPASS)};
+  for (size_t i = 0; i < 6; ++i) {
+    INFO(i);
+    CHECK(imm(c[i], "unit_flag") == uf[i]);
+    if (i >= 3) CHECK(imm(c[i], "l2") == l2[i]);
+    // Through the 128-bit encoding and the disassembler and back.
+    const Instruction d = decode(encode(c[i]));
+    CHECK(imm(d, "unit_flag") == uf[i]);
+    const Program again = assemble(disassemble(c[i]) + "\nend\n", "again.s");
+    CHECK(imm(again.sections.at(0).code.at(0), "unit_flag") == uf[i]);
+  }
+  CHECK(disassemble(c[2]) == "mmad.f16.uf3 x1, x2, x3, 16, 32, 16, 1, x0");
+  CHECK(disassemble(c[4]) == "fixpipe.f32.f16.noalloc.uf3 gm, x4, x1, 16, 16, 16, 1, 0, x0");
+  // A word written before the field existed (its bits zero) decodes with the flag off.
+  EncodedWord old = encode(c[0]);
+  CHECK(imm(decode(old), "unit_flag") == 0);
+  CHECK_THROWS_WITH(assemble("mmad.f16.uf1 x1, x2, x3, 16, 32, 16, 0, x0", "t.s"),
+                    Catch::Contains("t.s:1:10: bad suffix '.uf1' for unit_flag of mmad: expected "
+                                    "a unit flag (uf2, uf3)"));
+  CHECK_THROWS_WITH(assemble("fixpipe.f32.f16.uf3.noalloc gm, x4, x1, 16, 16, 16, 1, 0, x0", "t.s"),
+                    Catch::Contains("fixpipe takes no further suffix, got '.noalloc'"));
+  CHECK_THROWS_WITH(assemble("fixpipe.f32.f16.keep gm, x4, x1, 16, 16, 16, 1, 0, x0", "t.s"),
+                    Catch::Contains("bad suffix '.keep' for l2 of fixpipe"));
+  // Code 1 is no unit flag: a binary word carrying it is refused by the loaders' check.
+  Instruction bad = c[1];
+  bad.ops[static_cast<size_t>(field_index(bad.op, "unit_flag"))] = {false, 1};
+  CHECK(illegal_operand(bad).value() ==
+        "mmad operand unit_flag: unit flag code 1 is not a unit flag (0 off, 2, 3)");
 }
 
 TEST_CASE("assembler: immediate expressions") {
@@ -475,6 +519,10 @@ TEST_CASE("assembler: every instruction of the table assembles from its descript
         case FieldKind::L2h:
           line += ".noalloc";
           expect[j] = {false, int64_t(L2Hint::NOALLOC)};
+          continue;
+        case FieldKind::Uf:
+          line += ".uf3";
+          expect[j] = {false, int64_t(UnitFlag::LAST)};
           continue;
         case FieldKind::Reg:
           text = "x" + std::to_string(j + 1);

@@ -246,6 +246,7 @@ TEST_CASE("disassembler: random operands of every instruction round-trip") {
           case FieldKind::Dt: o = {false, int64_t(r % int(Dtype::NONE))}; break;
           case FieldKind::Cmp: o = {false, int64_t(r % (int(Cmp::GE) + 1))}; break;
           case FieldKind::L2h: o = {false, int64_t(r % kNumL2Hints)}; break;
+          case FieldKind::Uf: o = {false, int64_t(r % 3 == 0 ? 0 : r % 3 + 1)}; break;
           case FieldKind::Pipe: o = {false, int64_t(r % (int(Pipe::ALL) + 1))}; break;
           case FieldKind::Buf: o = {false, int64_t(r % kNumBufs)}; break;
           case FieldKind::Label: o = {false, int64_t(r % (kNumOpcodes * 4))}; break;

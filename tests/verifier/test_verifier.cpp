@@ -566,3 +566,40 @@ TEST_CASE("verify_or_throw lists every issue as file:line:col") {
   CHECK_THROWS_WITH(verify_or_throw(bad, test::coupled_test_chip()),
                     Catch::StartsWith("built:9:0: aicore: load2d operand type: data type code 13"));
 }
+
+TEST_CASE("verifier: unit flags pair an mmad chain with a fixpipe .uf3") {
+  const ChipConfig cfg = test::coupled_test_chip();
+  // A chain of two mmads into the tile at x1, its fixpipe .uf3 after it: clean.
+  check_issues(issues_of(R"(
+    movi x1, 0
+    movi x2, 0
+    mmad.f16.uf2 x1, x2, x2, 16, 16, 16, 0, x0
+    mmad.f16.uf3 x1, x2, x2, 16, 16, 16, 1, x0
+    fixpipe.f32.f16.uf3 l1, x2, x1, 16, 16, 16, 1, 0, x0
+    end
+)", cfg),
+               {});
+  // Refused: a fixpipe .uf3 with no mmad .uf3 before it (it would wait forever), a fixpipe
+  // .uf2 (a chain's flag), and mmads with unit flags that no later fixpipe .uf3 drains.
+  check_issues(issues_of(R"(
+    movi x1, 0
+    movi x2, 0
+    fixpipe.f32.f16.uf3 l1, x2, x1, 16, 16, 16, 1, 0, x0
+    mmad.f16.uf3 x1, x2, x2, 16, 16, 16, 0, x0
+    fixpipe.f32.f16.uf2 l1, x2, x1, 16, 16, 16, 1, 0, x0
+    end
+)", cfg),
+               {{4, 5, "fixpipe.uf3: no mmad .uf3 before it in the section"},
+                {5, 5, "mmad.uf3: no fixpipe .uf3 after it in the section drains its L0C tile"},
+                {6, 5, "fixpipe: unit flag .uf2 marks an mmad of a chain"}});
+  check_issues(issues_of(R"(
+    movi x1, 0
+    movi x2, 0
+    mmad.f16.uf2 x1, x2, x2, 16, 16, 16, 0, x0
+    set_flag m, fix, 0
+    wait_flag m, fix, 0
+    fixpipe.f32.f16 l1, x2, x1, 16, 16, 16, 1, 0, x0
+    end
+)", cfg),
+               {{4, 5, "mmad.uf2: no fixpipe .uf3 after it in the section drains its L0C tile"}});
+}

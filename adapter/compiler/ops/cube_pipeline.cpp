@@ -235,41 +235,70 @@ void CubePipeline::run(const Reg& steps, const std::function<void(const Reg&)>& 
   }
 }
 
+void CubePipeline::emit_mmad(const Mmad& op, int init, const Reg* bias, const char* comment,
+                             const Reg* last_step) {
+  KernelBuilder& b = m_b;
+  const Opnd xbias = bias ? Opnd(*bias) : Opnd(0);
+  if (!m_unit_flags || !last_step) {
+    b.emit(Opcode::op_mmad, {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, init, xbias},
+           comment);
+    return;
+  }
+  Label last = b.label("mmad_last_of_tile"), done = b.label("mmad_flagged");
+  b.branch(ne(*last_step, 0), last);
+  b.emit(Opcode::op_mmad,
+         {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, init, xbias,
+          static_cast<int>(isa::UnitFlag::CHAIN)},
+         fmt::format("{} (unit flag: the tile's chain goes on)", comment));
+  b.jmp(done);
+  b.bind(last);
+  b.emit(Opcode::op_mmad,
+         {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, init, xbias,
+          static_cast<int>(isa::UnitFlag::LAST)},
+         fmt::format("{} (unit flag: the tile's last mmad)", comment));
+  b.bind(done);
+}
+
 void CubePipeline::mmad(const Mmad& op, const Reg& pt, const Reg& ch, const Reg& kk, int first_init,
-                        const Reg* bt, const char* first_comment, const Reg* block_start) {
+                        const Reg* bt, const char* first_comment, const Reg* block_start,
+                        const Reg* last_step) {
   KernelBuilder& b = m_b;
   Label acc = b.label("accumulate"), issued = b.label("mmad_issued");
   b.branch(ne(ch, 0), acc);
   b.branch(ne(kk, 0), acc);
   b.wait_flag(m_l0c_free, pt, "first step of the tile: L0C free");
-  if (bt)
-    b.emit(Opcode::op_mmad, {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, first_init, *bt},
-           first_comment);
-  else
-    b.emit(Opcode::op_mmad, {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, first_init, 0},
-           first_comment);
+  emit_mmad(op, first_init, bt, first_comment, last_step);
   b.jmp(issued);
   b.bind(acc);
   if (block_start) {
     Label accumulate = b.label("accumulate_block");
     b.branch(ne(kk, *block_start), accumulate);
-    b.emit(Opcode::op_mmad, {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, 0, 0},
-           "C block = A * B (first step of a column block)");
+    emit_mmad(op, 0, nullptr, "C block = A * B (first step of a column block)", last_step);
     b.jmp(issued);
     b.bind(accumulate);
   }
-  b.emit(Opcode::op_mmad, {op.type, op.l0c, op.l0a, op.l0b, op.m, op.k, op.n, 1, 0}, "C += A * B");
+  emit_mmad(op, 1, nullptr, "C += A * B", last_step);
   b.bind(issued);
 }
 
 void CubePipeline::l0c_ready(const Reg& pt, const Reg& l0c, const Twin& l0c_buf) {
-  m_b.set_flag(m_l0c_full, pt);
-  m_b.wait_flag(m_l0c_full, pt);
+  if (!m_unit_flags) {  // with unit flags FIXPIPE synchronises with the mmads on the tile
+    m_b.set_flag(m_l0c_full, pt);
+    m_b.wait_flag(m_l0c_full, pt);
+  }
   select(m_b, l0c, pt, l0c_buf);
 }
 
 void CubePipeline::store(const Store& s, const Reg& pt) {
   KernelBuilder& b = m_b;
+  if (!m_via_ub && m_unit_flags) {
+    b.emit(Opcode::op_fixpipe,
+           {Dtype::F32, s.out_type, Buf::GM, s.dst, s.l0c, s.rows, s.cols, s.pitch, 1,
+            s.relu ? 1 : 0, 0, isa::L2Hint::NORMAL, static_cast<int>(isa::UnitFlag::LAST)},
+           "C tile to GM (ND) as the tile's last mmad completes it (unit flag)");
+    l0c_stored(pt);
+    return;
+  }
   if (!m_via_ub) {
     b.emit(Opcode::op_fixpipe,
            {Dtype::F32, s.out_type, Buf::GM, s.dst, s.l0c, s.rows, s.cols, s.pitch, 1,

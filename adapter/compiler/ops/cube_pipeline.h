@@ -266,9 +266,19 @@ class CubePipeline {
     isa::Dtype type;
     const Reg &l0c, &l0a, &l0b, &m, &k, &n;
   };
+  // With unit_flags() on, last_step (nonzero on the tile's last step, else 0) picks each
+  // mmad's unit flag: .uf3 on the tile's last step, .uf2 before it.
   void mmad(const Mmad& op, const Reg& pt, const Reg& ch, const Reg& kk, int first_init = 0,
             const Reg* bt = nullptr, const char* first_comment = "C = A * B",
-            const Reg* block_start = nullptr);
+            const Reg* block_start = nullptr, const Reg* last_step = nullptr);
+
+  // UnitFlag between the cube and FIXPIPE (isa::UnitFlag; Ascend C's MmadParams::unitFlag and
+  // FixpipeParamsV220::unitFlag): a tile's mmads carry unit flags (mmad's last_step), store()'s
+  // FIXPIPE is .uf3 and l0c_ready sets and waits no M -> FIX flag: FIXPIPE starts once the
+  // tile's chain has begun and moves C as the last mmad completes it. The L0C free flags stay.
+  // Only on the direct way out (FIXPIPE to GM, not store_via_ub); call before run.
+  void unit_flags() { m_unit_flags = true; }
+  bool unit_flags_on() const { return m_unit_flags; }
 
   // M's tiles in L0C buffer pt (FIX side): l0c_ready signals and waits for the tile and sets
   // l0c to its L0C address; l0c_stored frees the buffer after the op's FIXPIPE.
@@ -379,7 +389,12 @@ class CubePipeline {
   void periodic_runs(bool fused, const Reg& pt, const Reg& rep, const Reg& table, const Reg& y,
                      const Reg& res, const Reg& out);
 
+  // One mmad of mmad(): with unit flags and last_step, one for each flag by last_step.
+  void emit_mmad(const Mmad& op, int init, const Reg* bias, const char* comment,
+                 const Reg* last_step);
+
   bool m_via_ub = false;
+  bool m_unit_flags = false;
   bool m_add_relu_conv = false;
   uint64_t m_ub_tile = 0;
   int m_ub_full = -1, m_ub_free = -1;  // FIX -> MTE3 and MTE3 -> FIX (through the UB)

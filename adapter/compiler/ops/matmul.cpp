@@ -435,6 +435,16 @@ namespace {
 
 // NPUSIM_MATMUL_STAGGERED_TILES: unset or "1" on, "0" off; anything else a CompileError
 // naming the variable and op. Read at every compile.
+// NPUSIM_MATMUL_UNIT_FLAG: unset or "0" off, "1" on (UnitFlag between the tile's mmads and
+// its FIXPIPE: CubePipeline::unit_flags); anything else a CompileError naming the variable and
+// op. Read at every compile.
+bool unit_flag_enabled(const std::string& op) {
+  const char* v = std::getenv("NPUSIM_MATMUL_UNIT_FLAG");
+  if (!v || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  throw CompileError(fmt::format("{}: NPUSIM_MATMUL_UNIT_FLAG='{}' is neither '0' nor '1'", op, v));
+}
+
 bool staggered_tiles_enabled(const std::string& op) {
   const char* v = std::getenv("NPUSIM_MATMUL_STAGGERED_TILES");
   if (!v || std::string(v) == "1") return true;
@@ -561,6 +571,9 @@ class MatmulEmitter {
     } else {
       m_pipe.block_steps_round_robin(steps, m_t.batch * m_t.tiles_m * m_t.tiles_n, m_chunks);
     }
+    // UnitFlag on the direct way out (FIXPIPE to GM, one fixpipe per tile).
+    if (unit_flag_enabled("MatMul") && !m_t.via_ub && m_t.c_strided.run_rows == 0)
+      m_pipe.unit_flags();
     m_pipe.declare_flags({"L1 chunk loaded", "L1 chunk free", "L0 step loaded", "L0 step free",
                           "L0C tile computed", "L0C tile stored"});
     CubePipeline::Hooks hooks;
@@ -915,12 +928,26 @@ class MatmulEmitter {
       select(m_b, l0a, q, m_l0a);
       select(m_b, l0b, q, m_l0b);
       select(m_b, l0c, pt, m_l0c);
+      Reg last;  // unit flags: 1 on the tile's last step (its last chunk's last k), else 0
+      if (m_pipe.unit_flags_on()) {
+        last = b.reg("step: the tile's last (unit flag)");
+        Label not_last = b.label("not_the_tiles_last_step");
+        b.movi(last, 0);
+        b.branch(ne(ch, m_chunks - 1), not_last);
+        Reg rest = b.reg("step: k left in the chunk");
+        b.sub(rest, kc, kk);
+        b.branch(ne(rest, ks), not_last);
+        b.movi(last, 1);
+        b.bind(not_last);
+      }
+      const Reg* last_step = m_pipe.unit_flags_on() ? &last : nullptr;
       if (m_t.bias) {
         select(m_b, bt, q, m_bias_bt);
         m_pipe.mmad({m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act}, pt, ch, kk, 2, &bt,
-                    "C = bias + A * B");
+                    "C = bias + A * B", nullptr, last_step);
       } else {
-        m_pipe.mmad({m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act}, pt, ch, kk);
+        m_pipe.mmad({m_t.in_type, l0c, l0a, l0b, m_act, ks, n_act}, pt, ch, kk, 0, nullptr,
+                    "C = A * B", nullptr, last_step);
       }
     }
     m_pipe.l0_read(q, "L0 buffers read");
