@@ -90,7 +90,7 @@ TEST_CASE("L2 read granules: short bursts take the L2's bandwidth in whole granu
     REQUIRE(l2 / 4 / (g / 64) < port);  // slower than without the key
     for (double b : mte2_busy(s, 4, 2, 0)) CHECK(b == Approx(bytes * 4 * (g / 64) / l2).margin(1));
   }
-  SECTION("4 cores, 64-byte bursts across granule boundaries: two granules each") {
+  SECTION("3 cores, 64-byte bursts across granule boundaries: two granules each") {
     const double bytes = kBursts * 64.0;
     // Each burst starts 32 bytes before a granule's end; the last one reaches past the span
     // into the next core's first granule, in the L2 too (filled for a fourth core).
