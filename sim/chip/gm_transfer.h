@@ -66,6 +66,10 @@ class GmTransfer : public tlm::tlm_extension<GmTransfer> {
   std::vector<std::pair<uint64_t, uint64_t>> read_lines;
   bool lines_registered = false;
   double line_readers = 1;
+  // Under memory.l2.read_granule_bytes, of a read: the bytes of the L2's shared bandwidth its L2
+  // phase takes per byte it moves (its ranges' whole granules over their bytes; >= 1). 1 for a
+  // write, a write-back flow, or with the key off.
+  double l2_granule_factor = 1;
   sc_core::sc_event done;
   // What the initiating process waits on while the transfer flows: `done`, or `abort`, which
   // the memory system registers with the initiator's AbortSignal (wake_on_raise) at the

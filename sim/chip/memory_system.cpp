@@ -311,11 +311,26 @@ void MemorySystem::b_transport(int id, tlm::tlm_generic_payload& p, sc_time& del
     }
     t->read_lines.resize(n);
   }
+  // Read granules: the L2 serves a read range in whole aligned granules of G bytes, so its L2
+  // phase takes (the granules its ranges touch x G) / (their bytes) of the L2's bandwidth per
+  // byte moved; the port moves the bytes asked for.
+  t->l2_granule_factor = 1;
+  if (m_cfg.l2_read_granule_bytes > 0 && !write && hit > 0) {
+    const uint64_t g = m_cfg.l2_read_granule_bytes;
+    uint64_t bytes = 0, granule_bytes = 0;
+    for (const GmAccess& r : *t->ranges) {
+      if (r.write || r.bytes == 0 || r.l2 == isa::L2Hint::BYPASS) continue;
+      bytes += r.bytes;
+      granule_bytes += ((r.addr + r.bytes + g - 1) / g - r.addr / g) * g;
+    }
+    if (bytes > 0)
+      t->l2_granule_factor = static_cast<double>(granule_bytes) / static_cast<double>(bytes);
+  }
   t->alone_cycles = 0;
   for (int r : {kHbm, kL2}) {
     const double bytes = static_cast<double>(r == kHbm ? miss : hit);
-    const double bandwidth =
-        r == kHbm ? m_cfg.hbm_mixed_bytes_per_cycle(t->hbm_write_share) : m_bandwidth[r];
+    const double bandwidth = r == kHbm ? m_cfg.hbm_mixed_bytes_per_cycle(t->hbm_write_share)
+                                       : m_bandwidth[r] / t->l2_granule_factor;
     double alone_rate = t->port[r] > 0 ? std::min(t->port[r], bandwidth) : bandwidth;
     if (r == kL2 && !t->read_lines.empty()) alone_rate = std::min(alone_rate, line_rate);
     t->alone_cycles += bytes / alone_rate;
@@ -464,7 +479,11 @@ void MemorySystem::settle() {
   }
   double next = std::numeric_limits<double>::infinity();
   for (GmTransfer* t : m_active) {
-    const double share = bandwidth[t->phase] / m_users[t->phase];
+    // A read's L2 phase takes its share of the L2 in whole granules (memory.l2.read_granule_
+    // bytes): the bytes it moves are that share over its granule factor.
+    const double share = t->phase == kL2 && t->l2_granule_factor != 1
+                             ? bandwidth[kL2] / m_users[kL2] / t->l2_granule_factor
+                             : bandwidth[t->phase] / m_users[t->phase];
     const double port = t->port[t->phase];
     t->rate = port > 0 ? std::min(port, share) : share;
     if (t->lines_registered)

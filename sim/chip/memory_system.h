@@ -24,6 +24,9 @@
 //      phase under memory.l2.line_read_bytes_per_cycle (R), by R / k: a line serves the reads
 //      of it one after another at R bytes per cycle, k the byte-weighted mean number of
 //      transfers in their L2 phase reading the transfer's lines (same-line serialisation).
+//      Under memory.l2.read_granule_bytes (G) a read's L2 phase takes its share B / n of the
+//      L2 in whole aligned granules of G bytes: it moves (B / n) / f bytes per cycle, f its
+//      ranges' granule bytes over their bytes (GmTransfer::l2_granule_factor).
 // Writes are timed like reads (lines present in L2 absorb them at L2 bandwidth; missing lines
 // are written to HBM and allocated), unless the L2 is write-back (memory.l2.write_back): then
 // an allocating write miss is absorbed at L2 bandwidth too, and the dirty lines a transfer's

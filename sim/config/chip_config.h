@@ -136,6 +136,11 @@ struct ChipConfig {
   // concurrent readers of a line gets this / k of it (MemorySystem; docs/chip_model.md "Memory
   // system"). 0: no such limit (every reader at its own port rate).
   double l2_line_read_bytes_per_cycle = 0;
+  // The L2 serves a read in whole granules of this many bytes, aligned to it: each GM range a
+  // read looks up takes the L2's shared bandwidth (memory.l2.gbps) for every granule it
+  // touches, whole, while the core's port moves only the bytes asked for (MemorySystem;
+  // docs/chip_model.md "Memory system"). 0: no rounding (the bytes asked for).
+  uint64_t l2_read_granule_bytes = 0;
 
   // MTE2's ND -> NZ loads (nd2nz): the engine issues one GM request per ND row and at most one
   // row every nd2nz_row_cycles cycles, so a row takes max(its bytes at the path's rate,

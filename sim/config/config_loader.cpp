@@ -90,6 +90,7 @@ const char* const kSchemaKeys[] = {
     "memory.l2.write_back_waits",
     "memory.l2.page_rotation",
     "memory.l2.line_read_bytes_per_cycle",
+    "memory.l2.read_granule_bytes",
     "mte.nd2nz_row_cycles",
     "mte.copy_issue_cycles",
     "mte.burst_cycles",
@@ -432,6 +433,14 @@ void parse_memory(const Reader& r, ChipConfig& c) {
              fmt::format("expected 0 (no limit) or at least {:g}, got {:g}", kMinBytesPerCycle,
                          c.l2_line_read_bytes_per_cycle));
   }
+  if (r.has("memory.l2.read_granule_bytes")) {  // optional: 0 (no rounding) without it
+    c.l2_read_granule_bytes = static_cast<uint64_t>(
+        r.get_int("memory.l2.read_granule_bytes", 0, static_cast<int>(c.l2_line_bytes)));
+    if (c.l2_read_granule_bytes != 0 && !is_pow2(c.l2_read_granule_bytes))
+      r.fail("memory.l2.read_granule_bytes",
+             fmt::format("expected 0 (no rounding) or a power of two, got {}",
+                         c.l2_read_granule_bytes));
+  }
   if (c.l2_bytes > c.hbm_bytes)
     r.fail("memory.l2.bytes", fmt::format("L2 ({} bytes) is larger than memory.hbm.bytes ({})",
                                           c.l2_bytes, c.hbm_bytes));
@@ -623,6 +632,8 @@ std::string dump_chip_config_yaml(const ChipConfig& c) {
   if (c.l2_page_rotation) o << "    page_rotation: true\n";
   if (c.l2_line_read_bytes_per_cycle != 0)
     o << fmt::format("    line_read_bytes_per_cycle: {}\n", c.l2_line_read_bytes_per_cycle);
+  if (c.l2_read_granule_bytes != 0)
+    o << fmt::format("    read_granule_bytes: {}\n", c.l2_read_granule_bytes);
   if (c.nd2nz_row_cycles != 0 || c.copy_issue_cycles != 0 || c.burst_cycles != 0) {
     o << "mte:\n";  // optional keys, as above
     if (c.nd2nz_row_cycles != 0) o << fmt::format("  nd2nz_row_cycles: {}\n", c.nd2nz_row_cycles);

@@ -120,6 +120,7 @@ void check_same(const ChipConfig& a, const ChipConfig& b) {
   CHECK(a.l2_write_back == b.l2_write_back);
   CHECK(a.l2_write_back_waits == b.l2_write_back_waits);
   CHECK(a.l2_line_read_bytes_per_cycle == b.l2_line_read_bytes_per_cycle);
+  CHECK(a.l2_read_granule_bytes == b.l2_read_granule_bytes);
   CHECK(a.hdc_gbps == b.hdc_gbps);
   CHECK(a.hdc_latency_us == b.hdc_latency_us);
   CHECK(a.task_dispatch_us == b.task_dispatch_us);
@@ -524,6 +525,24 @@ TEST_CASE("the dump reads back to an equal config") {
     check_same(r, c);
     CHECK(r.l2_keep_within_graph_run);
     CHECK_FALSE(r.l2_keep_across_launches);
+  }
+  SECTION("the L2's read granules: 0 in the presets, dumped only when set, a power of two at "
+          "most the line") {
+    for (const auto& name : kPresets) CHECK(load_chip_config(name).l2_read_granule_bytes == 0);
+    CHECK(dump_chip_config_yaml(load_chip_config("910b")).find("read_granule_bytes") ==
+          std::string::npos);
+    ChipConfig c = load_chip_config("tiny", {"memory.l2.read_granule_bytes=128"});
+    ChipConfig r = reload_dump(c);
+    check_same(r, c);
+    CHECK(r.l2_read_granule_bytes == 128);
+    const std::string not_pow2 =
+        config_error([] { load_chip_config("tiny", {"memory.l2.read_granule_bytes=96"}); });
+    CHECK(not_pow2.find("memory.l2.read_granule_bytes") != std::string::npos);
+    CHECK(not_pow2.find("power of two, got 96") != std::string::npos);
+    const std::string too_big = config_error([] {
+      load_chip_config("tiny", {"memory.l2.line_bytes=256", "memory.l2.read_granule_bytes=512"});
+    });
+    CHECK(too_big.find("memory.l2.read_granule_bytes") != std::string::npos);
   }
   SECTION("bf16 arithmetic on the vector unit: false on the presets (Ascend C's type tables), "
           "dumped only when false") {
