@@ -75,6 +75,30 @@ inline ConcurrentLaunch concurrent_launch(const isa::Program& prog, std::vector<
   return {kernel_launch(prog, std::move(args), block_dim), std::move(cores), std::move(after)};
 }
 
+// The repository's kernel `file` (under kernels/, "vadd_f16.s"), assembled once per process.
+inline const isa::Program& repo_kernel(const std::string& file) {
+  static std::map<std::string, isa::Program> assembled;  // node-based: references stay valid
+  auto it = assembled.find(file);
+  if (it == assembled.end())
+    it = assembled.emplace(file, isa::assemble_file(source_dir() + "/kernels/" + file)).first;
+  return it->second;
+}
+// The vector add (kernels/vadd_f16.s: z = x + y over n f16, args x, y, z, n) and the
+// double-buffered GEMM (kernels/gemm_f16.s) most scenario tests launch.
+inline const isa::Program& vadd() { return repo_kernel("vadd_f16.s"); }
+inline const isa::Program& gemm() { return repo_kernel("gemm_f16.s"); }
+
+// Counter `leaf` ("mte2.busy_cycles") of each of the first `cores` cores of kind `kind` ("aiv",
+// "aic") in a counter tree, in core order.
+inline std::vector<double> per_core_counter(const nlohmann::json& tree, const std::string& kind,
+                                            int cores, const std::string& leaf) {
+  std::vector<double> values;
+  for (int c = 0; c < cores; ++c)
+    values.push_back(
+        static_cast<double>(counter(tree, "chip." + kind + std::to_string(c) + "." + leaf)));
+  return values;
+}
+
 inline KernelResult launch(Simulator& sim, const isa::Program& prog, std::vector<uint64_t> args,
                            int block_dim) {
   return sim.run(kernel_launch(prog, std::move(args), block_dim));

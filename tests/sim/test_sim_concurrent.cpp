@@ -19,8 +19,10 @@
 using namespace npusim;
 using npusim::test::concurrent_launch;
 using npusim::test::counter;
+using npusim::test::gemm;
 using npusim::test::kernel_launch;
 using npusim::test::read_gm;
+using npusim::test::vadd;
 using npusim::test::write_gm;
 
 namespace {
@@ -28,15 +30,6 @@ namespace {
 Simulator& sim() {
   static Simulator s(load_chip_config("tiny"), SimOptions{});
   return s;
-}
-
-const isa::Program& gemm() {
-  static const isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
-  return p;
-}
-const isa::Program& vadd() {
-  static const isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
-  return p;
 }
 
 // GEMM operands (M x K times K x N, fp16) and vadd operands (n fp16 each), disjoint.

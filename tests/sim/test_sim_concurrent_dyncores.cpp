@@ -25,8 +25,10 @@
 using namespace npusim;
 using npusim::test::concurrent_launch;
 using npusim::test::counter;
+using npusim::test::gemm;
 using npusim::test::kernel_launch;
 using npusim::test::read_gm;
+using npusim::test::vadd;
 using npusim::test::write_gm;
 
 namespace {
@@ -36,14 +38,6 @@ Simulator& sim() {
   return s;
 }
 
-const isa::Program& vadd() {
-  static const isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
-  return p;
-}
-const isa::Program& gemm() {
-  static const isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
-  return p;
-}
 const isa::Program& nop() {
   static const isa::Program p = isa::assemble(".section aiv\n    nop\n    end\n", "nop.s");
   return p;

@@ -36,7 +36,7 @@ TEST_CASE(
     "two memory-bound launches share HBM: each slower together, together faster than in "
     "sequence") {
   REQUIRE(sim().config().hbm_sustained_bytes_per_cycle() == Approx(kHbmBytesPerCycle));
-  isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+  const isa::Program& vadd = test::repo_kernel("vadd_f16.s");
   constexpr uint64_t n = 65536;
   const uint64_t x[2] = {0x1000000, 0x2000000}, y[2] = {0x3000000, 0x4000000};
   const uint64_t z[2] = {0x5000000, 0x6000000}, z_alone[2] = {0x7000000, 0x8000000};

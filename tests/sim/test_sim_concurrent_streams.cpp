@@ -20,6 +20,7 @@ using npusim::test::concurrent_launch;
 using npusim::test::counter;
 using npusim::test::kernel_launch;
 using npusim::test::read_gm;
+using npusim::test::vadd;
 using npusim::test::write_gm;
 
 namespace {
@@ -27,11 +28,6 @@ namespace {
 Simulator& sim() {
   static Simulator s(load_chip_config("tiny"), SimOptions{});
   return s;
-}
-
-const isa::Program& vadd() {
-  static const isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
-  return p;
 }
 
 // x, y: vadd operands of kN fp16 each (small integers: every sum is exact in fp16); z = x + y

@@ -25,7 +25,7 @@ Simulator& sim() {
 TEST_CASE("coupled chip: an aiv-section kernel runs on the AI cores, 40 blocks on 32 cores") {
   REQUIRE_FALSE(sim().config().split);
   REQUIRE(sim().config().total_cores() == 32);
-  isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+  const isa::Program& p = test::repo_kernel("vadd_f16.s");
   const uint64_t n = 40 * 1024, x = 0x1000000, y = 0x2000000, z = 0x3000000;
   std::vector<uint16_t> hx(n), hy(n);
   for (uint64_t i = 0; i < n; ++i) {

@@ -26,6 +26,7 @@ using npusim::test::counter;
 using npusim::test::kernel_launch;
 using npusim::test::lookup_of;
 using npusim::test::read_gm;
+using npusim::test::vadd;
 using npusim::test::write_gm;
 
 namespace {
@@ -37,11 +38,6 @@ Simulator& sim() {
     return o;
   }());
   return s;
-}
-
-const isa::Program& vadd() {
-  static const isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
-  return p;
 }
 
 constexpr uint64_t kN = 32768;  // fp16 elements per operand

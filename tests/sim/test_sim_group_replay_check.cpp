@@ -16,6 +16,7 @@
 using namespace npusim;
 using npusim::test::kernel_launch;
 using npusim::test::lookup_of;
+using npusim::test::vadd;
 using npusim::test::write_gm;
 
 namespace {
@@ -28,11 +29,6 @@ Simulator& sim() {
     return o;
   }());
   return s;
-}
-
-const isa::Program& vadd() {
-  static const isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
-  return p;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 using namespace npusim;
 using npusim::test::counter;
 using npusim::test::launch;
+using npusim::test::per_core_counter;
 
 namespace {
 constexpr uint64_t kSrc = 0x200000;  // 512-byte aligned GM
@@ -42,11 +43,7 @@ std::vector<double> mte2_busy(Simulator& s, int blocks, int group) {
   KernelResult r = launch(s, reader(), {kSrc, static_cast<uint64_t>(group)}, blocks);
   REQUIRE(r.ok);
   REQUIRE(counter(r.counters, "chip.l2.misses") == 0);
-  std::vector<double> busy;
-  for (int b = 0; b < blocks; ++b)
-    busy.push_back(static_cast<double>(
-        counter(r.counters, "chip.aiv" + std::to_string(b) + ".mte2.busy_cycles")));
-  return busy;
+  return per_core_counter(r.counters, "aiv", blocks, "mte2.busy_cycles");
 }
 }  // namespace
 

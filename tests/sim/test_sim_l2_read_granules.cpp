@@ -16,6 +16,7 @@
 using namespace npusim;
 using npusim::test::counter;
 using npusim::test::launch;
+using npusim::test::per_core_counter;
 
 namespace {
 constexpr uint64_t kSrc = 0x200000;  // 512-byte aligned GM
@@ -51,11 +52,7 @@ std::vector<double> mte2_busy(Simulator& s, int blocks, uint64_t blocks32, uint6
   KernelResult r = launch(s, p, {kSrc, offset}, blocks);
   REQUIRE(r.ok);
   REQUIRE(counter(r.counters, "chip.l2.misses") == 0);
-  std::vector<double> busy;
-  for (int b = 0; b < blocks; ++b)
-    busy.push_back(static_cast<double>(
-        counter(r.counters, "chip.aiv" + std::to_string(b) + ".mte2.busy_cycles")));
-  return busy;
+  return per_core_counter(r.counters, "aiv", blocks, "mte2.busy_cycles");
 }
 }  // namespace
 

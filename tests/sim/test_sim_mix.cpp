@@ -306,7 +306,7 @@ TEST_CASE("a split chip refuses a kernel with only an aicore section") {
 }
 
 TEST_CASE("the GEMM kernel on the cube cores matches a float reference") {
-  isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
+  const isa::Program& p = test::repo_kernel("gemm_f16.s");
   const uint64_t M = 128, N = 256, K = 512;
   const uint64_t a = 0x1000000, b = 0x2000000, c = 0x3000000;
   std::vector<uint16_t> ha(M * K), hb(K * N);

@@ -41,7 +41,7 @@ json workload(bool functional) {
   }
   write_gm(sim, kX, hx);
   write_gm(sim, kY, hy);
-  isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+  const isa::Program& vadd = test::repo_kernel("vadd_f16.s");
   const uint64_t epoch_before_vadd = sim.gm().advance_write_epoch();
   record("vadd", launch(sim, vadd, {kX, kY, kZ, n}, 3));
   out["z_written"] = sim.gm().last_write_epoch(kZ, 2 * n) > epoch_before_vadd;
@@ -53,7 +53,7 @@ json workload(bool functional) {
     vadd_correct &= hz[i] == f32_to_f16(f16_to_f32(hx[i]) + f16_to_f32(hy[i]));
   out["vadd_correct"] = vadd_correct;
   // GEMM on the cube cores.
-  isa::Program gemm = isa::assemble_file(test::source_dir() + "/kernels/gemm_f16.s");
+  const isa::Program& gemm = test::repo_kernel("gemm_f16.s");
   record("gemm", launch(sim, gemm, {kX, kY, kZ + 0x100000, 256, 256, 512}, 2));
   // Scalar ld/st: ld reads device memory in both modes (here a value the host wrote, which a
   // timing-only memory keeps; the loop's length depends on it), st leaves undefined bytes

@@ -255,7 +255,7 @@ TEST_CASE("deadlock: a wait that is never set is reported, and the next run work
 }
 
 TEST_CASE("identical launches give identical counters and cycles (vadd_f16 kernel)") {
-  isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+  const isa::Program& p = test::repo_kernel("vadd_f16.s");
   const uint64_t n = 40000, x = 0x1000000, y = 0x2000000, z = 0x3000000;
   std::vector<uint16_t> hx(n), hy(n);
   for (uint64_t i = 0; i < n; ++i) {

@@ -161,7 +161,7 @@ TEST_CASE("a link direction is shared by the transfers that cross it", "[system]
 
 TEST_CASE("kernels run on several chips at once", "[system]") {
   SystemSimulator& s = sys();
-  const isa::Program p = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+  const isa::Program& p = test::repo_kernel("vadd_f16.s");
   const uint64_t n = 4096;
   std::vector<ChipLaunch> launches;
   for (int chip : {2, 6}) {

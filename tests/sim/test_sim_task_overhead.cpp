@@ -94,7 +94,7 @@ json run_config(const std::vector<std::string>& overrides, SimOptions::Replay re
     // Cores competing for HBM (vadd over the 4 aiv cores): the overheads shift the blocks in
     // time and change nothing else; every counter but the duration's is the same.
     const uint64_t n = 16896;  // 4224 per block: 8448 B, so neighbouring blocks share L2 lines
-    const isa::Program vadd = isa::assemble_file(test::source_dir() + "/kernels/vadd_f16.s");
+    const isa::Program& vadd = test::repo_kernel("vadd_f16.s");
     const KernelResult r = launch(sim, vadd, {0x1000000, 0x2000000, 0x3000000, n}, aiv);
     out["vadd"] = result(sim, r, 1);
     json counters = r.counters;
