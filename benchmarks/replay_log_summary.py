@@ -1,7 +1,8 @@
 """replay_log_summary.py LOG.tsv: where a run's launch replay fell short, from the replay log
 that NPUSIM_REPLAY_LOG=LOG.tsv writes (sim/simulator.h, SimOptions::replay_log: per launch the
 kernel, block_dim, cycles, the simulation thread's CPU microseconds, "replayed" or "simulated"
-and how or why).
+and how or why). A launch group's lines (streams) are written at its end: the group's CPU time
+is on its first member's line, so the lines sum to the time spent.
 
 Prints the launches replayed and simulated with their CPU seconds, then the simulated ones by
 reason (the numbers in a reason left out, so that "argument 3 at another offset ..." and

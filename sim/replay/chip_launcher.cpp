@@ -638,7 +638,7 @@ void ChipLauncher::begin_beside() {
   m_replay_note = "simulated\truns beside other launches";
 }
 
-void ChipLauncher::log(const KernelLaunch& launch, const KernelResult& r) const {
+void ChipLauncher::log(const KernelLaunch& launch, const KernelResult& r) {
   const SimOptions& opts = m_store.opts;
   const uint64_t cycles = r.ok ? r.cycles : 0;
   if (!opts.launch_log.empty()) {
@@ -650,8 +650,10 @@ void ChipLauncher::log(const KernelLaunch& launch, const KernelResult& r) const 
   }
   if (!opts.replay_log.empty()) {
     std::ofstream log(opts.replay_log, std::ios::app);
+    const uint64_t now_ns = thread_cpu_ns();
     log << launch.program->name << '\t' << launch.block_dim << '\t' << cycles << '\t'
-        << (thread_cpu_ns() - m_begin_cpu_ns) / 1000 << '\t' << m_replay_note << '\n';
+        << (now_ns - m_begin_cpu_ns) / 1000 << '\t' << m_replay_note << '\n';
+    m_begin_cpu_ns = now_ns;  // the next line of a group counts from here
     if (!log) throw Error(fmt::format("NPUSIM_REPLAY_LOG: cannot append to '{}'", opts.replay_log));
   }
 }

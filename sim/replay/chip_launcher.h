@@ -87,7 +87,10 @@ class ChipLauncher {
   // result (throws npusim::Error in check mode if its replay differed from simulating it).
   KernelResult finish();
   // Appends the launch's line to SimOptions::launch_log and to SimOptions::replay_log, if set.
-  void log(const KernelLaunch& launch, const KernelResult& r) const;
+  // The replay log's CPU field is the calling thread's CPU time since begin() / begin_beside()
+  // or since the previous line, whichever is later: a group's lines are written at its end, so
+  // its CPU time falls on its first member's line and the lines sum to the time spent.
+  void log(const KernelLaunch& launch, const KernelResult& r);
   // Launches that run beside each other on the chip (Simulator::run_concurrent) are simulated
   // without the launcher: this starts their replay-log entry ("simulated", beside other
   // launches; CPU time from now), which log() then writes for each of them.
@@ -131,7 +134,9 @@ class ChipLauncher {
   // The last launch's replay log entry: "replayed\t<how>" or "simulated\t<why>[; <recording>]"
   // (filled only when SimOptions::replay_log is set).
   std::string m_replay_note;
-  uint64_t m_begin_cpu_ns = 0;  // the calling thread's CPU time at begin() (replay log only)
+  // The calling thread's CPU time at begin() / begin_beside() or the last replay log line
+  // (replay log only).
+  uint64_t m_begin_cpu_ns = 0;
 };
 
 }  // namespace npusim

@@ -10,9 +10,15 @@
 // blocks overlapping a planned buffer are keyed at their addresses (check mode:
 // tests/sim/test_sim_group_replay_check.cpp).
 // The written ranges a replay invalidates, normalized, do what the ranges one by one do.
+// A simulated group's replay log lines count its CPU time once, on its first line.
+#include <time.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,13 +37,28 @@ using npusim::test::write_gm;
 
 namespace {
 
+// The replay log every group of this process appends to (SimOptions::replay_log).
+const std::string& replay_log() {
+  static const std::string path = (std::filesystem::temp_directory_path() /
+                                   ("npusim_group_replay_log_" + std::to_string(getpid()) + ".tsv"))
+                                      .string();
+  return path;
+}
+
 Simulator& sim() {
   static Simulator s(load_chip_config("tiny"), [] {
     SimOptions o;
     o.functional = false;  // groups replay in a timing-only simulator
+    o.replay_log = replay_log();
     return o;
   }());
   return s;
+}
+
+uint64_t thread_cpu_us() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000 + static_cast<uint64_t>(t.tv_nsec) / 1000;
 }
 
 constexpr uint64_t kN = 32768;  // fp16 elements per operand
@@ -311,4 +332,40 @@ TEST_CASE("blocks overlapping a planned buffer stay at their addresses: moved, s
   // Without the plan the arena is one block, which moves: replayed at the other address.
   REQUIRE(none_replayed(run(arena_group(kArena, false))));
   REQUIRE(run(arena_group(kArena2, false)).replayed == std::vector<bool>{true, true});
+}
+
+TEST_CASE("a simulated group's replay log lines sum to at most the CPU time the group took") {
+  std::filesystem::remove(replay_log());
+  std::vector<ConcurrentLaunch> g = group();
+  g.pop_back();  // z = x + y, then w = z + y: a group no test above runs
+  const uint64_t before_us = thread_cpu_us();
+  const ConcurrentResult r = sim().run_concurrent(g);
+  const uint64_t spent_us = thread_cpu_us() - before_us;
+  for (const KernelResult& k : r.launches) {
+    REQUIRE(k.ok);
+    REQUIRE_FALSE(k.replayed);
+  }
+  // One line per launch: kernel, block_dim, cycles, CPU microseconds, verdict, detail.
+  std::ifstream in(replay_log());
+  std::vector<std::vector<std::string>> lines;
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> fields;
+    std::stringstream ss(line);
+    for (std::string f; std::getline(ss, f, '\t');) fields.push_back(f);
+    lines.push_back(fields);
+  }
+  REQUIRE(lines.size() == 2);
+  std::vector<uint64_t> cpu_us;
+  for (const auto& f : lines) {
+    REQUIRE(f.size() >= 6);
+    CHECK(f[4] == "simulated");
+    cpu_us.push_back(std::stoull(f[3]));
+  }
+  // The group's lines are written at its end, the first with the group's simulation, the second
+  // with what writing the first took: counted each from the group's start, the second would
+  // hold at least the first's and the two would count the group twice.
+  CHECK(cpu_us[0] > 0);
+  CHECK(cpu_us[1] < cpu_us[0]);
+  CHECK(cpu_us[0] + cpu_us[1] <= spent_us);
+  std::filesystem::remove(replay_log());
 }
