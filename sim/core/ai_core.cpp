@@ -616,10 +616,12 @@ const UnitFlagFields& unit_flag_fields() {
   return f;
 }
 // The unit flag of an mmad or fixpipe (OFF for any other instruction).
+// Called for every instruction a pipe issues: the opcode is tested before the fields are fetched.
 isa::UnitFlag unit_flag_of(const IssuedOp& op) {
-  const UnitFlagFields& f = unit_flag_fields();
-  if (op.op() == Opcode::op_mmad) return static_cast<isa::UnitFlag>(op[f.mmad_uf]);
-  if (op.op() == Opcode::op_fixpipe) return static_cast<isa::UnitFlag>(op[f.fix_uf]);
+  if (op.op() == Opcode::op_mmad)
+    return static_cast<isa::UnitFlag>(op[unit_flag_fields().mmad_uf]);
+  if (op.op() == Opcode::op_fixpipe)
+    return static_cast<isa::UnitFlag>(op[unit_flag_fields().fix_uf]);
   return isa::UnitFlag::OFF;
 }
 // The L0C bytes of an m x n tile (NZ, f32 / s32 words; isa/layout.h).
