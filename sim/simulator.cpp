@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -84,6 +85,9 @@ struct Simulator::Impl {
   DeviceMemory gm;
   ReplayStore store;
   GroupMemo groups;  // launch groups recorded for replay (run_concurrent)
+  // The layout of the last translatable recording of each group of launches
+  // (GroupLayout::launches_hash), for the replay log: what differs where a lookup misses.
+  std::unordered_map<uint64_t, GroupLayoutSketch> group_layouts;
   CounterRegistry counters;
   std::unique_ptr<TraceRecorder> trace;
   std::unique_ptr<Chip> chip;
@@ -488,6 +492,7 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
   std::vector<GmAccess> moved_writes;
   const std::vector<GmAccess>* replay_writes = nullptr;
   std::string how, stale;               // replay log: how it replays, or why its recording did not
+  std::string unlike;  // replay log: how it differs from the last recording of the same launches
   const auto in_time = [&](const RecordedGroup* r) {
     return r && time_ps(start) + r->quiescent_ps <= kSimTimeLimitPs;
   };
@@ -505,6 +510,14 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
       how = r->translation->loads.empty()
                 ? "blocks laid out alike"
                 : "blocks laid out alike, its steering loads read as recorded";
+    } else if (!r) {
+      // No recording of this layout: where the same launches were recorded laid out otherwise,
+      // the replay log says what differs.
+      auto it = I.group_layouts.find(layout.launches_hash);
+      if (it != I.group_layouts.end()) {
+        unlike = "not laid out as the last recording of these launches: " +
+                 layout_difference(it->second, layout_sketch(launches, layout, translated));
+      }
     }
   }
   if (!recorded && unkeyed.empty() && !layout.any_steered) {
@@ -658,9 +671,12 @@ ConcurrentResult Simulator::run_concurrent(const std::vector<ConcurrentLaunch>& 
       note += "; group not recorded: a launch failed";
     } else if (rec.translation) {
       rec.writes.clear();  // the replay moves the translation's
+      if (I.group_layouts.size() >= kGroupMemoGroups) I.group_layouts.clear();  // bounded
+      I.group_layouts[layout.launches_hash] = layout_sketch(launches, layout, translated);
       I.groups.insert(std::move(translated), std::move(rec));
       note += "; group recorded, translatable";
       if (!stale.empty()) note += " (its recording: " + stale + ")";
+      if (!unlike.empty()) note += " (" + unlike + ")";
     } else if (!layout.any_steered) {
       I.groups.insert(std::move(exact), std::move(rec));
       note += "; group recorded under its addresses (not translatable: " + untranslated + ")";

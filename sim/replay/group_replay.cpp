@@ -1,6 +1,7 @@
 #include "sim/replay/group_replay.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <iterator>
 #include <utility>
 
@@ -125,6 +126,16 @@ std::string group_key(const std::vector<ConcurrentLaunch>& launches, const GmBlo
       layout->any_steered = true;
     }
     append_block_extents(blocks, l.args, &member.args);
+    uint64_t& h = layout->launches_hash;
+    for (uint64_t v :
+         {member.program_hash[0], member.program_hash[1], static_cast<uint64_t>(l.block_dim),
+          uint64_t{l.args.size()}, uint64_t{c.after.size()}})
+      h = mix(h, v);
+    for (size_t a : c.after) h = mix(h, a);
+    h = mix(h, c.take_cores_when_ready ? 1 : 0);
+    for (const std::string& core : c.cores)
+      for (unsigned char ch : core) h = mix(h, ch);
+    h = mix(h, c.cores.size());
     // The translated key's arguments: typed ones inside a block by their place in it (below),
     // any other by value.
     std::vector<int32_t>& arg_block = layout->arg_block[i];
@@ -208,6 +219,112 @@ std::string group_key(const std::vector<ConcurrentLaunch>& launches, const GmBlo
              layout->why_not;
   }
   return {};
+}
+
+GroupLayoutSketch layout_sketch(const std::vector<ConcurrentLaunch>& launches,
+                                const GroupLayout& layout, const GroupKey& key) {
+  GroupLayoutSketch out;
+  out.key_hash = key.hash;
+  for (size_t i = 0; i < launches.size() && i < layout.arg_block.size(); ++i) {
+    const KernelLaunch& l = launches[i].launch;
+    out.names.push_back(l.program->name);
+    std::vector<GroupLayoutSketch::Arg>& args = out.args.emplace_back();
+    for (size_t k = 0; k < l.args.size() && k < layout.arg_block[i].size(); ++k) {
+      const int32_t b = layout.arg_block[i][k];
+      if (b < 0) {
+        args.push_back({-1, l.args[k], 0});
+      } else {
+        const GroupLayout::Block& blk = layout.blocks[static_cast<size_t>(b)];
+        args.push_back({b, l.args[k] - blk.start, blk.bytes});
+      }
+    }
+  }
+  for (size_t b = 0; b < layout.blocks.size(); ++b)
+    out.fixed.push_back(b < layout.fixed.size() && layout.fixed[b] ? layout.blocks[b]
+                                                                   : GroupLayout::Block{});
+  return out;
+}
+
+std::string layout_difference(const GroupLayoutSketch& recorded, const GroupLayoutSketch& now) {
+  using Arg = GroupLayoutSketch::Arg;
+  // The first argument, in member order, whose block is `b` (the one numbering it, as blocks
+  // are numbered in order of first appearance).
+  const auto first_in = [](const GroupLayoutSketch& s, int32_t b) {
+    for (size_t i = 0; i < s.args.size(); ++i)
+      for (size_t k = 0; k < s.args[i].size(); ++k)
+        if (s.args[i][k].block == b) return std::pair<size_t, size_t>{i, k};
+    return std::pair<size_t, size_t>{SIZE_MAX, SIZE_MAX};
+  };
+  std::string first;
+  size_t differ = 0;
+  const size_t members = std::min(recorded.args.size(), now.args.size());
+  for (size_t i = 0; i < members; ++i) {
+    const std::string who = fmt::format("launch {} ('{}')", i, now.names[i]);
+    if (recorded.args[i].size() != now.args[i].size()) {
+      ++differ;
+      if (first.empty())
+        first = fmt::format("{} has {} arguments, {} in the recording", who, now.args[i].size(),
+                            recorded.args[i].size());
+      continue;
+    }
+    for (size_t k = 0; k < now.args[i].size(); ++k) {
+      const Arg &r = recorded.args[i][k], &n = now.args[i][k];
+      std::string why;
+      if ((r.block < 0) != (n.block < 0)) {
+        why = n.block < 0 ? "lies in no allocation block here, in one in the recording"
+                          : "lies in an allocation block here, in none in the recording";
+      } else if (n.block < 0) {
+        if (r.value != n.value)
+          why = fmt::format("is {:#x} here, {:#x} in the recording", n.value, r.value);
+      } else if (r.block_bytes != n.block_bytes) {
+        why = fmt::format("lies in a block of {} bytes here, of {} in the recording", n.block_bytes,
+                          r.block_bytes);
+      } else if (r.value != n.value) {
+        why = fmt::format("lies at offset {} of its block here, {} in the recording", n.value,
+                          r.value);
+      } else {
+        // Blocks are numbered in order of first appearance: a number that differs, or that
+        // differs in whether it is fixed, shows an argument sharing its block otherwise.
+        const auto [ri, rk] = first_in(recorded, r.block);
+        const auto [ni, nk] = first_in(now, n.block);
+        const bool r_shares = ri != i || rk != k, n_shares = ni != i || nk != k;
+        if (r_shares && n_shares && (ri != ni || rk != nk))
+          why = fmt::format(
+              "shares a block with launch {} argument {} here, with launch {} argument {} in "
+              "the recording",
+              ni, nk, ri, rk);
+        else if (r_shares != n_shares)
+          why = fmt::format("shares a block with launch {} argument {} {}", n_shares ? ni : ri,
+                            n_shares ? nk : rk,
+                            n_shares ? "here, not in the recording" : "in the recording, not here");
+        else if (static_cast<size_t>(n.block) < now.fixed.size() &&
+                 static_cast<size_t>(r.block) < recorded.fixed.size()) {
+          const GroupLayout::Block &rf = recorded.fixed[static_cast<size_t>(r.block)],
+                                   &nf = now.fixed[static_cast<size_t>(n.block)];
+          if ((rf.bytes != 0) != (nf.bytes != 0))
+            why = fmt::format(
+                "lies in a block that overlaps another or a planned buffer {}",
+                nf.bytes != 0 ? "here, not in the recording" : "in the recording, not here");
+          else if (rf.start != nf.start)
+            why = fmt::format("lies in a fixed block at {:#x} here, at {:#x} in the recording",
+                              nf.start, rf.start);
+        }
+      }
+      if (why.empty()) continue;
+      ++differ;
+      if (first.empty()) first = fmt::format("{} argument {} {}", who, k, why);
+    }
+  }
+  if (recorded.args.size() != now.args.size())
+    return fmt::format("{} launches here, {} in the recording", now.args.size(),
+                       recorded.args.size());
+  if (first.empty())
+    return now.key_hash == recorded.key_hash
+               ? "every argument lies as recorded: the recording was dropped from the memo"
+               : "every argument lies as recorded, the planned buffers overlapping a fixed block "
+                 "differ";
+  return fmt::format("{} ({} argument{} differ{})", first, differ, differ == 1 ? "" : "s",
+                     differ == 1 ? "s" : "");
 }
 
 uint64_t GroupTranslation::bytes() const {

@@ -110,7 +110,35 @@ struct GroupLayout {
   std::vector<const AddressFlow*> flows;
   std::vector<bool> steered;  // [member]: its loaded values steer it (AddressFlow::steered)
   bool any_steered = false;
+  // The launches without their layout: every member's program, block count, argument count,
+  // `after` edges, named cores and whether it takes its cores when ready, hashed
+  // (GroupLayoutSketch's index: the same launches laid out otherwise).
+  uint64_t launches_hash = 0;
 };
+
+// What a group's translated key holds of its arguments' layout, kept per launches_hash for the
+// replay log: a translated lookup that misses names what differs from the last recording of the
+// same launches (layout_difference).
+struct GroupLayoutSketch {
+  struct Arg {
+    int32_t block = -1;  // the block's number (GroupLayout::blocks), or -1: none
+    uint64_t value = 0;  // its offset in the block, or (no block) the argument itself
+    uint64_t block_bytes = 0;
+  };
+  std::vector<std::string> names;         // [member]: its program's name
+  std::vector<std::vector<Arg>> args;     // [member][argument]
+  std::vector<GroupLayout::Block> fixed;  // [block]: its start and size if fixed, else {0, 0}
+  uint64_t key_hash = 0;                  // the translated key's hash (GroupKey::hash)
+};
+// The sketch of a group with translated key `key` and `layout` (group_key's).
+GroupLayoutSketch layout_sketch(const std::vector<ConcurrentLaunch>& launches,
+                                const GroupLayout& layout, const GroupKey& key);
+// How `now` differs from `recorded` (sketches of groups with the same launches_hash): how many
+// arguments differ and the first of them in member order, e.g. "launch 2 ('vadd') argument 1
+// shares a block with launch 2 argument 0 in the recording, not here (1 argument differs)";
+// where every argument lies as recorded, whether the keys differ (in the planned buffers that
+// overlap a fixed block) or not (the recording was dropped from the memo since).
+std::string layout_difference(const GroupLayoutSketch& recorded, const GroupLayoutSketch& now);
 
 // The keys of `launches` (a group that passed run_concurrent's checks) whose lines are filed by
 // `blocks` (MemorySystem::select_l2's lookup for a cold L2; may be empty): *exact by addresses,

@@ -8,7 +8,8 @@
 // argument's block extent is simulated; a group with a launch whose loaded value steers it
 // replays where the bytes its ld reads before the group writes them are the recorded ones;
 // blocks overlapping a planned buffer are keyed at their addresses (check mode:
-// tests/sim/test_sim_group_replay_check.cpp).
+// tests/sim/test_sim_group_replay_check.cpp). A group whose arguments share blocks otherwise
+// than in its last recording is simulated, its replay log naming the argument.
 // The written ranges a replay invalidates, normalized, do what the ranges one by one do.
 // A simulated group's replay log lines count its CPU time once, on its first line.
 #include <time.h>
@@ -64,6 +65,7 @@ uint64_t thread_cpu_us() {
 constexpr uint64_t kN = 32768;  // fp16 elements per operand
 constexpr uint64_t kX = 0x1000000, kY = 0x1100000, kZ = 0x1200000, kW = 0x1300000;
 constexpr uint64_t kU = 0x2000000, kV = 0x2400000;
+constexpr uint64_t kU2 = 0x2600000;    // a block of u's size, where a test moves u's second use
 constexpr uint64_t kBlock = 0x100000;  // each operand's allocation block (kCN * 2 for U and V)
 constexpr uint64_t kCN = 8 * kN;
 
@@ -79,6 +81,7 @@ std::vector<ConcurrentLaunch> group(uint64_t z = kZ, std::vector<size_t> w_after
                                           {kW, kBlock},
                                           {kU, u_block},
                                           {kV, 2 * kCN},
+                                          {kU2, 2 * kCN},
                                           {kMoved, kBlock},
                                           {kMoved2, kBlock}});
   std::vector<ConcurrentLaunch> g = {
@@ -234,6 +237,54 @@ TEST_CASE("a group differing in one argument's offset, one edge or one block ext
   require_same(base, again);
 }
 
+namespace {
+
+// The replay log's lines, each split into its fields (kernel, block_dim, cycles, CPU
+// microseconds, verdict, detail).
+std::vector<std::vector<std::string>> replay_log_lines() {
+  std::ifstream in(replay_log());
+  std::vector<std::vector<std::string>> lines;
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> fields;
+    std::stringstream ss(line);
+    for (std::string f; std::getline(ss, f, '\t');) fields.push_back(f);
+    lines.push_back(fields);
+  }
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("a group whose arguments share blocks otherwise is simulated; the log says which") {
+  // group()'s launches with v on one block (launches no other test runs): v = u + u, both of
+  // its arguments in u's block, recorded.
+  std::vector<ConcurrentLaunch> shared = group();
+  shared[2].launch.block_dim = 1;
+  REQUIRE(none_replayed(run(shared)));
+  // v = u + u2: its second argument in a block of its own, of u's size, at the same offset. The
+  // L2 files lines by block, so its loads no longer find the lines its first argument's loaded:
+  // another key, simulated. The replay log names the argument and the one it shared with.
+  std::vector<ConcurrentLaunch> apart = shared;
+  apart[2].launch.args[1] = kU2;
+  std::filesystem::remove(replay_log());
+  REQUIRE(none_replayed(run(apart)));
+  const std::vector<std::vector<std::string>> lines = replay_log_lines();
+  REQUIRE(lines.size() == 3);
+  for (const std::vector<std::string>& f : lines) {
+    REQUIRE(f.size() >= 6);
+    CHECK(f[4] == "simulated");
+    CHECK(f[5].find("group recorded, translatable (not laid out as the last recording of these "
+                    "launches: launch 2 ('" +
+                    apart[2].launch.program->name +
+                    "') argument 1 shares a block with launch 2 argument 0 in the recording, "
+                    "not here (1 argument differs))") != std::string::npos);
+  }
+  // Each layout replays its own recording.
+  REQUIRE(run(shared).replayed == std::vector<bool>{true, true, true});
+  REQUIRE(run(apart).replayed == std::vector<bool>{true, true, true});
+  std::filesystem::remove(replay_log());
+}
+
 TEST_CASE("the normalized ranges of a group's writes invalidate as the ranges one by one do") {
   // Pages of 64 KiB: a range covering one whole page releases it (DeviceMemory::invalidate);
   // two ranges covering a page between them zero it but keep it. The normalized ranges must do
@@ -346,14 +397,7 @@ TEST_CASE("a simulated group's replay log lines sum to at most the CPU time the 
     REQUIRE_FALSE(k.replayed);
   }
   // One line per launch: kernel, block_dim, cycles, CPU microseconds, verdict, detail.
-  std::ifstream in(replay_log());
-  std::vector<std::vector<std::string>> lines;
-  for (std::string line; std::getline(in, line);) {
-    std::vector<std::string> fields;
-    std::stringstream ss(line);
-    for (std::string f; std::getline(ss, f, '\t');) fields.push_back(f);
-    lines.push_back(fields);
-  }
+  const std::vector<std::vector<std::string>> lines = replay_log_lines();
   REQUIRE(lines.size() == 2);
   std::vector<uint64_t> cpu_us;
   for (const auto& f : lines) {
