@@ -303,14 +303,23 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
            in_run ? std::vector<std::shared_ptr<RecordedLaunch>>{}
                   : memo.find_similar(P->similar)) {
         ++candidates;
-        if (in_time(*candidate) && translated_writes(*candidate, launch.args, granule, &writes) &&
-            loads_alike(*candidate) && l2_alike(*candidate)) {
+        const bool timed = in_time(*candidate);
+        const bool moves = timed && translated_writes(*candidate, launch.args, granule, &writes);
+        const bool loads = moves && loads_alike(*candidate);
+        if (loads && l2_alike(*candidate)) {
           memo.alias(P->key, candidate);  // the next step finds it by its own key
           recorded = candidate.get();     // the memo keeps it (just added: not evicted)
           how = "translated, other addresses in blocks laid out alike";
           break;
         }
-        if (logging) why = "in blocks laid out alike: past the time limit or misaligned";
+        // The latest candidate's reason.
+        if (logging)
+          why = "in blocks laid out alike: " +
+                (!candidate->translation ? std::string("its recording is not translatable")
+                 : !timed                ? std::string("past the time limit")
+                 : !moves ? std::string("an argument moved by other than the GM alignment")
+                 : !loads ? "its recording loaded other bytes: " + other_loads
+                          : std::string("its L2 lookups differ in the run"));
       }
       // At other offsets in its blocks, or in blocks of other sizes: a launch that can evict
       // no line (relocated_writes). In a graph run, at any addresses and layout, a launch whose
