@@ -68,13 +68,13 @@ struct CView {
 // memory (a load) rather than loaded as a vector and shuffled on the FMA ports: the generic loop
 // compiled so ran at ~2/3 of the rate its FMAs allow.
 // One step of the sum: acc[i][h] += A[i][kk] * B[kk][16 h ..], acol = &A[0][kk] (rows K0
-// apart), brow = &B[kk][0].
+// apart), brow = &B[kk][0] in the tile's first column panel (the next panel b_panel further).
 template <uint64_t MR, uint64_t NB>
 __attribute__((target("avx512f,fma"), always_inline)) inline void fma_step_avx512(
-    __m512 (&acc)[MR][NB], const float* acol, const float* brow) {
+    __m512 (&acc)[MR][NB], const float* acol, const float* brow, uint64_t b_panel) {
   constexpr uint64_t K0 = 16;
   __m512 bv[NB];
-  for (uint64_t h = 0; h < NB; ++h) bv[h] = _mm512_loadu_ps(brow + h * kFractalRows);
+  for (uint64_t h = 0; h < NB; ++h) bv[h] = _mm512_loadu_ps(brow + h * b_panel);
 #pragma GCC unroll 8
   for (uint64_t i = 0; i < MR; ++i) {
     const __m512 av = _mm512_set1_ps(acol[i * K0]);
@@ -86,7 +86,7 @@ template <uint64_t MR, uint64_t NB>
 // (The views by reference: passed by value, the caller's stores of their fields and the call's
 // wider loads of them missed store forwarding, a stall per tile.)
 __attribute__((target("avx512f,fma"))) void tile_product_fma_avx512(
-    const float* __restrict a, const float* __restrict b, uint64_t ld_b, uint64_t k,
+    const float* __restrict a, const float* __restrict b, uint64_t b_panel, uint64_t k,
     const uint32_t* k_index, const CView<const float>& in, const CView<float>& out) {
   constexpr uint64_t K0 = 16;
   __m512 acc[MR][NB];
@@ -96,14 +96,15 @@ __attribute__((target("avx512f,fma"))) void tile_product_fma_avx512(
   if (k_index) {
     for (uint64_t j = 0; j < k; ++j) {
       const uint64_t kk = k_index[j];
-      fma_step_avx512<MR, NB>(acc, a + (kk / K0) * kFractalRows * K0 + kk % K0, b + kk * ld_b);
+      fma_step_avx512<MR, NB>(acc, a + (kk / K0) * kFractalRows * K0 + kk % K0,
+                              b + kk * kFractalRows, b_panel);
     }
   } else {
     for (uint64_t k0 = 0; k0 < k; k0 += K0) {
       const float* ablk = a + (k0 / K0) * kFractalRows * K0;
       const uint64_t k_cnt = std::min(K0, k - k0);
       for (uint64_t kk = 0; kk < k_cnt; ++kk)
-        fma_step_avx512<MR, NB>(acc, ablk + kk, b + (k0 + kk) * ld_b);
+        fma_step_avx512<MR, NB>(acc, ablk + kk, b + (k0 + kk) * kFractalRows, b_panel);
     }
   }
   for (uint64_t i = 0; i < MR; ++i)
@@ -114,22 +115,22 @@ __attribute__((target("avx512f,fma"))) void tile_product_fma_avx512(
 // place and without the rows past m that an 8-row tile would compute and drop.
 template <uint64_t NB>
 __attribute__((target("avx512f,fma"))) void tile_rows_fma_avx512(
-    uint64_t rows, const float* __restrict a, const float* __restrict b, uint64_t ld_b, uint64_t k,
-    const uint32_t* k_index, CView<const float> in, CView<float> out) {
+    uint64_t rows, const float* __restrict a, const float* __restrict b, uint64_t b_panel,
+    uint64_t k, const uint32_t* k_index, CView<const float> in, CView<float> out) {
   switch (rows) {
-    case 1: return tile_product_fma_avx512<1, NB>(a, b, ld_b, k, k_index, in, out);
-    case 2: return tile_product_fma_avx512<2, NB>(a, b, ld_b, k, k_index, in, out);
-    case 3: return tile_product_fma_avx512<3, NB>(a, b, ld_b, k, k_index, in, out);
-    case 4: return tile_product_fma_avx512<4, NB>(a, b, ld_b, k, k_index, in, out);
-    case 5: return tile_product_fma_avx512<5, NB>(a, b, ld_b, k, k_index, in, out);
-    case 6: return tile_product_fma_avx512<6, NB>(a, b, ld_b, k, k_index, in, out);
-    case 7: return tile_product_fma_avx512<7, NB>(a, b, ld_b, k, k_index, in, out);
+    case 1: return tile_product_fma_avx512<1, NB>(a, b, b_panel, k, k_index, in, out);
+    case 2: return tile_product_fma_avx512<2, NB>(a, b, b_panel, k, k_index, in, out);
+    case 3: return tile_product_fma_avx512<3, NB>(a, b, b_panel, k, k_index, in, out);
+    case 4: return tile_product_fma_avx512<4, NB>(a, b, b_panel, k, k_index, in, out);
+    case 5: return tile_product_fma_avx512<5, NB>(a, b, b_panel, k, k_index, in, out);
+    case 6: return tile_product_fma_avx512<6, NB>(a, b, b_panel, k, k_index, in, out);
+    case 7: return tile_product_fma_avx512<7, NB>(a, b, b_panel, k, k_index, in, out);
     default: throw KernelFault(fmt::format("mmad: a tail tile of {} rows", rows));
   }
 }
 
-// The same in AVX2 registers, for hosts without AVX-512 (AMD EPYC before Zen 4): MR <= 4 rows of
-// one block of 16 columns (two ymm halves), 8 accumulators, A broadcast straight from memory
+// The same in AVX2 registers, for hosts without AVX-512 (AMD EPYC before Zen 4): MR <= 6 rows of
+// one block of 16 columns (two ymm halves), up to 12 accumulators, A broadcast straight from memory
 // (`vbroadcastss m32`, a load). The generic loop compiled for AVX2 loaded A four values at a
 // time and broadcast each by a shuffle, which waits on the FP pipes and split cache lines
 // (~38 % of a ResNet-50 inference's perf samples on a Zen 3 host). A function apart from the
@@ -140,7 +141,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void fma_step_avx2(
     __m256 (&acc)[MR][2], const float* acol, const float* brow) {
   constexpr uint64_t K0 = 16;
   const __m256 b0 = _mm256_loadu_ps(brow), b1 = _mm256_loadu_ps(brow + 8);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (uint64_t i = 0; i < MR; ++i) {
     const __m256 av = _mm256_broadcast_ss(acol + i * K0);
     acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
@@ -149,14 +150,16 @@ __attribute__((target("avx2,fma"), always_inline)) inline void fma_step_avx2(
 }
 
 template <uint64_t MR>
-__attribute__((target("avx2,fma"))) void tile_product_fma_avx2(
-    const float* __restrict a, const float* __restrict b, uint64_t ld_b, uint64_t k,
-    const uint32_t* k_index, const CView<const float>& in, const CView<float>& out) {
+__attribute__((target("avx2,fma"))) void tile_product_fma_avx2(const float* __restrict a,
+                                                               const float* __restrict b,
+                                                               uint64_t k, const uint32_t* k_index,
+                                                               const CView<const float>& in,
+                                                               const CView<float>& out) {
   constexpr uint64_t K0 = 16;
   // (Every loop over the accumulators unrolled: with one left as a loop GCC kept the array on
   // the stack, a store per multiply-add.)
   __m256 acc[MR][2];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (uint64_t i = 0; i < MR; ++i) {
     acc[i][0] = in.p ? _mm256_loadu_ps(&in.at(i, 0)) : _mm256_setzero_ps();
     acc[i][1] = in.p ? _mm256_loadu_ps(&in.at(i, 0) + 8) : _mm256_setzero_ps();
@@ -164,31 +167,35 @@ __attribute__((target("avx2,fma"))) void tile_product_fma_avx2(
   if (k_index) {
     for (uint64_t j = 0; j < k; ++j) {
       const uint64_t kk = k_index[j];
-      fma_step_avx2<MR>(acc, a + (kk / K0) * kFractalRows * K0 + kk % K0, b + kk * ld_b);
+      fma_step_avx2<MR>(acc, a + (kk / K0) * kFractalRows * K0 + kk % K0, b + kk * kFractalRows);
     }
   } else {
     for (uint64_t k0 = 0; k0 < k; k0 += K0) {
       const float* ablk = a + (k0 / K0) * kFractalRows * K0;
       const uint64_t k_cnt = std::min(K0, k - k0);
       for (uint64_t kk = 0; kk < k_cnt; ++kk)
-        fma_step_avx2<MR>(acc, ablk + kk, b + (k0 + kk) * ld_b);
+        fma_step_avx2<MR>(acc, ablk + kk, b + (k0 + kk) * kFractalRows);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (uint64_t i = 0; i < MR; ++i) {
     _mm256_storeu_ps(&out.at(i, 0), acc[i][0]);
     _mm256_storeu_ps(&out.at(i, 0) + 8, acc[i][1]);
   }
 }
 
-// tile_rows_fma_avx512's counterpart: the last 1 to 3 rows of C.
+// A tile of 1 to 6 rows (rows) of one column block in place: the 6-row tiles of
+// all_tiles_fused_avx2 and the last rows of m.
 __attribute__((target("avx2,fma"))) void tile_rows_fma_avx2(
-    uint64_t rows, const float* __restrict a, const float* __restrict b, uint64_t ld_b, uint64_t k,
+    uint64_t rows, const float* __restrict a, const float* __restrict b, uint64_t k,
     const uint32_t* k_index, const CView<const float>& in, const CView<float>& out) {
   switch (rows) {
-    case 1: return tile_product_fma_avx2<1>(a, b, ld_b, k, k_index, in, out);
-    case 2: return tile_product_fma_avx2<2>(a, b, ld_b, k, k_index, in, out);
-    case 3: return tile_product_fma_avx2<3>(a, b, ld_b, k, k_index, in, out);
+    case 1: return tile_product_fma_avx2<1>(a, b, k, k_index, in, out);
+    case 2: return tile_product_fma_avx2<2>(a, b, k, k_index, in, out);
+    case 3: return tile_product_fma_avx2<3>(a, b, k, k_index, in, out);
+    case 4: return tile_product_fma_avx2<4>(a, b, k, k_index, in, out);
+    case 5: return tile_product_fma_avx2<5>(a, b, k, k_index, in, out);
+    case 6: return tile_product_fma_avx2<6>(a, b, k, k_index, in, out);
     default: throw KernelFault(fmt::format("mmad: a tail tile of {} rows", rows));
   }
 }
@@ -199,24 +206,25 @@ __attribute__((target("avx2,fma"))) void tile_rows_fma_avx2(
 // instead.
 //   a: A row 0 of the tile inside its Zz fractal row, widened: element (i, kk) at
 //      a[(kk / K0) * 16 * K0 + i * K0 + kk % K0] (the tile's rows lie in one fractal row);
-//   b: B (widened, k x ld_b row-major) at the tile's first column.
+//   b: B (widened, in column panels: CubeOperands::b) at row 0 of the tile's first panel;
+//      columns 16 .. 31 of a 32-column tile lie in the next panel, b_panel elements further.
 // T = float (fp32 arithmetic) or uint32_t (integer arithmetic modulo 2^32).
 // kFused: each step is one fused multiply-add, for fp16 operands only: the product of two
 // fp16 values (11-bit significands, exponents within fp32's) is exact in fp32, so rounding it
 // first changes nothing and fma(a, b, c) == (a * b) + c bit for bit.
 template <typename T, uint64_t K0, uint64_t MR, uint64_t NR, bool kFused>
 inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
-                                                        const T* __restrict b, uint64_t ld_b,
+                                                        const T* __restrict b, uint64_t b_panel,
                                                         uint64_t k, const uint32_t* k_index,
                                                         CView<const T> in, CView<T> out) {
 #if defined(__GNUC__) && defined(__x86_64__)
   // MR = 8 with kFused: only the AVX-512 variant (all_tiles_fused_avx512) instantiates it;
   // MR = 4, NR = 16 with kFused only the AVX2 one (all_tiles_fused_avx2).
   if constexpr (kFused && MR == 8 && (NR == 16 || NR == 32)) {
-    tile_product_fma_avx512<8, NR / kFractalRows>(a, b, ld_b, k, k_index, in, out);
+    tile_product_fma_avx512<8, NR / kFractalRows>(a, b, b_panel, k, k_index, in, out);
     return;
   } else if constexpr (kFused && MR == 4 && NR == 16) {
-    tile_product_fma_avx2<4>(a, b, ld_b, k, k_index, in, out);
+    tile_product_fma_avx2<4>(a, b, k, k_index, in, out);
     return;
   }
 #endif
@@ -225,28 +233,30 @@ inline __attribute__((always_inline)) void tile_product(const T* __restrict a,
   for (uint64_t i = 0; i < MR; ++i)
 #pragma GCC unroll 32
     for (uint64_t jj = 0; jj < NR; ++jj) acc[i][jj] = in.p ? in.at(i, jj) : T(0);
-  // acc[i][jj] += A[i][kk] * B[kk][jj], acol = &A[0][kk] (rows K0 apart), brow = &B[kk][0].
-  auto step = [&acc](const T* acol, const T* brow) __attribute__((always_inline)) {
+  // acc[i][jj] += A[i][kk] * B[kk][jj], acol = &A[0][kk] (rows K0 apart), brow = &B[kk][0]
+  // in the first panel (column jj at brow[(jj / 16) * b_panel + jj % 16]).
+  auto step = [&acc, b_panel](const T* acol, const T* brow) __attribute__((always_inline)) {
 #pragma GCC unroll 8
     for (uint64_t i = 0; i < MR; ++i) {
       const T av = acol[i * K0];
 #pragma GCC unroll 32
       for (uint64_t jj = 0; jj < NR; ++jj) {
-        if constexpr (kFused) acc[i][jj] = __builtin_fmaf(av, brow[jj], acc[i][jj]);
-        else acc[i][jj] += av * brow[jj];
+        const T bv = brow[(jj / kFractalRows) * b_panel + jj % kFractalRows];
+        if constexpr (kFused) acc[i][jj] = __builtin_fmaf(av, bv, acc[i][jj]);
+        else acc[i][jj] += av * bv;
       }
     }
   };
   if (k_index) {
     for (uint64_t j = 0; j < k; ++j) {
       const uint64_t kk = k_index[j];
-      step(a + (kk / K0) * kFractalRows * K0 + kk % K0, b + kk * ld_b);
+      step(a + (kk / K0) * kFractalRows * K0 + kk % K0, b + kk * kFractalRows);
     }
   } else {
     for (uint64_t k0 = 0; k0 < k; k0 += K0) {
       const T* ablk = a + (k0 / K0) * kFractalRows * K0;
       const uint64_t k_cnt = std::min(K0, k - k0);
-      for (uint64_t kk = 0; kk < k_cnt; ++kk) step(ablk + kk, b + (k0 + kk) * ld_b);
+      for (uint64_t kk = 0; kk < k_cnt; ++kk) step(ablk + kk, b + (k0 + kk) * kFractalRows);
     }
   }
 #pragma GCC unroll 8
@@ -269,8 +279,14 @@ struct CubeOperands {
   void (*widen_a)(const uint8_t* src, T* dst, uint64_t n);  // exact widening of n elements
   uint64_t k_blocks;
   const uint32_t* k_index;  // null: every column kk < k
-  const T* b;  // B as k x ld_b row-major, ld_b = 16 * ceil(n / 16), zero past column n
-  uint64_t ld_b;
+  // B widened in column panels of 16: panel p (columns 16 p .. 16 p + 15, zero past column n)
+  // is k x 16 row-major at b + p * b_panel, b_panel = 16 * k. (One k x n16 row-major image
+  // instead, as before 2026-12-07, put a tile's k rows of B n16 * 4 bytes apart, a power of
+  // two for most layers: they fell into a few sets of the host's caches and evicted each
+  // other between the tiles that read them; a panel is k * 64 contiguous bytes.)
+  const T* b;
+  uint64_t b_panel;
+  uint64_t n16;  // n rounded up to 16: the columns the tiles compute
   uint64_t m, k, n;
   CView<const T> in;  // C's initial values at column 0 (in.p null: zero)
   CView<T> out;       // L0C at row 0, column 0
@@ -303,22 +319,22 @@ inline __attribute__((always_inline)) void row_tiles(const CubeOperands<T>& g, u
   static_assert(kFractalRows % MR == 0 && NR % kFractalRows == 0, "tiles inside fractals");
   for (uint64_t r = r16; r < std::min(g.m, r16 + kFractalRows); r += MR) {
     const T* a = g.a_row + (r % kFractalRows) * K0;
-    const T* b = g.b + j;
+    const T* b = g.b + (j / kFractalRows) * g.b_panel;
     if (r + MR <= g.m && j + NR <= g.n) {
-      tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k, g.k_index, at_tile(g.in, r, j),
+      tile_product<T, K0, MR, NR, kFused>(a, b, g.b_panel, g.k, g.k_index, at_tile(g.in, r, j),
                                           at_tile(g.out, r, j));
       continue;
     }
 #if defined(__GNUC__) && defined(__x86_64__)
     if constexpr (kFused && MR == 8 && (NR == 16 || NR == 32)) {  // AVX-512 only (see above)
       if (j + NR <= g.n) {  // whole columns: only the rows left are computed, in place
-        tile_rows_fma_avx512<NR / kFractalRows>(g.m - r, a, b, g.ld_b, g.k, g.k_index,
+        tile_rows_fma_avx512<NR / kFractalRows>(g.m - r, a, b, g.b_panel, g.k, g.k_index,
                                                 at_tile(g.in, r, j), at_tile(g.out, r, j));
         continue;
       }
     } else if constexpr (kFused && MR == 4 && NR == 16) {  // AVX2 only (see above)
       if (j + NR <= g.n) {
-        tile_rows_fma_avx2(g.m - r, a, b, g.ld_b, g.k, g.k_index, at_tile(g.in, r, j),
+        tile_rows_fma_avx2(g.m - r, a, b, g.k, g.k_index, at_tile(g.in, r, j),
                            at_tile(g.out, r, j));
         continue;
       }
@@ -333,7 +349,7 @@ inline __attribute__((always_inline)) void row_tiles(const CubeOperands<T>& g, u
     for (uint64_t i = 0; i < MR; ++i)
       for (uint64_t jj = 0; jj < NR; ++jj)
         st.at(i, jj) = in.p && i < rows && jj < cols ? in.at(i, jj) : T(0);
-    tile_product<T, K0, MR, NR, kFused>(a, b, g.ld_b, g.k, g.k_index,
+    tile_product<T, K0, MR, NR, kFused>(a, b, g.b_panel, g.k, g.k_index,
                                         CView<const T>{stage, st.row_stride, st.block_stride}, st);
     const CView<T> out = at_tile(g.out, r, j);
     for (uint64_t i = 0; i < rows; ++i)
@@ -349,8 +365,8 @@ inline __attribute__((always_inline)) void all_tiles(const CubeOperands<T>& g) {
   for (uint64_t r16 = 0; r16 < g.m; r16 += kFractalRows) {
     widen_a_row<T, K0>(g, r16 / kFractalRows);
     uint64_t j = 0;
-    for (; j + NR <= g.ld_b; j += NR) row_tiles<T, K0, MR, NR, kFused>(g, r16, j);
-    for (; j < g.ld_b; j += kFractalRows) row_tiles<T, K0, MR, kFractalRows, kFused>(g, r16, j);
+    for (; j + NR <= g.n16; j += NR) row_tiles<T, K0, MR, NR, kFused>(g, r16, j);
+    for (; j < g.n16; j += kFractalRows) row_tiles<T, K0, MR, kFractalRows, kFused>(g, r16, j);
   }
 }
 
@@ -368,8 +384,27 @@ __attribute__((target("avx512f,fma"))) void all_tiles_fused_avx512(
     const CubeOperands<float>& g) {
   all_tiles<float, 16, 8, 32, true>(g);
 }
+// On AVX2 hosts a fractal row's 16 rows of one column block are three tiles of 6, 6 and 4
+// rows: 12 ymm accumulators (15 of the 16 registers with B's two halves and A's broadcast),
+// more independent sums in flight than the FMA pipes' latency needs, where 4-row tiles had just
+// as many (8) and the 4-row tile over every row read B's panel 4 times instead of 3. Columns
+// past n go through row_tiles' staging tile.
 __attribute__((target("avx2,fma"))) void all_tiles_fused_avx2(const CubeOperands<float>& g) {
-  all_tiles<float, 16, 4, 16, true>(g);
+  constexpr uint64_t kRows = 6;
+  for (uint64_t r16 = 0; r16 < g.m; r16 += kFractalRows) {
+    widen_a_row<float, 16>(g, r16 / kFractalRows);
+    const uint64_t rows16 = std::min(kFractalRows, g.m - r16);
+    for (uint64_t j = 0; j < g.n16; j += kFractalRows) {
+      if (j + kFractalRows > g.n) {
+        row_tiles<float, 16, 4, 16, true>(g, r16, j);
+        continue;
+      }
+      const float* b = g.b + (j / kFractalRows) * g.b_panel;
+      for (uint64_t i = 0; i < rows16; i += kRows)
+        tile_rows_fma_avx2(std::min(kRows, rows16 - i), g.a_row + i * 16, b, g.k, g.k_index,
+                           at_tile(g.in, r16 + i, j), at_tile(g.out, r16 + i, j));
+    }
+  }
 }
 #endif
 
@@ -531,7 +566,7 @@ struct Input<Dtype::S8> {
   }
 };
 
-// One fractal row of A widened (all_tiles) and B's widened k x ld_b image of the thread's
+// One fractal row of A widened (all_tiles) and B's widened column panels of the thread's
 // latest mmad (Mmad), storage reused across calls.
 template <typename T>
 struct CubeScratch {
@@ -562,12 +597,20 @@ constexpr uint64_t kMinSkippedShare = 4;
 uint64_t zero_magnitudes(const uint16_t* bits16, uint64_t n) {
   uint64_t zero = 0, i = 0;
 #if defined(__SSE2__)
-  const __m128i magnitude = _mm_set1_epi16(0x7fff);
+  // Counted in the vector (each zero lane's all-ones mask is -1: madd by -1 gives per 32-bit
+  // lane the count of its two 16-bit lanes), not by a popcount of the lane mask: the x86-64
+  // baseline the build targets has no popcnt instruction, and GCC calls libgcc's
+  // __popcountdi2 for it.
+  const __m128i magnitude = _mm_set1_epi16(0x7fff), minus_one = _mm_set1_epi16(-1);
+  __m128i counts = _mm_setzero_si128();  // four 32-bit counts, each at most n / 4
   for (; i + 8 <= n; i += 8) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bits16 + i));
     const __m128i is_zero = _mm_cmpeq_epi16(_mm_and_si128(v, magnitude), _mm_setzero_si128());
-    zero += static_cast<uint64_t>(__builtin_popcount(_mm_movemask_epi8(is_zero))) / 2;
+    counts = _mm_add_epi32(counts, _mm_madd_epi16(is_zero, minus_one));
   }
+  uint32_t lane[4];
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(lane), counts);
+  zero = uint64_t(lane[0]) + lane[1] + lane[2] + lane[3];
 #endif
   for (; i < n; ++i) zero += (bits16[i] & 0x7fff) == 0;
   return zero;
@@ -575,10 +618,11 @@ uint64_t zero_magnitudes(const uint16_t* bits16, uint64_t n) {
 
 // The columns of A to keep (ascending) in kept, and true, when at least k / kMinSkippedShare
 // columns kk < k of an fp16 A can be left out: +-0 in every row r < m of A (stored in Zz:
-// k_blocks column blocks of 16) and finite in B's row kk (b: k x ld_b widened, n columns
-// used). A is scanned fractal row by fractal row, stopping once too few zero columns are left.
+// k_blocks column blocks of 16) and finite in B's row kk (b: widened in column panels of 16,
+// b_panel elements apart, as CubeOperands::b; n columns used, zero past n). A is scanned
+// fractal row by fractal row, stopping once too few zero columns are left.
 bool columns_to_keep_f16(const uint8_t* a, uint64_t m, uint64_t k, uint64_t k_blocks,
-                         const float* b, uint64_t ld_b, uint64_t n,
+                         const float* b, uint64_t b_panel, uint64_t n,
                          std::vector<uint16_t>& magnitude_bits, std::vector<uint32_t>& kept) {
   const uint64_t min_zero = std::max<uint64_t>(1, k / kMinSkippedShare);
   // Per column: the OR over its rows of the stored bits, the sign masked off below.
@@ -604,22 +648,27 @@ bool columns_to_keep_f16(const uint8_t* a, uint64_t m, uint64_t k, uint64_t k_bl
     }
     if (zero_magnitudes(magnitude_bits.data(), k) < min_zero) return false;
   }
+  // Row kk of B: 16 values in each panel; the columns past n are zero, so whole panels are
+  // checked.
   auto finite_row = [&](uint64_t kk) {
-    const float* row = b + kk * ld_b;
-    uint64_t c = 0;
     uint32_t non_finite = 0;
+    for (uint64_t p = 0; p * kFractalRows < n; ++p) {
+      const float* row = b + p * b_panel + kk * kFractalRows;
 #if defined(__SSE2__)
-    const __m128i exponent = _mm_set1_epi32(0x7f800000);
-    __m128i any = _mm_setzero_si128();
-    for (; c + 4 <= n; c += 4) {
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
-      any = _mm_or_si128(any, _mm_cmpeq_epi32(_mm_and_si128(v, exponent), exponent));
-    }
-    non_finite = static_cast<uint32_t>(_mm_movemask_epi8(any));
+      const __m128i exponent = _mm_set1_epi32(0x7f800000);
+      __m128i any = _mm_setzero_si128();
+      for (uint64_t c = 0; c < kFractalRows; c += 4) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
+        any = _mm_or_si128(any, _mm_cmpeq_epi32(_mm_and_si128(v, exponent), exponent));
+      }
+      non_finite |= static_cast<uint32_t>(_mm_movemask_epi8(any));
+#else
+      for (uint64_t c = 0; c < kFractalRows; ++c)
+        non_finite |= static_cast<uint32_t>(
+            (bits<uint32_t>(reinterpret_cast<const uint8_t*>(row + c)) & 0x7f800000u) ==
+            0x7f800000u);
 #endif
-    for (; c < n; ++c)
-      non_finite |= static_cast<uint32_t>(
-          (bits<uint32_t>(reinterpret_cast<const uint8_t*>(row + c)) & 0x7f800000u) == 0x7f800000u);
+    }
     return non_finite == 0;
   };
   kept.clear();
@@ -740,16 +789,20 @@ struct Mmad {
     // the kernels' k loops and the full-fractal copies below are fixed-size).
     constexpr uint64_t K0 = layout::kBlockBytes / sizeof(typename In::Storage);
     const uint64_t k_blocks = ceil_div(k, K0), n_blocks = ceil_div(n, kFractalRows);
-    const uint64_t m16 = round_up(m, kFractalRows), ld_b = n_blocks * kFractalRows;
+    const uint64_t m16 = round_up(m, kFractalRows);
+    const uint64_t b_panel = k * kFractalRows;  // elements of one column panel of B
 
     // A is widened by the kernels, a fractal row at a time (all_tiles). B widened in its Zn
-    // layout, then rearranged as k x ld_b row-major, zero past column n. Scratch reused across
-    // calls.
+    // layout, then rearranged into column panels (CubeOperands::b): fractal (kb, nb) is rows
+    // kb * K0 .. of panel nb, zero past column n. Scratch reused across calls.
     std::vector<T>& b_buf = scratch<T>().b_buf;
     thread_local std::vector<T> b_wide;
     const uint64_t b_elems = layout::zn_extent(k, n, k0);
     const uint8_t* b_stored = ctx.local.at(Buf::L0B, xb, b_elems * size);
-    b_buf.resize(k * ld_b);
+    b_buf.resize(n_blocks * b_panel);
+    auto b_fractal = [&](uint64_t kb, uint64_t nb) {
+      return &b_buf[nb * b_panel + kb * K0 * kFractalRows];
+    };
     if constexpr (kType == Dtype::F16) {
       // Whole fractals only (k and n multiples of 16: convolutions and MatMuls of 16-channel
       // multiples): each widened straight into its place, fractal (kb, nb) at zn_offset in L0B.
@@ -758,35 +811,38 @@ struct Mmad {
           for (uint64_t nb = 0; nb < n_blocks; ++nb)
             widen_transpose_fractal_f16(
                 b_stored + layout::zn_offset(kb * K0, nb * kFractalRows, n_blocks, K0) * size,
-                &b_buf[kb * K0 * ld_b + nb * kFractalRows], ld_b);
-        return run_tiles<kType>(ctx, k_blocks, m16, ld_b);
+                b_fractal(kb, nb), kFractalRows);
+        return run_tiles<kType>(ctx, k_blocks, m16, b_panel);
       }
     }
     b_wide.resize(b_elems);
     In::widen(b_stored, b_wide.data(), b_elems);
-    if (ld_b != n)
+    if (const uint64_t used = n % kFractalRows; used != 0) {  // the last panel's columns past n
+      T* last = &b_buf[(n_blocks - 1) * b_panel];
       for (uint64_t kk = 0; kk < k; ++kk)
-        std::fill(b_buf.begin() + kk * ld_b + n, b_buf.begin() + (kk + 1) * ld_b, T(0));
+        std::fill(last + kk * kFractalRows + used, last + (kk + 1) * kFractalRows, T(0));
+    }
     for (uint64_t kb = 0; kb < k_blocks; ++kb)
       for (uint64_t nb = 0; nb < n_blocks; ++nb) {
         const T* frac = &b_wide[layout::zn_offset(kb * K0, nb * kFractalRows, n_blocks, K0)];
         uint64_t n_cnt = std::min<uint64_t>(kFractalRows, n - nb * kFractalRows);
         uint64_t k_cnt = std::min(K0, k - kb * K0);
-        T* dst = &b_buf[kb * K0 * ld_b + nb * kFractalRows];
+        T* dst = b_fractal(kb, nb);
         if (n_cnt == kFractalRows && k_cnt == K0) {
           if constexpr (std::is_same_v<T, float> && K0 == 16) {
-            transpose_fractal(frac, dst, ld_b);
+            transpose_fractal(frac, dst, kFractalRows);
           } else {
             for (uint64_t kk = 0; kk < K0; ++kk)
               for (uint64_t nn = 0; nn < kFractalRows; ++nn)
-                dst[kk * ld_b + nn] = frac[nn * K0 + kk];
+                dst[kk * kFractalRows + nn] = frac[nn * K0 + kk];
           }
         } else {
           for (uint64_t kk = 0; kk < k_cnt; ++kk)
-            for (uint64_t nn = 0; nn < n_cnt; ++nn) dst[kk * ld_b + nn] = frac[nn * K0 + kk];
+            for (uint64_t nn = 0; nn < n_cnt; ++nn)
+              dst[kk * kFractalRows + nn] = frac[nn * K0 + kk];
         }
       }
-    run_tiles<kType>(ctx, k_blocks, m16, ld_b);
+    run_tiles<kType>(ctx, k_blocks, m16, b_panel);
   }
 
   // The products of g (fp16 operands) without A's zero columns where that gives the same
@@ -799,7 +855,7 @@ struct Mmad {
       std::vector<float> c_before;
     };
     thread_local Kept s;
-    if (!columns_to_keep_f16(g.a_stored, m, k, g.k_blocks, g.b, g.ld_b, n, s.magnitude_bits,
+    if (!columns_to_keep_f16(g.a_stored, m, k, g.k_blocks, g.b, g.b_panel, n, s.magnitude_bits,
                              s.cols))
       return false;
     const uint64_t m16 = round_up(m, kFractalRows);
@@ -817,7 +873,7 @@ struct Mmad {
   // The products into L0C, from A in L0A (widened a fractal row at a time) and B widened and
   // rearranged into scratch<T>().b_buf (run_typed).
   template <Dtype kType>
-  void run_tiles(ExecContext& ctx, uint64_t k_blocks, uint64_t m16, uint64_t ld_b) const {
+  void run_tiles(ExecContext& ctx, uint64_t k_blocks, uint64_t m16, uint64_t b_panel) const {
     using In = Input<kType>;
     using T = typename In::Arith;
     constexpr uint64_t K0 = layout::kBlockBytes / sizeof(typename Input<kType>::Storage);
@@ -857,7 +913,8 @@ struct Mmad {
                             k_blocks,
                             nullptr,
                             scratch<T>().b_buf.data(),
-                            ld_b,
+                            b_panel,
+                            round_up(n, kFractalRows),
                             m,
                             k,
                             n,

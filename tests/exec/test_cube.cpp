@@ -172,6 +172,67 @@ TEST_CASE("mmad chain matches a reference matmul for odd shapes in every cube ty
   }
 }
 
+TEST_CASE("mmad with B in several column panels: long k, a partial last panel, every type") {
+  // cube.cpp widens B into column panels of 16 columns (k x 16 each, CubeOperands::b): tiles
+  // of 32 columns (AVX-512 hosts) read two panels, a last panel of n % 16 columns is zero past
+  // n, and a long k makes a panel span many host cache lines. fp16 with k and n multiples of 16
+  // widens B's fractals straight into the panels; the other shapes and types rearrange a
+  // widened copy (k not a multiple of C0 included).
+  struct Case {
+    Dtype type;
+    int m, k, n;
+  };
+  for (Case c : {Case{Dtype::F16, 40, 528, 48}, Case{Dtype::F16, 24, 256, 112},
+                 Case{Dtype::F16, 19, 300, 72}, Case{Dtype::F16, 35, 176, 8},
+                 Case{Dtype::BF16, 17, 200, 40}, Case{Dtype::F32, 9, 72, 36},
+                 Case{Dtype::S8, 24, 320, 49}}) {
+    INFO(isa::dtype_name(c.type) << " m=" << c.m << " k=" << c.k << " n=" << c.n);
+    ExecBench t;
+    Rand rnd(c.m * 7919 + c.k * 31 + c.n);
+    Matrix a = random_matrix(c.type, c.m, c.k, rnd), b = random_matrix(c.type, c.k, c.n, rnd);
+    load_operands(t, c.type, a, b);
+    std::vector<uint32_t> want(size_t(c.m) * c.n, 0);
+    mmad(t, c.type, c.m, c.k, c.n, 0);
+    ref_accumulate(c.type, a, b, want);
+    CHECK(fetch_c(t, c.type, c.m, c.n) == want);
+    mmad(t, c.type, c.m, c.k, c.n, 1);
+    ref_accumulate(c.type, a, b, want);
+    CHECK(fetch_c(t, c.type, c.m, c.n) == want);
+  }
+}
+
+TEST_CASE("fp16 mmad leaving out zero columns reads B's rows across every panel") {
+  // The zero-column check (columns_to_keep_f16) reads B's row kk in each panel: an infinity in
+  // the last panel, in a partial one (n = 72) and in a whole one (n = 80), under a column of A
+  // that is zero in every row, keeps that column (0 * inf is NaN in the full sum).
+  for (int n : {72, 80}) {
+    const int m = 33, k = 256;
+    INFO("m=" << m << " k=" << k << " n=" << n);
+    Rand rnd(static_cast<uint32_t>(n));
+    Matrix a = random_matrix(Dtype::F16, m, k, rnd), b = random_matrix(Dtype::F16, k, n, rnd);
+    auto put = [](Matrix& mtx, int r, int c, uint16_t h) {
+      std::memcpy(&mtx.bytes[(size_t(r) * mtx.cols + c) * 2], &h, 2);
+      mtx.value[size_t(r) * mtx.cols + c] = ref_f16_to_f32(h);
+    };
+    for (int r = 0; r < m; ++r)
+      for (int kk = 0; kk < k; ++kk)
+        if (kk % 16 >= 3) put(a, r, kk, 0);  // 13 of every 16 columns zero, as an image's
+    ExecBench t;
+    load_operands(t, Dtype::F16, a, b);
+    std::vector<uint32_t> want(size_t(m) * n, 0);
+    mmad(t, Dtype::F16, m, k, n, 0);
+    ref_accumulate(Dtype::F16, a, b, want);
+    CHECK(fetch_c(t, Dtype::F16, m, n) == want);
+    put(b, 200, n - 3, 0x7c00);  // +inf at kk = 200 (200 % 16 = 8: a zero column), last panel
+    load_operands(t, Dtype::F16, a, b);
+    mmad(t, Dtype::F16, m, k, n, 0);
+    std::fill(want.begin(), want.end(), 0);
+    ref_accumulate(Dtype::F16, a, b, want);
+    CHECK(fetch_c(t, Dtype::F16, m, n) == want);
+    CHECK((want[n - 3] & 0x7fffffffu) > 0x7f800000u);  // NaN: 0 * inf
+  }
+}
+
 TEST_CASE("fp16 mmad over the whole finite fp16 range rounds each step's sum as the reference") {
   // The product of two fp16 values is exact in fp32, so the cube model may fuse multiply and
   // add (cube.cpp, kFused); sums of products spanning 2^-48 .. 2^32 round at every step, and
