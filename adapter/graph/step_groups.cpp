@@ -55,11 +55,14 @@ StepGroups schedule_step_groups(const std::vector<GroupStep>& steps, const ChipC
     // is ready: its predecessors are earlier, all in groups by now).
     const size_t first = *std::find_if(pending.begin(), pending.end(), ready);
     std::vector<size_t> group{first};
-    const bool alone =
-        steps[first].alone || !cores.fits_alone(*steps[first].program, steps[first].block_dim);
-    if (!alone) {
+    if (!steps[first].alone) {
+      // The opener takes its free workers, every one of its kind where its blocks outnumber
+      // them (they run in waves); the others join only where each of their blocks finds a
+      // free worker (admitting those that find some, to begin on them and take more as they
+      // free, put them ahead of the next chain step in the launches' order and lengthened the
+      // step: docs/graph_engine.md, "Streams that group more").
       cores.clear();
-      cores.take(*steps[first].program, steps[first].block_dim, nullptr);
+      cores.take_free(*steps[first].program, steps[first].block_dim, nullptr);
       for (const size_t i : pending) {
         if (i == first || steps[i].alone || !ready(i)) continue;
         if (cores.take(*steps[i].program, steps[i].block_dim, nullptr)) group.push_back(i);

@@ -9,14 +9,16 @@
 // at a time: the ready steps are those whose every launching predecessor is in an earlier group
 // (a step that launches nothing passes its predecessors on to its readers). Priority: the
 // length of the longest chain of launching steps from the step to the list's end, longest
-// first, ties in task order. The ready step of highest priority opens the group; the other
-// ready steps join it by priority while their cores fit beside the group's (CoreTaker:
-// block_dim free cores of their kernel's kind). So in a backward pass the data gradients and
-// batch-norm gradients (the chain every later layer waits for) go first, and a filter gradient
-// (cube; only its update reads it) runs beside the next batch-norm gradient (vector) instead
-// of alone. A step that must run alone (several launches, an AI CPU task, more cores than the
-// chip has) is a group of its own and fills none. Deterministic: the steps and the chip alone
-// decide.
+// first, ties in task order. The ready step of highest priority opens the group, taking the
+// free cores of its kernel's kind for its blocks (CoreTaker::take_free: all of them where its
+// block_dim exceeds them; its blocks then run in waves, as the chip dispatches them); the other
+// ready steps join it by priority while all their blocks find free cores beside the group's
+// (CoreTaker::take: block_dim free cores of their kernel's kind; a mix kernel, groups), so a
+// step wider than the chip joins none but opens its own. So in a backward pass the data
+// gradients and batch-norm gradients (the chain every later layer waits for) go first, and a
+// filter gradient (cube; only its update reads it) runs beside the next batch-norm gradient
+// (vector) instead of alone. A step that must run alone (several launches, an AI CPU task) is
+// a group of its own and fills none. Deterministic: the steps and the chip alone decide.
 #pragma once
 
 #include <cstddef>
@@ -35,8 +37,8 @@ struct GroupStep {
   // slice placed in its input) unless `alone`.
   const isa::Program* program = nullptr;
   int block_dim = 1;
-  // Runs as a group of its own (queued as in order): several launches, an AI CPU task, a
-  // launch whose block_dim exceeds the chip's cores of its kind.
+  // Runs as a group of its own (queued as in order): several launches, an AI CPU task. (A
+  // launch whose block_dim exceeds the chip's cores of its kind need not: it opens a group.)
   bool alone = false;
 };
 

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "adapter/runtime/driver.h"
+#include "common/error.h"
 #include "sim/config/core_taker.h"
 #include "sim/verifier/verifier.h"
 
@@ -595,11 +596,20 @@ Status Device::launch_group(Stream s, std::vector<GroupLaunch> launches) {
                         fmt::format("launch_group: launch {} (kernel '{}') waits for launch {}, "
                                     "which is not earlier",
                                     j, l.program->name, k));
-      if (!idle_chip.fits_alone(*l.program, l.block_dim))
+      // Its blocks take cores as they free, in waves where block_dim exceeds its workers: it
+      // needs one worker on the idle chip.
+      std::string no_worker;
+      try {
+        if (idle_chip.idle_workers(*l.program) == 0)
+          no_worker = fmt::format("chip '{}' has no core of its kind", m_cfg.name);
+      } catch (const Error& e) {  // a mix kernel's vector cores per block (mix_aiv_per_block)
+        no_worker = e.what();
+      }
+      if (!no_worker.empty())
         return Status(StatusCode::invalid_argument,
-                      fmt::format("launch_group: launch {} (kernel '{}', block_dim {}) does not "
-                                  "fit the chip's cores of its kind",
-                                  j, l.program->name, l.block_dim));
+                      fmt::format("launch_group: launch {} (kernel '{}', block_dim {}) cannot "
+                                  "run: {}",
+                                  j, l.program->name, l.block_dim, no_worker));
     }
     for (size_t j = 0; j < launches.size(); ++j) {
       GroupLaunch& l = launches[j];

@@ -248,9 +248,11 @@ class Device {
   // starts once the stream is ready, after the launches' host dispatches; each LaunchRecord
   // starts at its launch's own start and lasts its own cycles. Never replayed. The caller guarantees that
   // launches that may overlap are independent (no one writes what another reads or writes).
-  // Checked as launch_kernel checks each (invalid_argument naming the kernel); a launch that
-  // does not fit the idle chip, or an `after` naming no earlier launch, is invalid_argument
-  // naming it. A member's fault is kernel_fault at the next synchronize, naming it (and its
+  // Checked as launch_kernel checks each (invalid_argument naming the kernel); a launch for
+  // which the idle chip has no worker (CoreTaker::idle_workers: no core of its kind, a mix
+  // kernel declaring more vector cores per cube core than the chip has), or an `after` naming
+  // no earlier launch, is invalid_argument naming it. block_dim may exceed the workers: the
+  // blocks run in waves. A member's fault is kernel_fault at the next synchronize, naming it (and its
   // node, for a graph's launch); the members that wait for it do not run ("did not run"), nor
   // do those that wait for the cores it keeps to the group's end (their error names it); the
   // others run to their end. One launch: launch_kernel. On a chip of a system the launches run

@@ -1,6 +1,7 @@
 #include "sim/config/core_taker.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include <fmt/format.h>
@@ -39,40 +40,57 @@ bool CoreTaker::fits_alone(const isa::Program& p, int block_dim) const {
   return idle.take(p, block_dim, nullptr);
 }
 
-bool CoreTaker::take(const isa::Program& p, int block_dim, std::vector<std::string>* names) {
-  const size_t want = size_t(std::max(1, block_dim));
+int CoreTaker::idle_workers(const isa::Program& p) const {
+  const CoreTaker idle(m_cfg);
+  return static_cast<int>(idle.free_workers(p, SIZE_MAX).size());
+}
+
+std::vector<std::vector<std::pair<isa::CoreKind, size_t>>> CoreTaker::free_workers(
+    const isa::Program& p, size_t want) const {
   const bool aic = p.find(isa::CoreKind::AIC) != nullptr;
   const bool aiv = p.find(isa::CoreKind::AIV) != nullptr;
-  std::vector<std::pair<isa::CoreKind, size_t>> picked;
+  std::vector<std::vector<std::pair<isa::CoreKind, size_t>>> out;
   if (m_cfg.split && aic && aiv) {
     // Cube core g pairs with vector cores g * chip_per ...; the block uses the first `per`.
     const size_t chip_per = size_t(std::max(1, m_cfg.aiv_per_aic));
     const size_t per = size_t(mix_aiv_per_block(m_cfg, p));
     const auto& cube = m_taken[int(isa::CoreKind::AIC)];
     const auto& vec = m_taken[int(isa::CoreKind::AIV)];
-    for (size_t g = 0; g < cube.size() && picked.size() < want * (1 + per); ++g) {
+    for (size_t g = 0; g < cube.size() && out.size() < want; ++g) {
       if (cube[g] || (g + 1) * chip_per > vec.size()) continue;
       bool free = true;
       for (size_t k = 0; k < per; ++k) free = free && !vec[g * chip_per + k];
       if (!free) continue;
-      picked.emplace_back(isa::CoreKind::AIC, g);
-      for (size_t k = 0; k < per; ++k) picked.emplace_back(isa::CoreKind::AIV, g * chip_per + k);
+      std::vector<std::pair<isa::CoreKind, size_t>> w{{isa::CoreKind::AIC, g}};
+      for (size_t k = 0; k < per; ++k) w.emplace_back(isa::CoreKind::AIV, g * chip_per + k);
+      out.push_back(std::move(w));
     }
-    if (picked.size() < want * (1 + per)) return false;
   } else {
     const isa::CoreKind kind = !m_cfg.split ? isa::CoreKind::AICORE
                                : aic        ? isa::CoreKind::AIC
                                             : isa::CoreKind::AIV;
     const auto& taken = m_taken[int(kind)];
-    for (size_t i = 0; i < taken.size() && picked.size() < want; ++i)
-      if (!taken[i]) picked.emplace_back(kind, i);
-    if (picked.size() < want) return false;
+    for (size_t i = 0; i < taken.size() && out.size() < want; ++i)
+      if (!taken[i]) out.push_back({{kind, i}});
   }
-  for (const auto& [kind, i] : picked) {
-    m_taken[int(kind)][i] = true;
-    if (names) names->push_back(isa::core_kind_name(kind) + std::to_string(i));
-  }
+  return out;
+}
+
+bool CoreTaker::take(const isa::Program& p, int block_dim, std::vector<std::string>* names) {
+  const size_t want = size_t(std::max(1, block_dim));
+  if (free_workers(p, want).size() < want) return false;
+  take_free(p, block_dim, names);
   return true;
+}
+
+int CoreTaker::take_free(const isa::Program& p, int block_dim, std::vector<std::string>* names) {
+  const auto picked = free_workers(p, size_t(std::max(1, block_dim)));
+  for (const auto& worker : picked)
+    for (const auto& [kind, i] : worker) {
+      m_taken[int(kind)][i] = true;
+      if (names) names->push_back(isa::core_kind_name(kind) + std::to_string(i));
+    }
+  return static_cast<int>(picked.size());
 }
 
 void CoreTaker::hold(const std::vector<std::string>& names) {

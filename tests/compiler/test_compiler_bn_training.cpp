@@ -27,6 +27,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "adapter/compiler/compiler.h"
 #include "adapter/compiler/ops/channel.h"
@@ -668,6 +670,21 @@ TEST_CASE("NPUSIM_MIX_ONE_TO_ONE: Conv2DBNTrainingReduce's sums on one vector co
     const nlohmann::json& chip = r.counters[stats]["chip"];
     CHECK(chip.contains("aiv0"));
     CHECK_FALSE(chip.contains("aiv1"));
+  }
+  // The switch naming kernels: the statistics 1:1 where it names bn_reduce.
+  for (const auto& [value, one] : std::vector<std::pair<const char*, bool>>{
+           {"bn_reduce", true}, {"filter_grad", false}, {"filter_grad,bn_reduce", true}}) {
+    INFO("NPUSIM_MIX_ONE_TO_ONE=" << value);
+    ScopedEnv sw("NPUSIM_MIX_ONE_TO_ONE", value);
+    const auto k =
+        compiler::compile(make_op("Conv2DBNTrainingReduce", {in[0].desc, in[1].desc}, attrs), cfg);
+    bool found = false;
+    for (const auto& l : k.launches)
+      if (l.kernel.program.name.find("_BNTrainingReduce") != std::string::npos) {
+        found = true;
+        CHECK(l.kernel.program.aiv_per_aic == (one ? 1 : 0));
+      }
+    CHECK(found);
   }
 }
 

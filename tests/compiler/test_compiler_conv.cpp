@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -995,6 +996,14 @@ TEST_CASE("NPUSIM_MIX_ONE_TO_ONE: the filter gradient's parts added by one vecto
     CHECK(p.aiv_per_aic == (std::string(one_to_one) == "1" ? 1 : 0));
     runs.push_back(run_compiled(test_sim(), k, {x, dy}));
   }
+  // The switch naming kernels: the filter gradient 1:1 where it names filter_grad.
+  for (const auto& [value, one] : std::vector<std::pair<const char*, bool>>{
+           {"filter_grad", true}, {"bn_reduce", false}, {"bn_reduce,filter_grad", true}}) {
+    INFO("NPUSIM_MIX_ONE_TO_ONE=" << value);
+    ScopedEnv sw("NPUSIM_MIX_ONE_TO_ONE", value);
+    CHECK(compiler::ops::build_filter_grad(s, t, cfg, op).kernel.program.aiv_per_aic ==
+          (one ? 1 : 0));
+  }
   Reference ref = new_reference(static_cast<size_t>(c.c * c.cout));
   for_each_product(c, [&](int64_t xi, int64_t fi, int64_t yi) {
     accumulate(ref, fi, x.values[static_cast<size_t>(xi)] * dy.values[static_cast<size_t>(yi)]);
@@ -1020,10 +1029,17 @@ TEST_CASE("NPUSIM_MIX_ONE_TO_ONE: the filter gradient's parts added by one vecto
     }
     CHECK(added_one_to_one);
   }
-  {
-    ScopedEnv sw("NPUSIM_MIX_ONE_TO_ONE", "2");
+  // Bad values: an error naming the op, the value and the name it does not know.
+  for (const auto& [value, bad] : std::vector<std::pair<const char*, const char*>>{
+           {"2", "'2'"},
+           {"filter_grad,bn_stats", "'bn_stats'"},
+           {"filter_grad,", "''"},
+           {"1,bn_reduce", "'1'"}}) {
+    INFO("NPUSIM_MIX_ONE_TO_ONE=" << value);
+    ScopedEnv sw("NPUSIM_MIX_ONE_TO_ONE", value);
     CHECK_THROWS_WITH(compiler::ops::build_filter_grad(s, t, cfg, op),
-                      Catch::Contains("NPUSIM_MIX_ONE_TO_ONE='2' is neither '0' nor '1'"));
+                      Catch::Contains(op + ": NPUSIM_MIX_ONE_TO_ONE='" + value + "': " + bad +
+                                      " is not a kernel it names (filter_grad, bn_reduce"));
   }
 }
 

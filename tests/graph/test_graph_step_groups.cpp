@@ -2,8 +2,10 @@
 // cube cores, 4 vector cores), against groups derived by hand from the dependences and the
 // cores: the list scheduler runs first the steps on the longest chains and pairs a filter
 // gradient with a later ready vector step; a chain stays one step a group; steps that launch nothing pass their predecessors
-// on and take their latest predecessor's position; steps alone stay alone; a step that is not
-// after an earlier step is an error.
+// on and take their latest predecessor's position; steps alone stay alone; a step with more
+// blocks than the chip's cores of its kind takes them all and others join it on other cores; a
+// step joins only where all its blocks find free cores; a step that is not after an earlier
+// step is an error.
 #include <catch2/catch.hpp>
 
 #include "adapter/graph/step_groups.h"
@@ -71,9 +73,28 @@ TEST_CASE("steps that launch nothing pass their predecessors on; steps alone sta
   const StepGroups g = schedule_step_groups(steps, tiny());
   CHECK(g.groups == Groups{{0, 4}, {2}, {3}});
   CHECK(g.position == std::vector<int>{0, 0, 1, 2, 0});
-  // A launch needing more cores than the chip has is a group of its own too.
-  const std::vector<GroupStep> big = {vec({}, 8), cube({})};
-  CHECK(schedule_step_groups(big, tiny()).groups == Groups{{0}, {1}});
+}
+
+TEST_CASE("a step with more blocks than the chip's cores of its kind takes them all; others "
+          "join beside it on other cores") {
+  // 0: 8 vector blocks on the 4 vector cores (its blocks run in waves): it opens the group and
+  // takes every vector core; 1 (one vector block) finds none free and waits for the next group;
+  // 2 (cube, 2 blocks) takes the 2 cube cores beside 0. 3 (8 vector blocks, ready) can never
+  // take 8 cores at once: it joins no group and opens the next after 1, which comes first in task
+  // order at the same priority.
+  const std::vector<GroupStep> steps = {vec({}, 8), vec({}, 1), cube({}), vec({}, 8)};
+  const StepGroups g = schedule_step_groups(steps, tiny());
+  CHECK(g.groups == Groups{{0, 2}, {1}, {3}});
+  CHECK(g.position == std::vector<int>{0, 1, 0, 2});
+}
+
+TEST_CASE("a step joins a group only where all its blocks find free cores") {
+  // 0 takes 3 of the 4 vector cores; 1 (2 blocks) would begin on the fourth and take another
+  // as 0's blocks end, but it does not join: it opens the next group (its blocks then first
+  // served the cores 0 frees). 2 (1 block) takes the fourth core beside 0.
+  const std::vector<GroupStep> steps = {vec({}, 3), vec({}, 2), vec({}, 1)};
+  const StepGroups g = schedule_step_groups(steps, tiny());
+  CHECK(g.groups == Groups{{0, 2}, {1}});
 }
 
 TEST_CASE("a step after a later step is an error naming both") {

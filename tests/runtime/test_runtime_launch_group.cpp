@@ -7,15 +7,19 @@
 // another (`after`) begins at its end on the cores it freed, while a launch it does not wait for
 // runs beside both on the next core; a launch that finds fewer free cores than blocks begins on
 // those and runs its blocks as cores free, and a later one begins on a core freed by the first's
-// blocks, before the first's end; an `after` naming no earlier launch and a
-// launch that does not fit the idle chip are refused when queued, naming the launch; a member's
+// blocks, before the first's end; a launch with more blocks than the chip's cores of its kind
+// runs them in waves, its cycles derived from one block's; an `after` naming no earlier launch
+// and a launch the chip cannot run are refused when queued, naming the launch; a member's
 // fault is the stream's kernel_fault naming its kernel while the other member still runs to its
 // correct end.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "tests/runtime/runtime_test_util.h"
 
@@ -192,12 +196,74 @@ TEST_CASE("a launch group whose launch waits for no earlier launch is refused, n
   CHECK(t.dev->synchronize_stream(t.s).ok());  // nothing was queued
 }
 
-TEST_CASE("a launch group whose launch does not fit the idle chip is refused, naming it") {
+namespace {
+
+// A vector kernel whose every block spins `n` iterations of the scalar unit: no memory, so a
+// block takes the same cycles on any core, beside any launch.
+std::shared_ptr<const isa::Program> spin(int n) {
+  return test::assemble_text(fmt::format(".kernel spin_{0}\n.section aiv\n    movi x4, 0\nloop:\n"
+                                         "    add x4, x4, 1\n    blt x4, {0}, loop\n    end\n",
+                                         n),
+                             fmt::format("spin_{}.s", n));
+}
+
+// The overheads in the duration of a launch whose worker that ended last ran `blocks` blocks
+// (docs/chip_model.md): dispatch + blocks x block start + done, in cycles.
+uint64_t task_overhead(const ChipConfig& cfg, uint64_t blocks) {
+  const auto cycles = [&](double us) { return static_cast<uint64_t>(std::llround(us * cfg.clock_mhz)); };
+  return cycles(cfg.task_dispatch_us) + blocks * static_cast<uint64_t>(cfg.task_block_start_cycles) +
+         cycles(cfg.task_done_us);
+}
+
+}  // namespace
+
+TEST_CASE("a launch group's member with more blocks than the chip's cores runs in waves") {
+  // 10 blocks of a spin kernel on the tiny chip's 4 vector cores: 3 waves (4, 4, 2), the core
+  // that ends last runs 3 blocks, so the member lasts the task overheads of 3 blocks plus 3
+  // blocks' cycles (one block's: a lone launch of one block less its overheads); a second
+  // member waiting for it begins at its end.
+  std::shared_ptr<rt::Device> dev = test::tiny_device();
+  const ChipConfig& cfg = dev->config();
+  REQUIRE(cfg.core_kind(isa::CoreKind::AIV)->count == 4);
+  const std::shared_ptr<const isa::Program> p = spin(200);
+  rt::Stream s;
+  REQUIRE(dev->create_stream(&s).ok());
+  dev->clear_launch_records();
+  REQUIRE(dev->launch_kernel(s, p, {}, 1).ok());
+  REQUIRE(dev->launch_group(s, {{p, {}, 10, nullptr, {}}, {p, {}, 1, nullptr, {0}}}).ok());
+  REQUIRE(dev->synchronize_stream(s).ok());
+  const std::vector<rt::LaunchRecord> r = dev->launch_records();
+  REQUIRE(r.size() == 3);
+  for (const rt::LaunchRecord& rec : r) REQUIRE(rec.ok);
+  const uint64_t block = r[0].cycles - task_overhead(cfg, 1);
+  const uint64_t waves = task_overhead(cfg, 3) + 3 * block;
+  // Durations are whole cycles rounded up: one cycle apart at most.
+  CHECK(r[1].cycles + 1 >= waves);
+  CHECK(r[1].cycles <= waves + 1);
+  CHECK(cores_of(r[1]) == std::set<std::string>{"aiv0", "aiv1", "aiv2", "aiv3"});
+  CHECK(r[2].start_cycle + 1 >= r[1].start_cycle + r[1].cycles);
+  CHECK(r[2].cycles + 1 >= task_overhead(cfg, 1) + block);
+  CHECK(r[2].cycles <= task_overhead(cfg, 1) + block + 1);
+}
+
+TEST_CASE("a launch group whose launch the chip cannot run is refused, naming it") {
   TwoSums t;
-  const rt::Status st = t.dev->launch_group(t.s, {t.sum(0, 2), t.sum(1, 5)});
+  // A mix kernel declaring 3 vector cores per cube core: the tiny chip has 2.
+  const auto wide = test::assemble_text(
+      ".kernel wide\n.aiv_per_aic 3\n.section aic\n    end\n.section aiv\n    end\n",
+      "wide.s");
+  rt::Status st = t.dev->launch_group(t.s, {t.sum(0, 2), {wide, {}, 1, nullptr, {}}});
   CHECK(st.code() == StatusCode::invalid_argument);
-  CHECK_THAT(st.message(), Catch::Contains("launch 1 (kernel 'vadd_f16', block_dim 5) does not "
-                                           "fit the chip's cores of its kind"));
+  CHECK_THAT(st.message(),
+             Catch::Contains("launch 1 (kernel 'wide', block_dim 1) cannot run: kernel 'wide' "
+                             "declares 3 vector core(s) per cube core (.aiv_per_aic); chip "
+                             "'tiny' has 2"));
+  // A coupled core's section on the split chip: the verifier refuses it, naming the kernel.
+  const auto coupled =
+      test::assemble_text(".kernel coupled\n.section aicore\n    end\n", "coupled.s");
+  st = t.dev->launch_group(t.s, {t.sum(0, 2), {coupled, {}, 1, nullptr, {}}});
+  CHECK(st.code() == StatusCode::invalid_argument);
+  CHECK_THAT(st.message(), Catch::Contains("kernel 'coupled' fails verification on chip 'tiny'"));
   CHECK(t.dev->synchronize_stream(t.s).ok());  // nothing was queued
 }
 

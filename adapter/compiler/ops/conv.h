@@ -513,13 +513,18 @@ int64_t filter_grad_dy_part_blocks(const FilterGradSpec& s, const FilterGradTili
 // NPUSIM_CONV_STAGGERED_LOADS: whether the convolutions may load their shared operands in
 // staggered parts (unset or "1" yes, "0" no; anything else a CompileError naming op).
 bool conv_staggered_loads_enabled(const std::string& op);
-// NPUSIM_MIX_ONE_TO_ONE: whether the mix kernels whose vector cores are little busy (the filter
-// gradient's, which adds its parts: FilterGradSpec::add_parts), and the convolution's with
-// batch-norm statistics (CubeConvSpec::bn_stats: Conv2DBNTrainingReduce), run one vector core
-// per cube core (KernelBuilder::set_aiv_per_aic(1), Ascend C KERNEL_TYPE_MIX_AIC_1_1), leaving
-// the other vector core of each group free for concurrent launches. Unset or "0" no, "1" yes
-// (default: docs/compiler.md); anything else a CompileError naming op. Read at every compile.
-bool mix_one_to_one_enabled(const std::string& op);
+// The mix kernels whose vector cores are little busy, which NPUSIM_MIX_ONE_TO_ONE may run one
+// vector core per cube core (KernelBuilder::set_aiv_per_aic(1), Ascend C
+// KERNEL_TYPE_MIX_AIC_1_1), leaving the other vector core of each group free for concurrent
+// launches: the filter gradient that adds its parts (FilterGradSpec::add_parts; named
+// `filter_grad` in the switch) and the convolution with batch-norm statistics
+// (CubeConvSpec::bn_stats: Conv2DBNTrainingReduce; `bn_reduce`).
+enum class OneToOneMix { filter_grad, bn_reduce };
+// NPUSIM_MIX_ONE_TO_ONE: whether `kernel` runs 1:1. The switch names the kernels, comma-separated
+// ("filter_grad", "bn_reduce", "filter_grad,bn_reduce"); "1" all of them; unset or "0" none
+// (default: docs/compiler.md). Anything else (an unknown or empty name, "1" or "0" within a
+// list) a CompileError naming op, the value and the names it takes. Read at every compile.
+bool mix_one_to_one_enabled(const std::string& op, OneToOneMix kernel);
 // Every tiling that fits the cube core, each with its modelled cycles, in the planner's order;
 // CompileError naming op if none fits.
 std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const ChipConfig& cfg,

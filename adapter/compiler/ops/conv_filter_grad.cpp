@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -124,9 +125,10 @@ class FilterGradEmitter {
 
   BuiltKernel emit() {
     // The vector cores only add the parts once every product is stored: one per cube core
-    // under NPUSIM_MIX_ONE_TO_ONE (emit_epilogue_section spreads the sums over the launch's
-    // vector cores, block_dim x the builder's ratio).
-    if (m_s.add_parts && mix_one_to_one_enabled(m_b.op())) m_b.set_aiv_per_aic(1);
+    // under NPUSIM_MIX_ONE_TO_ONE=filter_grad or 1 (emit_epilogue_section spreads the sums over the
+    // launch's vector cores, block_dim x the builder's ratio).
+    if (m_s.add_parts && mix_one_to_one_enabled(m_b.op(), OneToOneMix::filter_grad))
+      m_b.set_aiv_per_aic(1);
     cube_section();
     if (m_s.add_parts) emit_parts_sum();
     return m_b.finish();
@@ -562,11 +564,28 @@ bool conv_staggered_loads_enabled(const std::string& op) {
       fmt::format("{}: NPUSIM_CONV_STAGGERED_LOADS='{}' is neither '0' nor '1'", op, v));
 }
 
-bool mix_one_to_one_enabled(const std::string& op) {
+bool mix_one_to_one_enabled(const std::string& op, OneToOneMix kernel) {
   const char* v = std::getenv("NPUSIM_MIX_ONE_TO_ONE");
   if (!v || std::string_view(v) == "0") return false;
   if (std::string_view(v) == "1") return true;
-  throw CompileError(fmt::format("{}: NPUSIM_MIX_ONE_TO_ONE='{}' is neither '0' nor '1'", op, v));
+  constexpr std::pair<std::string_view, OneToOneMix> kNames[] = {
+      {"filter_grad", OneToOneMix::filter_grad}, {"bn_reduce", OneToOneMix::bn_reduce}};
+  bool named = false;
+  std::string_view rest(v);
+  while (true) {
+    const size_t comma = rest.find(',');
+    const std::string_view name = rest.substr(0, comma);
+    const auto* it = std::find_if(std::begin(kNames), std::end(kNames),
+                                  [&](const auto& k) { return k.first == name; });
+    if (it == std::end(kNames))
+      throw CompileError(
+          fmt::format("{}: NPUSIM_MIX_ONE_TO_ONE='{}': '{}' is not a kernel it names "
+                      "(filter_grad, bn_reduce, comma-separated; or '1' all, '0' none)",
+                      op, v, name));
+    named = named || it->second == kernel;
+    if (comma == std::string_view::npos) return named;
+    rest.remove_prefix(comma + 1);
+  }
 }
 
 int64_t filter_grad_dy_part_blocks(const FilterGradSpec& s, const FilterGradTiling& t,
