@@ -173,6 +173,17 @@ def test_strided_slice_and_its_gradient(npusim, tf, strict_placement):
            [dy], "StridedSliceGrad")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_reverse(npusim, tf, strict_placement, dtype):
+    # ReverseV2 (tf.reverse; Keras' RandomFlip, go_backwards and Bidirectional recurrences).
+    x = _data((3, 1, 17, 5), dtype, 41)
+    _check(npusim, tf, lambda t: tf.reverse(t, [2]), [x], "ReverseV2")
+    _check(npusim, tf, lambda t: tf.reverse(t, [0, -1]), [x], "ReverseV2")
+    _check(npusim, tf, lambda t: tf.reverse(t, [3, 1, 2, 0]), [x], "ReverseV2")
+    _check(npusim, tf, lambda t: tf.reverse(t, [1]), [x])  # a dim of 1: a copy
+    _check(npusim, tf, lambda t: tf.reverse(t, tf.constant([1], tf.int64)), [x[:, :, :3, 1]])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32],
                          ids=lambda t: np.dtype(t).name)
 def test_pads(npusim, tf, strict_placement, dtype):
@@ -317,6 +328,30 @@ def test_activations_and_gradients(npusim, tf, strict_placement, op):
     else:
         _check(npusim, tf, lambda g, t: grad(gradients=g, features=t), [dy, x], op + "Grad",
                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=lambda t: np.dtype(t).name)
+def test_leaky_relu_and_gradient(npusim, tf, strict_placement, dtype):
+    # Keras' LeakyReLU layer (negative_slope 0.3) and tf.nn.leaky_relu (alpha 0.2): bit-exact,
+    # the slope rounded to the type as TF's kernel does.
+    x = _floats((3, 37), 43, -8.0, 8.0, dtype)
+    x[0, :3] = [0.0, -0.0, 1e-3]
+    dy = _floats((3, 37), 44, dtype=dtype)
+    for alpha in (0.2, 0.3, -1.5):
+        _check(npusim, tf, lambda t, a=alpha: tf.nn.leaky_relu(t, alpha=a), [x], "LeakyRelu")
+        _check(npusim, tf,
+               lambda g, t, a=alpha: tf.raw_ops.LeakyReluGrad(gradients=g, features=t, alpha=a),
+               [dy, x], "LeakyReluGrad")
+
+    import keras  # pylint: disable=import-outside-toplevel
+
+    def layer_and_gradient(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            y = keras.layers.LeakyReLU(0.3)(t)
+        return y, tape.gradient(y, t)
+
+    _check(npusim, tf, layer_and_gradient, [x], "LeakyReluGrad")
 
 
 def test_erf_erfc_and_exact_gelu(npusim, tf, strict_placement):
