@@ -123,6 +123,7 @@ const std::vector<OpEntry>& op_table() {
       {"Pow", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"ReciprocalGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"SqrtGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"RsqrtGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"LogicalAnd", "binary", compile_binary, npu(K::kElementwise)},
       {"LogicalOr", "binary", compile_binary, npu(K::kElementwise)},
       {"BitwiseAnd", "binary", compile_binary, npu_t(K::kElementwise, kBitwiseTypes)},

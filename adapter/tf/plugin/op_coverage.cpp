@@ -17,7 +17,6 @@ const std::vector<OpReason>& unregistered_compiler_ops() {
 
 const std::vector<OpReason>& plugin_only_ops() {
   static const std::vector<OpReason> ops = {
-      {"RsqrtGrad", "composed of the compiler's Mul (kernels_composed.cpp)"},
       {"AssignAddVariableOp", "the compiler's AddV2 on a locked variable"},
       {"AssignSubVariableOp", "the compiler's Sub on a locked variable"},
       {"ResourceDynamicUpdateSlice",
