@@ -17,7 +17,9 @@ A crash of the process shows as no JSON line: run each model in a process of its
 
 Models: see MODELS below (keras.applications at small input sizes, an LSTM and a GRU text
 classifier, a small ViT, a Conv1D classifier, a small U-Net with dropout and transposed
-convolutions, RegNetX002 with its grouped convolutions). Chip: $CHIP (default 910b).
+convolutions, RegNetX002 with its grouped convolutions, MobileNetV2, ResNet50V2, a masked
+Transformer text classifier, a masked Bidirectional LSTM, a CNN behind Keras' augmentation
+layers). Chip: $CHIP (default 910b).
 """
 import json, os, sys, time, traceback
 
@@ -171,6 +173,58 @@ def _unet():
     return build, (32, 32, 3), "float32"
 
 
+def _text_transformer():
+    """A BERT-like text classifier: Embedding (vocabulary 1000, 64 wide, mask_zero: id 0 pads,
+    the last 8 of each 40-id sequence), learned positions, 2 encoder blocks of
+    MultiHeadAttention (4 heads of 16) under the padding mask Keras derives from the Embedding,
+    a GELU MLP with LayerNormalization, masked GlobalAveragePooling1D, Dense."""
+    def build():
+        inp = keras.Input((40,), dtype="int32")
+        x = layers.Embedding(1000, 64, mask_zero=True)(inp)
+        x = _LearnedPositions()(x)
+        for _ in range(2):
+            x = layers.LayerNormalization(epsilon=1e-6)(
+                x + layers.MultiHeadAttention(num_heads=4, key_dim=16)(x, x))
+            h = layers.Dense(128, activation="gelu")(x)
+            x = layers.LayerNormalization(epsilon=1e-6)(x + layers.Dense(64)(h))
+        x = layers.GlobalAveragePooling1D()(x)
+        return keras.Model(inp, layers.Dense(CLASSES, activation="softmax")(x))
+    return build, (40,), "int32"
+
+
+def _bilstm():
+    """Embedding (vocabulary 1000, 32 wide, mask_zero: the last 8 of 40 ids pad) + a
+    Bidirectional LSTM(32) returning sequences + LSTM(32) + Dense: masked, stacked recurrences."""
+    def build():
+        inp = keras.Input((40,), dtype="int32")
+        x = layers.Embedding(1000, 32, mask_zero=True)(inp)
+        x = layers.Bidirectional(layers.LSTM(32, return_sequences=True))(x)
+        x = layers.LSTM(32)(x)
+        return keras.Model(inp, layers.Dense(CLASSES, activation="softmax")(x))
+    return build, (40,), "int32"
+
+
+def _augmented_cnn():
+    """The Keras image-classification tutorial's shape on 32x32x3: Rescaling, RandomFlip,
+    RandomRotation and RandomZoom (active in training only), Conv2D / MaxPooling2D blocks with
+    LeakyReLU and ELU, AveragePooling2D, Flatten, Dropout, Dense."""
+    def build():
+        inp = keras.Input((32, 32, 3))
+        x = layers.Rescaling(1.0 / 4)(inp)
+        x = layers.RandomFlip("horizontal", seed=1)(x)
+        x = layers.RandomRotation(0.1, seed=2)(x)
+        x = layers.RandomZoom(0.1, seed=3)(x)
+        x = layers.Conv2D(16, 3, padding="same")(x)
+        x = layers.LeakyReLU(0.1)(x)
+        x = layers.MaxPooling2D()(x)
+        x = layers.Conv2D(32, 3, padding="same", activation="elu")(x)
+        x = layers.AveragePooling2D(2)(x)
+        x = layers.Flatten()(x)
+        x = layers.Dropout(0.5 * DROPOUT)(x)
+        return keras.Model(inp, layers.Dense(CLASSES, activation="softmax")(x))
+    return build, (32, 32, 3), "float32"
+
+
 MODELS = {
     "mobilenetv3small": lambda: _application("MobileNetV3Small", 32, dropout_rate=0.2 * DROPOUT),
     "efficientnetb0": lambda: _application("EfficientNetB0", 32),
@@ -186,13 +240,20 @@ MODELS = {
     "vit": _vit,
     "conv1d": _conv1d,
     "unet": _unet,
+    "mobilenetv2": lambda: _application("MobileNetV2", 32),
+    "resnet50v2": lambda: _application("ResNet50V2", 32),
+    "text_transformer": _text_transformer,
+    "bilstm": _bilstm,
+    "augmented_cnn": _augmented_cnn,
 }
 
 
 def _data(shape, dtype, out_shape):
     rng = np.random.default_rng(0)
     if dtype == "int32":
-        x = rng.integers(0, 1000, (BATCH,) + shape).astype(np.int32)
+        # Ids 1..999, the last 8 of each sequence 0: padding where an Embedding has mask_zero.
+        x = rng.integers(1, 1000, (BATCH,) + shape).astype(np.int32)
+        x[..., -8:] = 0
     else:
         x = rng.standard_normal((BATCH,) + shape).astype(np.float32)
     y = rng.integers(0, CLASSES, (BATCH,) + tuple(out_shape[1:-1])).astype(np.int32)

@@ -71,6 +71,7 @@ std::map<std::string, OpDesc> special_cases() {
   add("MirrorPad", {kMat}, {{"paddings", I{1, 1, 2, 3}}, {"mode", std::string("REFLECT")}});
   add("Tile", {kMat}, {{"multiples", I{2, 1}}});
   add("BroadcastTo", {b({200})}, {{"shape", I{4, 200}}});
+  add("ReverseV2", {kMat}, {{"axis", I{1}}});
   add("XlaDynamicUpdateSlice", {kMat, b({2, 100})}, {{"indices", I{1, 50}}});
   add("GatherV2", {kMat, t(s32, {3})}, {{"axis", int64_t{0}}});
   add("UnsortedSegmentSum", {kMat, t(s32, {4})}, {{"num_segments", int64_t{3}}});

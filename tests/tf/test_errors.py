@@ -270,6 +270,12 @@ SHAPE_ERROR_CASES = {
         lambda tf, f, i: tf.raw_ops.StridedSlice(input=f(2, 3), begin=[5], end=[6], strides=[1],
                                                  shrink_axis_mask=1),
         "out of bounds"),
+    "ReverseV2 repeated axis": (
+        "ReverseV2", lambda tf, f, i: tf.raw_ops.ReverseV2(tensor=f(2, 3), axis=[1, -1]),
+        "axis 1 is given more than once"),
+    "ReverseV2 axis range": (
+        "ReverseV2", lambda tf, f, i: tf.raw_ops.ReverseV2(tensor=f(2, 3), axis=[2]),
+        "out of range"),
     "Split divisibility": (
         "Split", lambda tf, f, i: tf.raw_ops.Split(axis=1, value=f(2, 3), num_split=2),
         "not divisible"),

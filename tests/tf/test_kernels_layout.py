@@ -1,7 +1,7 @@
 """NPU kernels of data movement, generators and the remaining element-wise / NN / reduction ops
 (adapter/tf/plugin/kernels_layout.cpp, kernels_matmul.cpp's BatchMatMulV2 / Einsum,
 kernels_nn.cpp's activations, kernels_reduce.cpp's ArgMax / ArgMin, Pow, Log1p, the logical
-ops, the compiled AddN and kernels_composed.cpp's RsqrtGrad): with soft placement off each runs on /NPU:0
+ops, the compiled AddN and RsqrtGrad): with soft placement off each runs on /NPU:0
 and matches TensorFlow on the CPU.
 
 Data movement, selection, one-hot, gather, fill and integer ops are bit-exact (assert_equal).
@@ -173,6 +173,17 @@ def test_strided_slice_and_its_gradient(npusim, tf, strict_placement):
            [dy], "StridedSliceGrad")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_reverse(npusim, tf, strict_placement, dtype):
+    # ReverseV2 (tf.reverse; Keras' RandomFlip, go_backwards and Bidirectional recurrences).
+    x = _data((3, 1, 17, 5), dtype, 41)
+    _check(npusim, tf, lambda t: tf.reverse(t, [2]), [x], "ReverseV2")
+    _check(npusim, tf, lambda t: tf.reverse(t, [0, -1]), [x], "ReverseV2")
+    _check(npusim, tf, lambda t: tf.reverse(t, [3, 1, 2, 0]), [x], "ReverseV2")
+    _check(npusim, tf, lambda t: tf.reverse(t, [1]), [x])  # a dim of 1: a copy
+    _check(npusim, tf, lambda t: tf.reverse(t, tf.constant([1], tf.int64)), [x[:, :, :3, 1]])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32],
                          ids=lambda t: np.dtype(t).name)
 def test_pads(npusim, tf, strict_placement, dtype):
@@ -319,6 +330,30 @@ def test_activations_and_gradients(npusim, tf, strict_placement, op):
                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=lambda t: np.dtype(t).name)
+def test_leaky_relu_and_gradient(npusim, tf, strict_placement, dtype):
+    # Keras' LeakyReLU layer (negative_slope 0.3) and tf.nn.leaky_relu (alpha 0.2): bit-exact,
+    # the slope rounded to the type as TF's kernel does.
+    x = _floats((3, 37), 43, -8.0, 8.0, dtype)
+    x[0, :3] = [0.0, -0.0, 1e-3]
+    dy = _floats((3, 37), 44, dtype=dtype)
+    for alpha in (0.2, 0.3, -1.5):
+        _check(npusim, tf, lambda t, a=alpha: tf.nn.leaky_relu(t, alpha=a), [x], "LeakyRelu")
+        _check(npusim, tf,
+               lambda g, t, a=alpha: tf.raw_ops.LeakyReluGrad(gradients=g, features=t, alpha=a),
+               [dy, x], "LeakyReluGrad")
+
+    import keras  # pylint: disable=import-outside-toplevel
+
+    def layer_and_gradient(t):
+        with tf.GradientTape() as tape:
+            tape.watch(t)
+            y = keras.layers.LeakyReLU(0.3)(t)
+        return y, tape.gradient(y, t)
+
+    _check(npusim, tf, layer_and_gradient, [x], "LeakyReluGrad")
+
+
 def test_erf_erfc_and_exact_gelu(npusim, tf, strict_placement):
     x = _floats((3, 37), 33, -4.0, 4.0)
     x[0, :5] = [0.0, 0.4999, -0.5001, 1e-3, -1e-6]  # both sides of Erf's series / erfc switch
@@ -391,8 +426,14 @@ def test_add_n_wide(npusim, tf, strict_placement, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16], ids=lambda t: np.dtype(t).name)
 def test_rsqrt_grad(npusim, tf, strict_placement, dtype):
-    # -0.5 * (dy * y) * (y * y) as compiled Mul launches, in the order of TF's CPU kernel, each
-    # product rounded to the type as TF's: bit-exact.
+    # One compiled launch (ops/binary.cpp): (-0.5 * (y * y)) * (y * dy), the two products rounded
+    # to the type as TF's: bit-exact in f32 and f16; bf16 on a chip without bf16 arithmetic
+    # rounds once where TF rounds all three products, so up to two ulp apart (1.4 measured);
+    # 0 wherever dy is 0, even for y = inf (TF's mul_no_nan).
     y = _floats((5, 37), 50, 0.1, 3.0, dtype=dtype)
     dy = _floats((5, 37), 51, dtype=dtype)
-    _check(npusim, tf, lambda a, b: tf.raw_ops.RsqrtGrad(y=a, dy=b), [y, dy], "Mul")
+    dy[0, :2] = 0
+    y[0, 1] = np.inf
+    rtol = 2.0 ** -6 if dtype == BF16 else 0.0
+    _check(npusim, tf, lambda a, b: tf.raw_ops.RsqrtGrad(y=a, dy=b), [y, dy], "RsqrtGrad",
+           rtol=rtol)

@@ -2,7 +2,8 @@
 with soft placement off: the lists' element-wise sum and zeros against numpy, an uninitialised
 element passed on without a launch, one launch of the compiler's AddV2 / ZerosLike per element
 that needs one, all under one host dispatch; int32 elements (device tensors in a list, as
-TensorFlow's list copies take them); and a Keras LSTM's training step, whose loop gradient sums such lists, with neither op
+TensorFlow's list copies take them); bool lists (TensorFlow's list kernels registered for the NPU);
+and a Keras LSTM's training step (also masked), whose loop gradient sums such lists, with neither op
 left to the CPU and the weights after an SGD step those of the CPU.
 
 The lists are read back by TensorListStack on the CPU: TensorFlow copies the list (element by
@@ -97,6 +98,29 @@ def test_int32_lists_on_the_chip(npusim, tf, strict_placement):  # noqa: ARG001
     np.testing.assert_array_equal(_stack(tf, total, [4], tf.int32), 2 * x)
 
 
+def test_bool_lists_on_the_chip(npusim, tf, strict_placement):  # noqa: ARG001
+    # TensorFlow's list kernels registered for bool elements (a Keras RNN's mask): made, read,
+    # stacked, gathered and popped on the NPU, bit-exact.
+    x = np.random.default_rng(3).integers(0, 2, (5, 2, 3)).astype(bool)
+    with tf.device("/NPU:0"):
+        handle = tf.raw_ops.TensorListFromTensor(tensor=tf.constant(x), element_shape=[2, 3])
+        items = [tf.raw_ops.TensorListGetItem(input_handle=handle, index=i, element_shape=[2, 3],
+                                              element_dtype=tf.bool) for i in range(5)]
+        stacked = tf.raw_ops.TensorListStack(input_handle=handle, element_shape=[2, 3],
+                                             element_dtype=tf.bool)
+        gathered = tf.raw_ops.TensorListGather(input_handle=handle, indices=[3, 0],
+                                               element_shape=[2, 3], element_dtype=tf.bool)
+        _, last = tf.raw_ops.TensorListPopBack(input_handle=handle, element_shape=[2, 3],
+                                               element_dtype=tf.bool)
+    for t in items + [stacked, gathered, last]:
+        assert t.device.endswith("device:NPU:0"), t.device
+    for i, t in enumerate(items):
+        np.testing.assert_array_equal(t.numpy(), x[i])
+    np.testing.assert_array_equal(stacked.numpy(), x)
+    np.testing.assert_array_equal(gathered.numpy(), x[[3, 0]])
+    np.testing.assert_array_equal(last.numpy(), x[4])
+
+
 # A Keras LSTM's training step (SGD) on the NPU and on the CPU from the same weights: the loop
 # gradient's AddN / ZerosLike of the input sequence's list run on the NPU (their element
 # launches are named by the nodes), none falls back to the CPU, and the updates match the CPU's.
@@ -109,7 +133,7 @@ import keras
 
 def build():
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(50, 8),
+    model = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(50, 8, mask_zero=MASK_ZERO),
                               keras.layers.LSTM(16), keras.layers.Dense(4)])
     model.compile(optimizer=keras.optimizers.SGD(0.1),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -117,6 +141,8 @@ def build():
 
 rng = np.random.default_rng(0)
 x = rng.integers(0, 50, (2, 6)).astype(np.int32)
+if MASK_ZERO:
+    x[:, -2:] = 0  # padding: the mask's list is bool
 y = rng.integers(0, 4, (2,)).astype(np.int32)
 with tf.device("/NPU:0"):
     npu = build()
@@ -140,9 +166,17 @@ print("RESULT" + json.dumps({
 
 
 def test_lstm_training_sums_its_gradient_lists_on_the_chip():
-    result = child_result(LSTM)
+    result = child_result(LSTM.replace("MASK_ZERO", "False"))
     assert "AddN" not in result["fallbacks"] and "ZerosLike" not in result["fallbacks"], result
     # One addition per backward iteration (6 steps), one zero element per input step.
     assert result["list_adds"] == 6 and result["list_zeros"] == 6, result
     # The cube's fp16 operands (default precision mode): the survey's LSTM is within 2e-4.
+    assert result["rel_diff"] < 2e-3, result
+
+
+def test_masked_lstm_training_keeps_its_bool_lists_on_the_chip():
+    # Embedding(mask_zero=True): the mask's bool TensorList (FromTensor, GetItem in the loop,
+    # PopBack in its gradient) stays on the NPU, and the update matches the CPU's.
+    result = child_result(LSTM.replace("MASK_ZERO", "True"))
+    assert not result["fallbacks"], result
     assert result["rel_diff"] < 2e-3, result

@@ -40,6 +40,10 @@
 //   SigmoidGrad  dy * y * (1 - y)                         (inputs y, dy)
 //   TanhGrad     dy * (1 - y * y)                         (inputs y, dy)
 //   SoftplusGrad g / (exp(-x) + 1)                        (g, x = gradients, features)
+//   LeakyRelu    x > 0 ? x : x * alpha      (attr alpha, default 0.2, rounded to T first as TF's
+//                static_cast<T>(alpha); one vlrelu, whose x >= 0 ? x : x * alpha gives the same
+//                value at x = +-0 and NaN)
+//   LeakyReluGrad features > 0 ? g : g * alpha            (g, features = gradients, features)
 //   L2Loss       sum(x * x) / 2 over all elements (f32 accumulation), a scalar
 #include <cmath>
 #include <cstdlib>
@@ -174,14 +178,17 @@ void tanh_lanes(Lanes& l, uint64_t d, uint64_t x) {
   l.sel(d, l.bits, VOperand(l.tmp[2]), VOperand(l.tmp[3]));
 }
 
+// v rounded to float type dt (as TF's static_cast<T> of a double attribute or constant).
+double round_to(DataType dt, double v) {
+  const float f = static_cast<float>(v);
+  if (dt == DataType::F16) return widen_f16(narrow_f16_rne(f));
+  if (dt == DataType::BF16) return widen_bf16(narrow_bf16_rne(f));
+  return f;
+}
+
 // The threshold of TF's Softplus for type dt: ln(eps) + 2, each step rounded to dt.
 double softplus_threshold(DataType dt) {
-  auto round = [dt](double v) -> double {
-    const float f = static_cast<float>(v);
-    if (dt == DataType::F16) return widen_f16(narrow_f16_rne(f));
-    if (dt == DataType::BF16) return widen_bf16(narrow_bf16_rne(f));
-    return f;
-  };
+  auto round = [dt](double v) { return round_to(dt, v); };
   const double eps = dt == DataType::F16 ? std::ldexp(1.0, -10)
                      : dt == DataType::BF16 ? std::ldexp(1.0, -7)
                                             : std::ldexp(1.0, -23);
@@ -593,6 +600,20 @@ CompiledKernel compile_activation(const CompileContext& ctx) {
   ActOp gelu_grad{"GeluGrad", 2, false,
                   approximate_attr(op, false) ? gelu_grad_tanh : gelu_grad_exact};
   ActOp geglu{"GeGlu", 2, false, approximate_attr(op, true) ? geglu_tanh : geglu_exact};
+  // LeakyRelu's slope: TF's attribute alpha (default 0.2), rounded to the operands' type.
+  const double alpha = op.attr_float("alpha", 0.2);
+  ActOp leaky_relu{"LeakyRelu", 1, false,
+                   [alpha](Lanes& l, DataType dt) {
+                     l.sc(Opcode::op_vlrelu, l.out, l.in[0], round_to(dt, alpha));
+                   },
+                   1};
+  ActOp leaky_relu_grad{"LeakyReluGrad", 2, false,
+                        [alpha](Lanes& l, DataType dt) {
+                          l.muls(l.tmp[0], l.in[0], round_to(dt, alpha));
+                          l.cmp(isa::Cmp::GT, l.bits, l.in[1], kZero);
+                          l.sel(l.out, l.bits, VOperand(l.in[0]), VOperand(l.tmp[0]));
+                        },
+                        1};
   const ActOp sigmoid =
       op.type == "Sigmoid" && sigmoid_alternates(op)
           ? ActOp{"Sigmoid", 1, false, sigmoid_alternating, 1}
@@ -601,6 +622,8 @@ CompiledKernel compile_activation(const CompileContext& ctx) {
                       : op.type == "GeluGrad" ? &gelu_grad
                       : op.type == "GeGlu"    ? &geglu
                       : op.type == "Sigmoid"  ? &sigmoid
+                      : op.type == "LeakyRelu" ? &leaky_relu
+                      : op.type == "LeakyReluGrad" ? &leaky_relu_grad
                                               : nullptr;
   for (const ActOp& k : kOps)
     if (op.type == k.tf_op) kind = &k;

@@ -1,8 +1,9 @@
 // Element-wise binary ops with numpy/TF broadcasting: AddV2, Add, Sub, Mul, RealDiv, Maximum,
-// Minimum, SquaredDifference, DivNoNan, Pow, ReciprocalGrad, SqrtGrad, LogicalAnd, LogicalOr
-// (bool), BitwiseAnd, BitwiseOr (int32, int16, uint16), and the comparisons Equal, NotEqual,
-// Less, LessEqual, Greater, GreaterEqual (bool output). Streamed by ops/elementwise (tiling, broadcasting, double buffering, core split);
-// this file only says which vector instructions compute a tile.
+// Minimum, SquaredDifference, DivNoNan, Pow, ReciprocalGrad, SqrtGrad, RsqrtGrad, LogicalAnd,
+// LogicalOr (bool), BitwiseAnd, BitwiseOr (int32, int16, uint16), and the comparisons Equal,
+// NotEqual, Less, LessEqual, Greater, GreaterEqual (bool output). Streamed by ops/elementwise
+// (tiling, broadcasting, double buffering, core split); this file only says which vector
+// instructions compute a tile.
 //
 // Numerics (vector_ops.h): f16/bf16 are computed in fp32 and rounded once per instruction, as
 // TF's CPU kernels do for Eigen::half/bfloat16, so Add/Sub/Mul/RealDiv/Maximum/Minimum match TF
@@ -23,6 +24,11 @@
 // where dy == 0 (also for y = 0 / inf / NaN). TF's CPU kernels vectorise the same formulas
 // (Eigen packets, mul_no_nan(factor, dy)); their scalar tails compute -y * y * dy and
 // (0.5 * dy) / y instead, which can differ by an ulp. Each step rounds to the type.
+// RsqrtGrad (y = rsqrt(x), dy; Keras' unfused BatchNormalization): (-0.5 * (y * y)) * (y * dy),
+// 0 where dy == 0, the order of TF's packets (mul_no_nan(-0.5 * (y * y), mul_no_nan(y, dy)));
+// its scalar tail, -0.5 * (dy * y) * (y * y), rounds the same two products, and the scaling by
+// -0.5 is exact, so f32 and f16 match TF bit for bit (bf16 without bf16 arithmetic rounds once,
+// below).
 // LogicalAnd / LogicalOr (bool): vand / vor of the 0 / 1 bytes, two per u16 lane; broadcast
 // inputs are first expanded by a BroadcastTo launch (the streaming kernel does not broadcast
 // 1-byte inputs).
@@ -44,14 +50,23 @@ using isa::Opcode;
 
 namespace {
 
-enum class Kind { kArith, kSquaredDifference, kCompare, kDivNoNan, kPow, kLogical, kBitwise, kGrad };
+enum class Kind {
+  kArith,
+  kSquaredDifference,
+  kCompare,
+  kDivNoNan,
+  kPow,
+  kLogical,
+  kBitwise,
+  kGrad
+};
 enum class Types { kFloat, kFloatS32, kBool, kInt };
 
 struct BinaryOp {
   const char* tf_op;
   Kind kind;
-  Opcode vop;     // kArith, kLogical, kBitwise: the vector instruction
-  isa::Cmp cmp;   // kCompare
+  Opcode vop;    // kArith, kLogical, kBitwise: the vector instruction
+  isa::Cmp cmp;  // kCompare
   Types types;
 };
 
@@ -79,6 +94,7 @@ const BinaryOp kOps[] = {
     {"BitwiseOr", Kind::kBitwise, Opcode::op_vor, isa::Cmp::EQ, Types::kInt},
     {"ReciprocalGrad", Kind::kGrad, Opcode::op_vmul, isa::Cmp::EQ, Types::kFloat},
     {"SqrtGrad", Kind::kGrad, Opcode::op_vrec, isa::Cmp::EQ, Types::kFloat},
+    {"RsqrtGrad", Kind::kGrad, Opcode::op_vrsqrt, isa::Cmp::EQ, Types::kFloat},
 };
 
 // Comparisons: vcmp writes one bit per element; vsel turns bits into f16 1.0 / 0.0 (from two
@@ -102,8 +118,9 @@ void compare_tile(KernelBuilder& b, const TileOperands& t, Dtype type, isa::Cmp 
   b.emit(Opcode::op_set_mask_count, {count});
   b.emit(Opcode::op_vcmp, {type, cmp, t.temp[kBits], t.in[0], t.in[1], 0, 1, 1, 8, 8},
          "compare: one bit per element");
-  b.emit(Opcode::op_vsel, {Dtype::F16, t.temp[kHalf], t.temp[kOnes], t.temp[kZeros],
-                           t.temp[kBits], 0, 1, 1, 1, 8, 0, 0},
+  b.emit(Opcode::op_vsel,
+         {Dtype::F16, t.temp[kHalf], t.temp[kOnes], t.temp[kZeros], t.temp[kBits], 0, 1, 1, 1, 8, 0,
+          0},
          "bits -> f16 1.0 / 0.0");
   vec_convert(b, Dtype::U8, Dtype::F16, t.out, t.temp[kHalf], RoundMode::kRint, count);
 }
@@ -125,27 +142,36 @@ void div_no_nan_spec(StreamSpec& spec, Dtype type) {
   };
 }
 
-// ReciprocalGrad (vop vmul) and SqrtGrad (vop vrec) of (y, dy): the factor -(y * y) or
-// 0.5 / y, times dy, then zeros where dy == 0 (see the header comment).
+// ReciprocalGrad (vop vmul), SqrtGrad (vop vrec) and RsqrtGrad (vop vrsqrt, which names the op:
+// no vrsqrt is issued) of (y, dy): the factor -(y * y), 0.5 / y or -0.5 * (y * y), times dy (times
+// y * dy for RsqrtGrad), then zeros where dy == 0 (see the header comment).
 void unary_grad_spec(StreamSpec& spec, Dtype type, Opcode vop) {
-  enum { kBits, kZeros };
+  enum { kBits, kZeros, kYDy };
   spec.temps = {TempSpec{"bits", 1.0 / 8, 32}, TempSpec{"zeros", 0, kConst}};
+  if (vop == Opcode::op_vrsqrt) spec.temps.push_back(TempSpec{"y * dy", 4, 0});
   spec.prologue = [type](KernelBuilder& b, const std::vector<uint64_t>& temp) {
     vec_fill_repeat(b, type, temp[kZeros], 0);
   };
   spec.compute = [type, vop](KernelBuilder& b, const TileOperands& t) {
     const Reg& n = *t.count;
     const uint64_t y = t.in[0], dy = t.in[1];
-    if (vop == Opcode::op_vmul) {
+    if (vop == Opcode::op_vmul || vop == Opcode::op_vrsqrt) {
+      const bool rsqrt = vop == Opcode::op_vrsqrt;
       vec_binary(b, Opcode::op_vmul, type, t.out, y, y, n);
       vec_scalar(b, Opcode::op_vmuls, type, t.out, t.out,
-                 b.reg_imm("-1", vector_scalar_bits(type, -1.0)), n);
+                 b.reg_imm(rsqrt ? "-0.5" : "-1", vector_scalar_bits(type, rsqrt ? -0.5 : -1.0)),
+                 n);
     } else {
       vec_unary(b, Opcode::op_vrec, type, t.out, y, n);
       vec_scalar(b, Opcode::op_vmuls, type, t.out, t.out,
                  b.reg_imm("0.5", vector_scalar_bits(type, 0.5)), n);
     }
-    vec_binary(b, Opcode::op_vmul, type, t.out, t.out, dy, n);
+    if (vop == Opcode::op_vrsqrt) {
+      vec_binary(b, Opcode::op_vmul, type, t.temp[kYDy], y, dy, n);
+      vec_binary(b, Opcode::op_vmul, type, t.out, t.out, t.temp[kYDy], n);
+    } else {
+      vec_binary(b, Opcode::op_vmul, type, t.out, t.out, dy, n);
+    }
     vec_compare(b, type, isa::Cmp::EQ, t.temp[kBits], dy, t.temp[kZeros], n, true);
     vec_select(b, type, t.out, t.temp[kZeros], t.out, t.temp[kBits], n, true, false);
   };
@@ -157,9 +183,9 @@ void unary_grad_spec(StreamSpec& spec, Dtype type, Opcode vop) {
 void pow_spec(StreamSpec& spec, Dtype type) {
   enum { kBits, kOnes, kZeros, kNaN, kInt, kRound, kHalf, kNegBase, kX, kY, kOut };
   const bool widen = type != Dtype::F32;
-  spec.temps = {TempSpec{"bits", 1.0 / 8, 32},        TempSpec{"f32 ones", 0, kConst},
-                TempSpec{"f32 zeros", 0, kConst},     TempSpec{"f32 NaN", 0, kConst},
-                TempSpec{"s32 rounded", 4, 0},        TempSpec{"rounded in f32", 4, 0},
+  spec.temps = {TempSpec{"bits", 1.0 / 8, 32},         TempSpec{"f32 ones", 0, kConst},
+                TempSpec{"f32 zeros", 0, kConst},      TempSpec{"f32 NaN", 0, kConst},
+                TempSpec{"s32 rounded", 4, 0},         TempSpec{"rounded in f32", 4, 0},
                 TempSpec{"y / 2, then -result", 4, 0}, TempSpec{"negative-base result", 4, 0}};
   if (widen)
     for (const char* name : {"x in f32", "y in f32", "result in f32"})
@@ -288,8 +314,7 @@ void native_tile_work(const BinaryOp& kind, Dtype type, StreamSpec& spec) {
       break;
     case Kind::kCompare:
       // bits: one per element plus a partial repeat row; half: the f16 0/1 values.
-      spec.temps = {TempSpec{"compare bits", 1.0 / 8, 32},
-                    TempSpec{"compare f16", 2, 0},
+      spec.temps = {TempSpec{"compare bits", 1.0 / 8, 32}, TempSpec{"compare f16", 2, 0},
                     TempSpec{"f16 ones", 0, kF16RepeatBytes},
                     TempSpec{"f16 zeros", 0, kF16RepeatBytes}};
       spec.prologue = compare_prologue;
@@ -308,13 +333,15 @@ void native_tile_work(const BinaryOp& kind, Dtype type, StreamSpec& spec) {
 // native_tile_work, where `bf16_arithmetic` (the chip's ChipConfig::vector_bf16_arithmetic) is
 // false with bf16 widened to f32 (widen_bf16_tile_work; Pow computes in f32 itself): bit-
 // identical to the native kernels, which compute in fp32 and round once, but SquaredDifference
-// (rounded twice as natively) and DivNoNan / ReciprocalGrad / SqrtGrad, which round once
-// instead of after every instruction.
+// (rounded twice as natively) and DivNoNan / ReciprocalGrad / SqrtGrad / RsqrtGrad, which round
+// once instead of after every instruction.
 void tile_work(const BinaryOp& kind, Dtype type, bool bf16_arithmetic, StreamSpec& spec) {
   if (type != Dtype::BF16 || bf16_arithmetic || kind.kind == Kind::kPow)
     return native_tile_work(kind, type, spec);
-  if (kind.kind == Kind::kSquaredDifference) squared_difference_of_bf16_spec(spec);
-  else native_tile_work(kind, Dtype::F32, spec);
+  if (kind.kind == Kind::kSquaredDifference)
+    squared_difference_of_bf16_spec(spec);
+  else
+    native_tile_work(kind, Dtype::F32, spec);
   // The arithmetic and SquaredDifference compute in place (x's f32 tile), the others (their
   // chains read operands after writing) into a tile of their own.
   const bool in_place = kind.kind == Kind::kArith || kind.kind == Kind::kSquaredDifference;
@@ -346,8 +373,7 @@ CompiledKernel compile_binary(const CompileContext& ctx) {
   const OpDesc& op = ctx.op;
   const BinaryOp* kind = find_binary(op.type);
   if (!kind) op.fail("internal: not a binary op");
-  if (op.inputs.size() != 2)
-    op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
+  if (op.inputs.size() != 2) op.fail(fmt::format("takes 2 inputs, {} given", op.inputs.size()));
   const DataType dt = op.inputs[0].dtype;
   if (op.inputs[1].dtype != dt)
     op.fail(fmt::format("inputs have different dtypes ({} and {})", data_type_name(dt),
@@ -365,7 +391,7 @@ CompiledKernel compile_binary(const CompileContext& ctx) {
           : data_type_is_float(dt) || (kind->types == Types::kFloatS32 && dt == DataType::S32);
   if (!ok)
     op.fail(fmt::format("dtype {} is not supported ({})", data_type_name(dt),
-                        kind->types == Types::kBool      ? "bool"
+                        kind->types == Types::kBool       ? "bool"
                         : kind->types == Types::kInt      ? "s32, s16, u16"
                         : kind->types == Types::kFloatS32 ? "f32, f16, bf16, s32"
                                                           : "f32, f16, bf16"));

@@ -1,5 +1,6 @@
 // Data movement: Transpose, ConcatV2, Pack, Unpack, Split, SplitV, Slice, StridedSlice,
-// StridedSliceGrad, Pad, PadV2, MirrorPad, Tile, BroadcastTo, XlaDynamicUpdateSlice. Every op
+// StridedSliceGrad, ReverseV2, Pad, PadV2, MirrorPad, Tile, BroadcastTo, XlaDynamicUpdateSlice.
+// Every op
 // is a strided copy: its output described as rows x width with regions of the inputs
 // (ops/assemble.h), assembled tile by tile in the UB of the vector cores; Transpose has its own
 // strategies (ops/transpose.h). Ops with several outputs (Unpack, Split, SplitV) get one launch
@@ -8,7 +9,7 @@
 // Operands TF passes as (constant) tensors that determine shapes are attributes named after the
 // TF input (docs/compiler.md): Transpose "perm", ConcatV2 "axis", Split "split_dim", SplitV
 // "size_splits" and "split_dim", Slice "begin" and "size", StridedSlice(Grad) "begin", "end",
-// "strides" (and StridedSliceGrad "shape"), Pad/PadV2/MirrorPad "paddings" (flattened
+// "strides" (and StridedSliceGrad "shape"), ReverseV2 "axis", Pad/PadV2/MirrorPad "paddings" (flattened
 // [rank, 2] list: before_0, after_0, before_1, ...), Tile "multiples", BroadcastTo "shape",
 // XlaDynamicUpdateSlice "indices".
 // PadV2's constant_values stays a (scalar) input. The shape tensors may also stay in `inputs`
@@ -566,6 +567,36 @@ CompiledKernel compile_strided_slice(const CompileContext& ctx) {
   return views(ctx, dt, {TensorDesc{dt, s.final_shape}}, {v});
 }
 
+// ReverseV2 (attr axis: the dims to reverse, each in [-rank, rank), none twice; Keras'
+// RandomFlip, go_backwards recurrences, Bidirectional): a view of the input whose reversed dims
+// step backwards from their last index, as StridedSlice's negative strides.
+CompiledKernel compile_reverse(const CompileContext& ctx) {
+  const OpDesc& op = ctx.op;
+  require_inputs(op, 1);
+  const DataType dt = common_dtype(op, 0, 1);
+  if (!op.attrs.count("axis")) op.fail("attribute axis is missing");
+  const std::vector<int64_t>& shape = op.inputs[0].shape;
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  std::vector<bool> reversed(shape.size(), false);
+  for (int64_t a : op.attr_ints("axis")) {
+    const size_t d = static_cast<size_t>(norm_axis(op, a, rank, "axis"));
+    if (reversed[d]) op.invalid(fmt::format("axis {} is given more than once", d));
+    reversed[d] = true;
+  }
+  const std::vector<int64_t> in_strides = contiguous_strides(shape);
+  StridedView v;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    v.dims.push_back(shape[d]);
+    v.strides.push_back(reversed[d] ? -in_strides[d] : in_strides[d]);
+    if (reversed[d] && shape[d] > 0) v.offset += (shape[d] - 1) * in_strides[d];
+  }
+  if (v.dims.empty()) {  // a scalar: one element, as a view of rank 1
+    v.dims = {1};
+    v.strides = {1};
+  }
+  return views(ctx, dt, {TensorDesc{dt, shape}}, {v});
+}
+
 // StridedSliceGrad (attrs shape, begin, end, strides, masks; input dy): zeros of `shape` with
 // dy at the positions StridedSlice reads.
 CompiledKernel compile_strided_slice_grad(const CompileContext& ctx) {
@@ -937,7 +968,7 @@ CompiledKernel compile_layout(const CompileContext& ctx) {
       {"Slice", 3, {1, 2}},      {"StridedSlice", 4, {1, 2, 3}},
       {"StridedSliceGrad", 5, {0, 1, 2, 3}},               {"Pad", 2, {1}},
       {"PadV2", 3, {1}},         {"MirrorPad", 2, {1}},    {"Tile", 2, {1}},
-      {"BroadcastTo", 2, {1}},
+      {"BroadcastTo", 2, {1}},   {"ReverseV2", 2, {1}},
   };
   for (const TfInputs& e : kTfInputs)
     if (t == e.op && op.inputs.size() == e.count)
@@ -957,6 +988,7 @@ CompiledKernel compile_layout(const CompileContext& ctx) {
   if (t == "Slice") return compile_slice(ctx);
   if (t == "StridedSlice") return compile_strided_slice(ctx);
   if (t == "StridedSliceGrad") return compile_strided_slice_grad(ctx);
+  if (t == "ReverseV2") return compile_reverse(ctx);
   if (t == "Pad" || t == "PadV2") return compile_pad(ctx);
   if (t == "MirrorPad") return compile_mirror_pad(ctx);
   if (t == "Tile") return compile_tile(ctx);

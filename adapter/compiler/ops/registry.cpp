@@ -123,6 +123,7 @@ const std::vector<OpEntry>& op_table() {
       {"Pow", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"ReciprocalGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"SqrtGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
+      {"RsqrtGrad", "binary", compile_binary, npu_t(K::kElementwise, kFloatTypes)},
       {"LogicalAnd", "binary", compile_binary, npu(K::kElementwise)},
       {"LogicalOr", "binary", compile_binary, npu(K::kElementwise)},
       {"BitwiseAnd", "binary", compile_binary, npu_t(K::kElementwise, kBitwiseTypes)},
@@ -178,6 +179,8 @@ const std::vector<OpEntry>& op_table() {
               {"begin", 1, "begin"},
               {"end", 2, "end"},
               {"strides", 3, "strides"}})},
+      {"ReverseV2", "layout", compile_layout,
+       npu_t(K::kDataMovement, kMoveTypes, {{"axis", 1, "axis"}})},
       {"Pad", "layout", compile_layout,
        npu_t(K::kDataMovement, kMoveTypes, {{"paddings", 1, "paddings", H::kFlatInts}})},
       {"PadV2", "layout", compile_layout,
@@ -261,6 +264,7 @@ const std::vector<OpEntry>& op_table() {
       {"Sigmoid", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"Tanh", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"Softplus", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"LeakyRelu", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"Erf", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"Erfc", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       // TF has no Gelu op (tf.nn.gelu is a composition): the plugin defines CANN's (graph
@@ -275,6 +279,7 @@ const std::vector<OpEntry>& op_table() {
       {"SigmoidGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"TanhGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"SoftplusGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
+      {"LeakyReluGrad", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       {"L2Loss", "activation", compile_activation, npu_t(K::kNn, kFloatTypes)},
       // bias (ops/bias.cpp)
       {"BiasAdd", "bias", compile_bias, npu_t(K::kNn, kFloatTypes)},

@@ -34,7 +34,7 @@ enum class TfKernel {
   kDataMovement,    // the layout and gather ops' attributes (N, axis, masks, batch_dims, ...)
   kReduction,       // T, keep_dims, output_type, exclusive, reverse
   kGenerator,       // T, Tidx
-  kNn,              // T, data_format, Tlabels
+  kNn,              // T, data_format, Tlabels, alpha
   kWindow,          // convolution, pooling and batch-norm attributes (NHWC)
   kFusedInference,  // the graph fusion's ops (their op definitions are the plugin's)
   kRandom,          // key and counter as uint64 (kernels_random.cpp)

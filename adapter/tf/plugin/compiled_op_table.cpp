@@ -48,7 +48,11 @@ const std::vector<AttrSpec>& kernel_attrs(TfKernel kernel) {
         {"exclusive", K::kBool},
         {"reverse", K::kBool}}},
       {TfKernel::kGenerator, {{"T", K::kType}, {"Tidx", K::kType}}},
-      {TfKernel::kNn, {{"T", K::kType}, {"data_format", K::kString}, {"Tlabels", K::kType}}},
+      {TfKernel::kNn,
+       {{"T", K::kType},
+        {"data_format", K::kString},
+        {"Tlabels", K::kType},
+        {"alpha", K::kFloat}}},  // LeakyRelu(Grad)
       {TfKernel::kWindow,
        {{"T", K::kType},
         {"strides", K::kInts},

@@ -44,8 +44,6 @@ rt::Status register_llm_kernels(const std::vector<TableKernelDef>& compiler_ops)
 rt::Status register_npu_graph_kernel();
 
 // Plugin-only ops:
-// ops the compiler lacks, as sequences of compiled ops: RsqrtGrad
-rt::Status register_composed_kernels();
 rt::Status register_variable_kernels();  // refusals replacing unsafe DEVICE_DEFAULT variable ops
 // AssignAdd/AssignSubVariableOp on the chip (TensorFlow's C++ kernel API; the only family not
 // built on kernel.h: kernels_resource_variables.cpp says why).

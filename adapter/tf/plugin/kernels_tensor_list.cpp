@@ -1,6 +1,6 @@
 // AddN and ZerosLike on `variant` TensorLists, on the NPU, written on TensorFlow's C++ kernel
 // API (kernels_resource_variables.cpp says why that API; tf_cc_kernel_util.h has the shared
-// parts).
+// parts); and TensorFlow's own list kernels for bool elements (below).
 //
 // Why: the gradient of a while loop that reads a TensorList (Keras' LSTM / GRU read their input
 // sequence from TensorListFromTensor) sums the per-iteration gradient lists with AddN on
@@ -28,12 +28,25 @@
 // (which has no int32) zeroes them as float32, the same bytes, all zero. A variant holding
 // something other than a TensorList, nested lists, and element dtypes the compiler has no
 // AddV2 / ZerosLike for are UnimplementedError naming the node and what it holds.
+// Bool elements: TensorFlow registers its list kernels (TensorListFromTensor, TensorListGetItem,
+// TensorListPopBack, TensorListStack, ...) for DEVICE_DEFAULT, so for the NPU, with float, half,
+// bfloat16, double, int32 and int64 elements only. Keras splits a recurrent layer's mask (bool)
+// into a TensorList, so a masked LSTM / GRU (Embedding(mask_zero=True)) ran those nodes on the
+// CPU, one TensorListGetItem per loop iteration. They are registered here for bool with
+// TensorFlow's own kernel classes (list_kernels.h) and the HostMemory arguments of its
+// DEVICE_DEFAULT registrations; on a PluggableDevice those classes move elements with the
+// stream's copies and memsets (ConcatPluggableDevice, CopyTensorPluggableDevice, SetZero), never
+// through host pointers. Their out-of-line helpers (GetInputList, ...) are libtensorflow_cc's.
+// Before any Eigen header: list_kernels.h instantiates Eigen expressions on the CPU device.
+#define EIGEN_USE_THREADS
+
 #include <string>
 
 #include "adapter/tf/plugin/kernel_families.h"
 #include "adapter/tf/plugin/tf_cc_kernel_util.h"
 
 #include "tensorflow/core/framework/variant.h"
+#include "tensorflow/core/kernels/list_kernels.h"
 #include "tensorflow/core/kernels/tensor_list.h"
 #include "tensorflow/core/kernels/tensor_list_util.h"
 
@@ -178,6 +191,11 @@ class ZerosLikeTensorListOp : public GuardedOpKernel {
   }
 };
 
+template <typename Kernel>
+tfc::OpKernel* create(tfc::OpKernelConstruction* c) {
+  return new Kernel(c);
+}
+
 }  // namespace
 
 rt::Status register_tensor_list_kernels() {
@@ -191,6 +209,34 @@ rt::Status register_tensor_list_kernels() {
       tfc::KernelDefBuilder builder("ZerosLike");
       builder.Device("NPU").TypeConstraint("T", tfc::DT_VARIANT);
       register_npu_kernel<ZerosLikeTensorListOp>(builder, "ZerosLike");
+    }
+    // TensorFlow's list kernels for bool elements (see the file's head), with the HostMemory
+    // arguments of TensorFlow's own DEVICE_DEFAULT registrations (list_kernels.cc).
+    struct BoolListKernel {
+      const char* op;
+      std::vector<const char*> host_memory;
+      tfc::OpKernel* (*create)(tfc::OpKernelConstruction*);
+    };
+    using tfc::CPUDevice;
+    const BoolListKernel kBoolKernels[] = {
+        {"TensorListFromTensor",
+         {"element_shape"},
+         create<tfc::TensorListFromTensor<CPUDevice, bool>>},
+        {"TensorListGetItem",
+         {"index", "element_shape"},
+         create<tfc::TensorListGetItem<CPUDevice, bool>>},
+        {"TensorListPopBack", {"element_shape"}, create<tfc::TensorListPopBack<CPUDevice, bool>>},
+        {"TensorListStack", {"element_shape"}, create<tfc::TensorListStack<CPUDevice, bool>>},
+        {"TensorListGather",
+         {"indices", "element_shape"},
+         create<tfc::TensorListGather<CPUDevice, bool>>},
+    };
+    for (const BoolListKernel& k : kBoolKernels) {
+      tfc::KernelDefBuilder builder(k.op);
+      builder.Device("NPU").TypeConstraint("element_dtype", tfc::DT_BOOL);
+      for (const char* arg : k.host_memory) builder.HostMemory(arg);
+      tfc::kernel_factory::OpKernelRegistrar registrar(
+          builder.Build(), absl::StrCat("npusim::", k.op, "Bool"), k.create);
     }
     return rt::ok_status();
   });

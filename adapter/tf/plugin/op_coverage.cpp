@@ -17,7 +17,6 @@ const std::vector<OpReason>& unregistered_compiler_ops() {
 
 const std::vector<OpReason>& plugin_only_ops() {
   static const std::vector<OpReason> ops = {
-      {"RsqrtGrad", "composed of the compiler's Mul (kernels_composed.cpp)"},
       {"AssignAddVariableOp", "the compiler's AddV2 on a locked variable"},
       {"AssignSubVariableOp", "the compiler's Sub on a locked variable"},
       {"ResourceDynamicUpdateSlice",
@@ -31,6 +30,14 @@ const std::vector<OpReason>& plugin_only_ops() {
       {"ResourceScatterUpdate", "refuses with an error instead of TF's DEVICE_DEFAULT CPU code"},
       {"NpuGraph", "a set of the compiler's ops run as one task list (npu_graph.h)"},
       {"NpuCollective", "HCCL's collective between NPUs on the chips' collective engine"},
+      {"TensorListFromTensor",
+       "TensorFlow's list kernel, for bool elements (kernels_tensor_list.cpp)"},
+      {"TensorListGetItem",
+       "TensorFlow's list kernel, for bool elements (kernels_tensor_list.cpp)"},
+      {"TensorListPopBack",
+       "TensorFlow's list kernel, for bool elements (kernels_tensor_list.cpp)"},
+      {"TensorListStack", "TensorFlow's list kernel, for bool elements (kernels_tensor_list.cpp)"},
+      {"TensorListGather", "TensorFlow's list kernel, for bool elements (kernels_tensor_list.cpp)"},
       {"DropOutGenMask",
        "an AI CPU task computed on the host (kernels_gen_mask.cpp), no AI-core kernel"},
   };
