@@ -383,6 +383,64 @@ void record_l2_lookups(const std::vector<GmAccess>& trace, const std::vector<uin
   t->l2_trace_fingerprint = fingerprint;
 }
 
+// The block `blocks` files `addr` by: true and *start, *bytes, or false (filed at itself), as
+// L2Placement::l2_address asks it.
+bool filing_block(const GmBlockLookup& blocks, uint64_t addr, uint64_t* start, uint64_t* bytes) {
+  return blocks(addr, start, bytes) && *bytes > 0 && addr >= *start && addr - *start < *bytes;
+}
+
+// Translation::outside and pinned from the spans leaving their arguments' blocks (device
+// addresses, Range::core the argument): the parts outside the argument's block, merged, split
+// into the pieces the L2's filing by block makes of them (L2Placement::l2_address), each with
+// the touched arguments whose block is its block and those whose block overlaps it (pinned).
+bool record_outside(const std::vector<Range>& spans, std::vector<bool> pinned,
+                    const std::vector<uint64_t>& args, const GmBlockLookup& blocks,
+                    RecordedLaunch::Translation* t) {
+  // Each argument's block (the arguments some range derives from: touched or pinned).
+  struct ArgBlock {
+    bool in = false;
+    uint64_t start = 0, bytes = 0;
+  };
+  std::vector<ArgBlock> arg_block(args.size());
+  for (size_t k = 0; k < args.size(); ++k)
+    if (t->extents[k].touched || pinned[k])
+      arg_block[k].in = filing_block(blocks, args[k], &arg_block[k].start, &arg_block[k].bytes);
+  std::vector<Range> parts;
+  for (const Range& r : spans) {
+    const ArgBlock& b = arg_block[static_cast<size_t>(r.core)];
+    if (!b.in) return false;
+    if (r.begin < b.start) parts.push_back({r.begin, std::min(r.end, b.start), r.core});
+    if (r.end > b.start + b.bytes)
+      parts.push_back({std::max(r.begin, b.start + b.bytes), r.end, r.core});
+  }
+  for (const Range& part : merged(std::move(parts))) {
+    for (uint64_t addr = part.begin; addr < part.end;) {
+      RecordedLaunch::Translation::Outside o;
+      o.addr = addr;
+      o.in_block = filing_block(blocks, addr, &o.block_start, &o.block_bytes);
+      o.bytes = o.in_block ? std::min(part.end, o.block_start + o.block_bytes) - addr
+                           : part.end - addr;  // the rest files at itself
+      if (o.in_block)
+        for (size_t k = 0; k < args.size(); ++k) {
+          const ArgBlock& b = arg_block[k];
+          if (!b.in) continue;
+          if (b.start == o.block_start && b.bytes == o.block_bytes) {
+            o.same_block.push_back(static_cast<uint32_t>(k));
+          } else if (b.start < o.block_start + o.block_bytes &&
+                     o.block_start < b.start + b.bytes) {
+            o.overlapping.push_back({static_cast<uint32_t>(k), b.start, b.bytes});
+            pinned[k] = true;
+          }
+        }
+      addr += o.bytes;
+      t->outside.push_back(std::move(o));
+    }
+  }
+  for (size_t k = 0; k < args.size(); ++k)
+    if (pinned[k]) t->pinned.push_back(static_cast<uint32_t>(k));
+  return true;
+}
+
 }  // namespace
 
 void record_translation(const isa::Program& program, const AddressFlow& flow, const Chip& chip,
@@ -418,6 +476,10 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   extents.resize(args.size());
   std::vector<Range> writes;  // Range::core holds the argument
   std::vector<Range> loads;   // as offsets in the argument's block (steered programs)
+  // Spans leaving their argument's block (device addresses; Range::core holds the argument),
+  // and the arguments they pin (Translation::outside).
+  std::vector<Range> outside;
+  std::vector<bool> pinned(args.size(), false);
   const auto& recordings = chip.recordings();
   for (const auto& core : chip.cores()) {
     const auto& assigned = core->assigned_blocks();
@@ -429,16 +491,26 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
     const std::vector<int16_t>& gm_arg =
         flow.gm_arg[static_cast<size_t>(section - program.sections.data())];
     const CoreRecording& r = *recordings[static_cast<size_t>(core->chip_index())];
-    // Every range each instruction touched lies in its argument's block: its span does.
+    // Every range each instruction touched lies in its argument's block (its span does), or
+    // its argument is pinned (a steered program's loaded bytes are kept by block: not so).
     const std::vector<CoreRecording::Span>& spans = r.spans();
     for (uint32_t pc = 0; pc < spans.size(); ++pc) {
       if (spans[pc].end == 0) continue;
       const Block* b = block_at(gm_arg, pc);
-      if (!b || spans[pc].begin < b->start || spans[pc].end > b->end) return;
-      RecordedLaunch::Translation::Extent& e =
-          extents[static_cast<size_t>(gm_arg[pc])];
-      e.lo = e.touched ? std::min(e.lo, spans[pc].begin - b->start) : spans[pc].begin - b->start;
-      e.hi = e.touched ? std::max(e.hi, spans[pc].end - b->start) : spans[pc].end - b->start;
+      if (!b) return;
+      const int k = gm_arg[pc];
+      uint64_t lo = spans[pc].begin, hi = spans[pc].end;
+      if (lo < b->start || hi > b->end) {
+        if (flow.steered || hi < lo) return;
+        outside.push_back({lo, hi, k});
+        pinned[static_cast<size_t>(k)] = true;
+        lo = std::max(lo, b->start);
+        hi = std::min(hi, b->end);
+        if (lo >= hi) continue;  // wholly outside: its block's span is the others'
+      }
+      RecordedLaunch::Translation::Extent& e = extents[static_cast<size_t>(k)];
+      e.lo = e.touched ? std::min(e.lo, lo - b->start) : lo - b->start;
+      e.hi = e.touched ? std::max(e.hi, hi - b->start) : hi - b->start;
       e.touched = true;
     }
     // The ranges written (a lean recording holds only those), by argument.
@@ -451,7 +523,10 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
       const size_t end = o + 1 < ops.size() ? ops[o + 1].first : accesses.size();
       for (size_t i = ops[o].first; i < end; ++i) {
         const GmAccess& a = accesses[i];
-        if (a.addr < b->start || a.addr + a.bytes > b->end || a.addr + a.bytes < a.addr) return;
+        if (a.addr + a.bytes < a.addr) return;
+        // Outside its block: inside its instruction's span, which pinned its argument above.
+        if ((a.addr < b->start || a.addr + a.bytes > b->end) && !pinned[static_cast<size_t>(k)])
+          return;
         if (a.write) writes.push_back({a.addr - b->start, a.addr - b->start + a.bytes, k});
       }
     }
@@ -500,6 +575,8 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
       translation->writes.push_back({static_cast<uint32_t>(k),
                                      m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
                                      m.end - m.begin});
+  if (!outside.empty() && !record_outside(outside, pinned, args, gm_blocks, translation.get()))
+    return;
   // Where the touched arguments lay, and whether the launch fits the L2 at any placement: a
   // span of n lines (at a line-aligned L2 address plus its offset in its block) puts at most
   // ceil(n / sets) of them in any one set, one more with the L2's page rotation (one line per
@@ -535,6 +612,12 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   translation->sets = sets;
   translation->ways_needed = static_cast<uint32_t>(std::min<uint64_t>(per_set, UINT32_MAX));
   translation->ways = static_cast<uint32_t>(l2.ways());
+  if (!translation->outside.empty()) {
+    // Pinned: neither relocated nor traced (Translation::outside).
+    translation->fits_any_placement = translation->fits_packed = translation->fits_l2 = false;
+    translation->l2_placed = false;
+    l2_trace = nullptr;
+  }
   if (l2_trace)
     record_l2_lookups(*l2_trace, args, chip.memory().l2_fingerprint(), translation.get());
   rec->translation = std::move(translation);
@@ -551,6 +634,62 @@ bool run_l2_lookups_match(const RecordedLaunch& rec, const std::vector<uint64_t>
     h = l2_fingerprint(
         h, access_placed(l2, placement, {args[k.arg] + k.offset, k.bytes, k.write, k.l2}));
   return h == t->l2_trace_fingerprint;
+}
+
+bool outside_blocks_alike(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
+                          const GmBlockLookup& blocks, std::string* why) {
+  const RecordedLaunch::Translation* t = rec.translation.get();
+  if (!t || t->outside.empty()) return true;
+  const auto refuse = [why](std::string what) {
+    if (why) *why = std::move(what);
+    return false;
+  };
+  if (t->args.size() != args.size() || !blocks) return refuse("no allocation blocks");
+  for (uint32_t k : t->pinned)
+    if (args[k] != t->args[k])
+      return refuse(fmt::format(
+          "argument {} moved, and a range past its block was recorded at its address", k));
+  // The touched arguments' blocks now, looked up once.
+  struct ArgBlock {
+    bool in = false;
+    uint64_t start = 0, bytes = 0;
+  };
+  std::vector<ArgBlock> now(args.size());
+  for (size_t k = 0; k < args.size(); ++k)
+    if (t->extents[k].touched || std::binary_search(t->pinned.begin(), t->pinned.end(), k))
+      now[k].in = filing_block(blocks, args[k], &now[k].start, &now[k].bytes);
+  for (const RecordedLaunch::Translation::Outside& o : t->outside) {
+    uint64_t start = 0, bytes = 0;
+    const bool in = filing_block(blocks, o.addr, &start, &bytes);
+    if (in != o.in_block || (in && (start != o.block_start || bytes != o.block_bytes)))
+      return refuse(fmt::format("the bytes at {:#x} past an argument's block lie in another "
+                                "block than in the recording",
+                                o.addr));
+    if (!in) continue;
+    size_t next = 0, next_overlap = 0;  // into o.same_block, o.overlapping
+    for (size_t k = 0; k < args.size(); ++k) {
+      const ArgBlock& b = now[k];
+      const bool same = b.in && b.start == start && b.bytes == bytes;
+      const bool overlaps = b.in && !same && b.start < start + bytes && start < b.start + b.bytes;
+      const bool was = next < o.same_block.size() && o.same_block[next] == k;
+      if (was) ++next;
+      const RecordedLaunch::Translation::Outside::Overlap* then =
+          next_overlap < o.overlapping.size() && o.overlapping[next_overlap].arg == k
+              ? &o.overlapping[next_overlap++]
+              : nullptr;
+      const auto where = [](bool in, bool over) {
+        return in ? "in" : over ? "overlapping" : "beside";
+      };
+      if (same != was || overlaps != (then != nullptr) ||
+          (then && (b.start != then->start || b.bytes != then->bytes)))
+        return refuse(fmt::format(
+            "argument {} lies {} the block at {:#x} that a range past an argument's block reads, "
+            "{} it in the recording{}",
+            k, where(same, overlaps), start, where(was, then != nullptr),
+            overlaps && then ? " (in another block)" : ""));
+    }
+  }
+  return true;
 }
 
 bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
@@ -618,6 +757,8 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
   if (!t || !blocks || t->args.size() != args.size() || t->extents.size() != args.size() ||
       t->line_bytes == 0)
     return refuse("the recording is not translatable");
+  if (!t->outside.empty())
+    return refuse("a range past an argument's block pins it at its recorded address");
   const std::string spans_evict = fmt::format(
       "may evict: its spans need {} L2 ways of {} at some placement", t->ways_needed, t->ways);
   if (!t->relocatable()) return refuse(spans_evict);
