@@ -325,10 +325,10 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
           why = "in blocks laid out alike: " +
                 (!candidate->translation ? std::string("its recording is not translatable")
                  : !timed                ? std::string("past the time limit")
-                 : !moves ? std::string("an argument moved by other than the GM alignment")
+                 : !moves   ? std::string("an argument moved by other than the GM alignment")
                  : !outside ? "its ranges past an argument's block differ: " + outside_differs
-                 : !loads ? "its recording loaded other bytes: " + other_loads
-                          : std::string("its L2 lookups differ in the run"));
+                 : !loads   ? "its recording loaded other bytes: " + other_loads
+                            : std::string("its L2 lookups differ in the run"));
       }
       // At other offsets in its blocks, or in blocks of other sizes: a launch that can evict
       // no line (relocated_writes). In a graph run, at any addresses and layout, a launch whose
@@ -585,9 +585,10 @@ KernelResult ChipLauncher::finish() {
                                       : "; recorded in a graph run, no L2 lookups (a range "
                                         "outside its arguments' blocks)")
           : !t->outside.empty()
-              ? fmt::format("; recorded, {} argument(s) pinned at their addresses (a GM range "
-                            "past its argument's block)",
-                            t->pinned.size())
+              ? fmt::format(
+                    "; recorded, {} argument(s) pinned at their addresses (a GM range "
+                    "past its argument's block)",
+                    t->pinned.size())
           : t->fits_l2
               ? "; recorded, relocatable"
               : fmt::format("; recorded, may evict ({} L2 ways of {}){}", t->ways_needed, t->ways,

@@ -84,8 +84,8 @@ namespace {
 // line) leaves a block's first page as modulo files it and puts a whole page, as any `sets`
 // consecutive lines, once in every set; only the last page of a block longer than a page, when
 // partial, is a run of sets other than modulo's: one more line in a set at most, each.
-uint64_t packed_per_set(const std::map<uint64_t, uint64_t>& blocks, uint64_t line,
-                        uint64_t sets, bool page_rotation) {
+uint64_t packed_per_set(const std::map<uint64_t, uint64_t>& blocks, uint64_t line, uint64_t sets,
+                        bool page_rotation) {
   uint64_t lines = 0, rotated_tails = 0;
   for (const auto& [start, bytes] : blocks) {
     const uint64_t n = (bytes + line - 1) / line;
@@ -192,8 +192,8 @@ bool sets_move_alike(const RecordedLaunch::Translation& t,
       if (!now[j].touched || !now[k].touched || runs[j].moved == runs[k].moved) continue;
       const Sets &a = runs[j], &b = runs[k];
       if (meet(a.then, b.then) || meet(a.now, b.now)) {
-        *why = fmt::format("arguments {} and {} move by other numbers of L2 sets ({} and {})", j,
-                           k, a.moved, b.moved);
+        *why = fmt::format("arguments {} and {} move by other numbers of L2 sets ({} and {})", j, k,
+                           a.moved, b.moved);
         return false;
       }
     }
@@ -222,8 +222,10 @@ std::vector<Range> merged(std::vector<Range> v) {
   if (!std::is_sorted(v.begin(), v.end(), by_begin)) std::sort(v.begin(), v.end(), by_begin);
   std::vector<Range> out;
   for (const Range& r : v) {
-    if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
-    else out.push_back(r);
+    if (!out.empty() && r.begin <= out.back().end)
+      out.back().end = std::max(out.back().end, r.end);
+    else
+      out.push_back(r);
   }
   return out;
 }
@@ -277,8 +279,10 @@ bool loads_own_writes(const FunctionalCore& fc) {
   loads = merged(std::move(loads));
   for (size_t w = 0, l = 0; w < writes.size() && l < loads.size();) {
     if (writes[w].begin < loads[l].end && loads[l].begin < writes[w].end) return true;
-    if (writes[w].end <= loads[l].end) ++w;
-    else ++l;
+    if (writes[w].end <= loads[l].end)
+      ++w;
+    else
+      ++l;
   }
   return false;
 }
@@ -305,8 +309,8 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
     const auto& assigned = core->assigned_blocks();
     if (assigned.empty()) continue;
     const CoreRecording& r = *recordings[static_cast<size_t>(core->chip_index())];
-    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, r.exec_order(), r.fingerprint(),
-                                  r.transfer_pipes()};
+    RecordedLaunch::CoreBlocks cb{
+        core->chip_index(), {}, r.exec_order(), r.fingerprint(), r.transfer_pipes()};
     for (const AiCore::AssignedBlock& a : assigned) {
       auto [it, added] = run_index.emplace(a.run, static_cast<int>(rec->runs.size()));
       if (added) {
@@ -339,8 +343,8 @@ namespace {
 // argument only is that argument's; one in the spans of several (arguments of one block whose
 // spans overlap) is kept relative to the one met first walking down the touched arguments from
 // the nearest block start (the last of that block's in block-start order), and the others are
-// its block mates: a replay must move them alike. A range in no touched argument's span leaves the translation
-// untraced (run_l2_lookups_match then refuses it).
+// its block mates: a replay must move them alike. A range in no touched argument's span leaves the
+// translation untraced (run_l2_lookups_match then refuses it).
 void record_l2_lookups(const std::vector<GmAccess>& trace, const std::vector<uint64_t>& args,
                        uint64_t fingerprint, RecordedLaunch::Translation* t) {
   using Extent = RecordedLaunch::Translation::Extent;
@@ -426,8 +430,7 @@ bool record_outside(const std::vector<Range>& spans, std::vector<bool> pinned,
           if (!b.in) continue;
           if (b.start == o.block_start && b.bytes == o.block_bytes) {
             o.same_block.push_back(static_cast<uint32_t>(k));
-          } else if (b.start < o.block_start + o.block_bytes &&
-                     o.block_start < b.start + b.bytes) {
+          } else if (b.start < o.block_start + o.block_bytes && o.block_start < b.start + b.bytes) {
             o.overlapping.push_back({static_cast<uint32_t>(k), b.start, b.bytes});
             pinned[k] = true;
           }
@@ -572,9 +575,10 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   for (const Range& w : writes) by_arg[w.core].push_back(w);
   for (auto& [k, list] : by_arg)
     for (const Range& m : merged(std::move(list)))
-      translation->writes.push_back({static_cast<uint32_t>(k),
-                                     m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
-                                     m.end - m.begin});
+      translation->writes.push_back(
+          {static_cast<uint32_t>(k),
+           m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
+           m.end - m.begin});
   if (!outside.empty() && !record_outside(outside, pinned, args, gm_blocks, translation.get()))
     return;
   // Where the touched arguments lay, and whether the launch fits the L2 at any placement: a
@@ -662,9 +666,10 @@ bool outside_blocks_alike(const RecordedLaunch& rec, const std::vector<uint64_t>
     uint64_t start = 0, bytes = 0;
     const bool in = filing_block(blocks, o.addr, &start, &bytes);
     if (in != o.in_block || (in && (start != o.block_start || bytes != o.block_bytes)))
-      return refuse(fmt::format("the bytes at {:#x} past an argument's block lie in another "
-                                "block than in the recording",
-                                o.addr));
+      return refuse(
+          fmt::format("the bytes at {:#x} past an argument's block lie in another "
+                      "block than in the recording",
+                      o.addr));
     if (!in) continue;
     size_t next = 0, next_overlap = 0;  // into o.same_block, o.overlapping
     for (size_t k = 0; k < args.size(); ++k) {
@@ -718,9 +723,10 @@ bool loads_as_recorded(const RecordedLaunch& rec, const std::vector<uint64_t>& a
     if (!gm.in_bounds(addr, l.bytes) ||
         !std::equal(now.begin(), now.end(), t->loaded.begin() + static_cast<ptrdiff_t>(l.first))) {
       if (why)
-        *why = fmt::format("argument {} holds other bytes where the recorded launch loaded ({} at "
-                           "offset {})",
-                           l.arg, l.bytes, static_cast<int64_t>(l.offset));
+        *why = fmt::format(
+            "argument {} holds other bytes where the recorded launch loaded ({} at "
+            "offset {})",
+            l.arg, l.bytes, static_cast<int64_t>(l.offset));
       return false;
     }
   }
@@ -950,8 +956,10 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
   for (uint16_t c : rec.effect_cores) {
     size_t& at = next[c];
     if (at >= effects_of(c)) {
-      fault = fmt::format("core {}: replay: the recorded order has more effects than the core "
-                          "issued", cores.at(static_cast<size_t>(rec.cores[c].core))->core_name());
+      fault = fmt::format(
+          "core {}: replay: the recorded order has more effects than the core "
+          "issued",
+          cores.at(static_cast<size_t>(rec.cores[c].core))->core_name());
       break;
     }
     try {
@@ -960,8 +968,10 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
       } else {
         const IssuedOp& op = issued[c].ops[at];
         if (!functional) {  // as FunctionalCore's timing-only execute mode
-          if (op.op() == Opcode::op_st) gm.invalidate(static_cast<uint64_t>(op[1]), 8);
-          else invalidate_gm_writes(plan(op, ctx[c]), gm);
+          if (op.op() == Opcode::op_st)
+            gm.invalidate(static_cast<uint64_t>(op[1]), 8);
+          else
+            invalidate_gm_writes(plan(op, ctx[c]), gm);
         } else if (keep) {
           keep_effect(op, ctx[c], issued[c].where[at], &keep->cores[c]);
         } else if (op.op() == Opcode::op_st) {
@@ -972,9 +982,10 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
         }
       }
     } catch (...) {
-      const PreparedEffects::Where& w = prepared ? prepared->cores[c].where[at] : issued[c].where[at];
-      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)), *w.run,
-                           w.pc, current_error());
+      const PreparedEffects::Where& w =
+          prepared ? prepared->cores[c].where[at] : issued[c].where[at];
+      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)), *w.run, w.pc,
+                           current_error());
       break;
     }
     ++at;
@@ -1006,8 +1017,7 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
   if (!rec.effect_cores.empty())
     return replay_in_order(rec, program, args, block_dim, cores, gm, cfg, functional, pool,
                            prepared, keep);
-  if (prepared && (!functional || prepared->cores.size() != rec.cores.size()))
-    prepared = nullptr;
+  if (prepared && (!functional || prepared->cores.size() != rec.cores.size())) prepared = nullptr;
   if (keep && (!functional || prepared)) keep = nullptr;
   if (keep) {
     keep->cores.clear();
@@ -1057,9 +1067,9 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
 bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
-                        L2Placement& placement, std::vector<GmAccess>* writes,
-                        VerifiedEffects* effects, uint64_t effects_max_bytes) {
+                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2, L2Placement& placement,
+                        std::vector<GmAccess>* writes, VerifiedEffects* effects,
+                        uint64_t effects_max_bytes) {
   std::vector<SectionRun>& runs = rec.runs;
   for (size_t i = 0; i < runs.size(); ++i)
     runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
@@ -1087,9 +1097,8 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
     // otherwise allocated and freed per check: a 48-core check took ~4 MB of heap). The queues
     // serve the walk only; `verified` keeps the cores for their ranges and fingerprints.
     thread_local FunctionalCore::Queues queues;
-    auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm,
-                                               cb.order, true, FunctionalCore::Mode::verify,
-                                               &queues);
+    auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm, cb.order,
+                                               true, FunctionalCore::Mode::verify, &queues);
     if (effects) {
       effects->cores[i].ops.reserve(cb.order.size());
       effects->cores[i].where.reserve(cb.order.size());
@@ -1121,7 +1130,7 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
   struct CoreTransfers {
     std::vector<size_t> first_range;  // per transfer, effect order: its first range
     std::array<std::vector<uint32_t>, isa::kNumExecPipes> by_pipe;  // transfers of each pipe
-    std::array<size_t, isa::kNumExecPipes> next{};  // of each pipe: next to look up
+    std::array<size_t, isa::kNumExecPipes> next{};                  // of each pipe: next to look up
     size_t looked_up = 0;
   };
   std::vector<CoreTransfers> ct(rec.cores.size());
@@ -1138,7 +1147,8 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
     }
   }
   std::vector<int> slot(cores.size(), -1);  // chip index -> position in rec.cores
-  for (size_t i = 0; i < rec.cores.size(); ++i) slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
+  for (size_t i = 0; i < rec.cores.size(); ++i)
+    slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
   uint64_t h = kL2FingerprintSeed;
   for (uint16_t port : rec.transfer_order) {
     const int i = port < slot.size() ? slot[port] : -1;
@@ -1222,7 +1232,7 @@ RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
 }
 
 std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::kept(const Index& index,
-                                                               const LaunchKey& k) const {
+                                                              const LaunchKey& k) const {
   std::vector<std::shared_ptr<RecordedLaunch>> out;
   auto it = index.find(k);
   if (it == index.end()) return out;

@@ -913,8 +913,12 @@ json tail_workload(Mode mode) {
     l.gm_blocks = lookup(&blocks);
     l.planned_blocks = {{arena, line}, {arena + line, next_bytes}, {arena + 4 * line, 2 * line}};
     const KernelResult r = sim.run(l);
-    out[name] = {{"ok", r.ok},          {"error", r.error},       {"cycles", r.cycles},
-                 {"start", r.start_cycle}, {"counters", r.counters}, {"replayed", r.replayed},
+    out[name] = {{"ok", r.ok},
+                 {"error", r.error},
+                 {"cycles", r.cycles},
+                 {"start", r.start_cycle},
+                 {"counters", r.counters},
+                 {"replayed", r.replayed},
                  {"now", sim.now_cycles()}};
     if (mode == Mode::simulate) return;
     if (!replay_lines.is_open()) replay_lines.open(replay_log);
@@ -928,10 +932,10 @@ json tail_workload(Mode mode) {
   };
   const uint64_t a = 0x1000000, b = 0x2000000;
   run("tail", a, line);
-  run("tail_again", a, line);                // the same launch
+  run("tail_again", a, line);                           // the same launch
   run("tail_y_moved", a, line, a + 0x10000, 2 * line);  // y in a block of its own, x as was
-  run("tail_arena_moved", b, line);           // the whole arena elsewhere: x moved
-  run("tail_next_larger", a, 2 * line);       // the bytes past x in a buffer of another size
+  run("tail_arena_moved", b, line);                     // the whole arena elsewhere: x moved
+  run("tail_next_larger", a, 2 * line);  // the bytes past x in a buffer of another size
   // y in the buffer the tail reads (a line): then y elsewhere in a block of a line, the tail's
   // buffer no argument's.
   run("tail_into_y", a, line, a + line);
@@ -966,8 +970,8 @@ TEST_CASE("a launch reading past its planned buffer replays where the arena lies
       INFO(k);
       CHECK((*run)[k]["replayed"] == true);
     }
-    for (const char* k : {"tail", "tail_arena_moved", "tail_next_larger", "tail_into_y",
-                          "tail_into_y_moved"}) {
+    for (const char* k :
+         {"tail", "tail_arena_moved", "tail_next_larger", "tail_into_y", "tail_into_y_moved"}) {
       INFO(k);
       CHECK((*run)[k]["replayed"] == false);
     }
