@@ -287,8 +287,15 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       run_l2_differs |= !same;
       return same;
     };
-    const bool own =
-        found && in_time(*found) && translated_writes(*found, launch.args, granule, &writes);
+    // A recording with ranges past its arguments' blocks times only the launch that files
+    // them as then (a cold launch; a graph run's keeps no L2 lookups for it).
+    std::string outside_differs;
+    const auto outside_alike = [&](const RecordedLaunch& r) {
+      return outside_blocks_alike(r, launch.args, P->blocks, logging ? &outside_differs : nullptr);
+    };
+    const bool own = found && in_time(*found) &&
+                     translated_writes(*found, launch.args, granule, &writes) &&
+                     outside_alike(*found);
     if (own && loads_alike(*found) && l2_alike(*found)) {
       recorded = found;
       how = in_run ? "translated, its own key, its L2 lookups alike in the run"
@@ -305,7 +312,8 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
         ++candidates;
         const bool timed = in_time(*candidate);
         const bool moves = timed && translated_writes(*candidate, launch.args, granule, &writes);
-        const bool loads = moves && loads_alike(*candidate);
+        const bool outside = moves && outside_alike(*candidate);
+        const bool loads = outside && loads_alike(*candidate);
         if (loads && l2_alike(*candidate)) {
           memo.alias(P->key, candidate);  // the next step finds it by its own key
           recorded = candidate.get();     // the memo keeps it (just added: not evicted)
@@ -317,9 +325,10 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
           why = "in blocks laid out alike: " +
                 (!candidate->translation ? std::string("its recording is not translatable")
                  : !timed                ? std::string("past the time limit")
-                 : !moves ? std::string("an argument moved by other than the GM alignment")
-                 : !loads ? "its recording loaded other bytes: " + other_loads
-                          : std::string("its L2 lookups differ in the run"));
+                 : !moves   ? std::string("an argument moved by other than the GM alignment")
+                 : !outside ? "its ranges past an argument's block differ: " + outside_differs
+                 : !loads   ? "its recording loaded other bytes: " + other_loads
+                            : std::string("its L2 lookups differ in the run"));
       }
       // At other offsets in its blocks, or in blocks of other sizes: a launch that can evict
       // no line (relocated_writes). In a graph run, at any addresses and layout, a launch whose
@@ -575,6 +584,11 @@ KernelResult ChipLauncher::finish() {
           : P->in_run ? (t->l2_traced ? "; recorded in a graph run, with its L2 lookups"
                                       : "; recorded in a graph run, no L2 lookups (a range "
                                         "outside its arguments' blocks)")
+          : !t->outside.empty()
+              ? fmt::format(
+                    "; recorded, {} argument(s) pinned at their addresses (a GM range "
+                    "past its argument's block)",
+                    t->pinned.size())
           : t->fits_l2
               ? "; recorded, relocatable"
               : fmt::format("; recorded, may evict ({} L2 ways of {}){}", t->ways_needed, t->ways,
@@ -584,9 +598,11 @@ KernelResult ChipLauncher::finish() {
           m_store.unrelocatable.erase(P->loose);
         else
           m_store.unrelocatable[P->loose] =
-              t ? fmt::format("may evict: its spans need {} L2 ways of {} at some placement",
-                              t->ways_needed, t->ways)
-                : "its recordings are not translatable";
+              !t ? "its recordings are not translatable"
+              : !t->outside.empty()
+                  ? "a range past an argument's block pins it at its recorded address"
+                  : fmt::format("may evict: its spans need {} L2 ways of {} at some placement",
+                                t->ways_needed, t->ways);
       }
     }
     m_store.memo.insert(std::move(P->key), std::move(P->similar), std::move(rec),

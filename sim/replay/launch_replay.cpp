@@ -84,8 +84,8 @@ namespace {
 // line) leaves a block's first page as modulo files it and puts a whole page, as any `sets`
 // consecutive lines, once in every set; only the last page of a block longer than a page, when
 // partial, is a run of sets other than modulo's: one more line in a set at most, each.
-uint64_t packed_per_set(const std::map<uint64_t, uint64_t>& blocks, uint64_t line,
-                        uint64_t sets, bool page_rotation) {
+uint64_t packed_per_set(const std::map<uint64_t, uint64_t>& blocks, uint64_t line, uint64_t sets,
+                        bool page_rotation) {
   uint64_t lines = 0, rotated_tails = 0;
   for (const auto& [start, bytes] : blocks) {
     const uint64_t n = (bytes + line - 1) / line;
@@ -192,8 +192,8 @@ bool sets_move_alike(const RecordedLaunch::Translation& t,
       if (!now[j].touched || !now[k].touched || runs[j].moved == runs[k].moved) continue;
       const Sets &a = runs[j], &b = runs[k];
       if (meet(a.then, b.then) || meet(a.now, b.now)) {
-        *why = fmt::format("arguments {} and {} move by other numbers of L2 sets ({} and {})", j,
-                           k, a.moved, b.moved);
+        *why = fmt::format("arguments {} and {} move by other numbers of L2 sets ({} and {})", j, k,
+                           a.moved, b.moved);
         return false;
       }
     }
@@ -222,8 +222,10 @@ std::vector<Range> merged(std::vector<Range> v) {
   if (!std::is_sorted(v.begin(), v.end(), by_begin)) std::sort(v.begin(), v.end(), by_begin);
   std::vector<Range> out;
   for (const Range& r : v) {
-    if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
-    else out.push_back(r);
+    if (!out.empty() && r.begin <= out.back().end)
+      out.back().end = std::max(out.back().end, r.end);
+    else
+      out.push_back(r);
   }
   return out;
 }
@@ -277,8 +279,10 @@ bool loads_own_writes(const FunctionalCore& fc) {
   loads = merged(std::move(loads));
   for (size_t w = 0, l = 0; w < writes.size() && l < loads.size();) {
     if (writes[w].begin < loads[l].end && loads[l].begin < writes[w].end) return true;
-    if (writes[w].end <= loads[l].end) ++w;
-    else ++l;
+    if (writes[w].end <= loads[l].end)
+      ++w;
+    else
+      ++l;
   }
   return false;
 }
@@ -305,8 +309,8 @@ bool record_blocks(const isa::Program& program, const Chip& chip, RecordedLaunch
     const auto& assigned = core->assigned_blocks();
     if (assigned.empty()) continue;
     const CoreRecording& r = *recordings[static_cast<size_t>(core->chip_index())];
-    RecordedLaunch::CoreBlocks cb{core->chip_index(), {}, r.exec_order(), r.fingerprint(),
-                                  r.transfer_pipes()};
+    RecordedLaunch::CoreBlocks cb{
+        core->chip_index(), {}, r.exec_order(), r.fingerprint(), r.transfer_pipes()};
     for (const AiCore::AssignedBlock& a : assigned) {
       auto [it, added] = run_index.emplace(a.run, static_cast<int>(rec->runs.size()));
       if (added) {
@@ -339,8 +343,8 @@ namespace {
 // argument only is that argument's; one in the spans of several (arguments of one block whose
 // spans overlap) is kept relative to the one met first walking down the touched arguments from
 // the nearest block start (the last of that block's in block-start order), and the others are
-// its block mates: a replay must move them alike. A range in no touched argument's span leaves the translation
-// untraced (run_l2_lookups_match then refuses it).
+// its block mates: a replay must move them alike. A range in no touched argument's span leaves the
+// translation untraced (run_l2_lookups_match then refuses it).
 void record_l2_lookups(const std::vector<GmAccess>& trace, const std::vector<uint64_t>& args,
                        uint64_t fingerprint, RecordedLaunch::Translation* t) {
   using Extent = RecordedLaunch::Translation::Extent;
@@ -383,6 +387,63 @@ void record_l2_lookups(const std::vector<GmAccess>& trace, const std::vector<uin
   t->l2_trace_fingerprint = fingerprint;
 }
 
+// The block `blocks` files `addr` by: true and *start, *bytes, or false (filed at itself), as
+// L2Placement::l2_address asks it.
+bool filing_block(const GmBlockLookup& blocks, uint64_t addr, uint64_t* start, uint64_t* bytes) {
+  return blocks(addr, start, bytes) && *bytes > 0 && addr >= *start && addr - *start < *bytes;
+}
+
+// Translation::outside and pinned from the spans leaving their arguments' blocks (device
+// addresses, Range::core the argument): the parts outside the argument's block, merged, split
+// into the pieces the L2's filing by block makes of them (L2Placement::l2_address), each with
+// the touched arguments whose block is its block and those whose block overlaps it (pinned).
+bool record_outside(const std::vector<Range>& spans, std::vector<bool> pinned,
+                    const std::vector<uint64_t>& args, const GmBlockLookup& blocks,
+                    RecordedLaunch::Translation* t) {
+  // Each argument's block (the arguments some range derives from: touched or pinned).
+  struct ArgBlock {
+    bool in = false;
+    uint64_t start = 0, bytes = 0;
+  };
+  std::vector<ArgBlock> arg_block(args.size());
+  for (size_t k = 0; k < args.size(); ++k)
+    if (t->extents[k].touched || pinned[k])
+      arg_block[k].in = filing_block(blocks, args[k], &arg_block[k].start, &arg_block[k].bytes);
+  std::vector<Range> parts;
+  for (const Range& r : spans) {
+    const ArgBlock& b = arg_block[static_cast<size_t>(r.core)];
+    if (!b.in) return false;
+    if (r.begin < b.start) parts.push_back({r.begin, std::min(r.end, b.start), r.core});
+    if (r.end > b.start + b.bytes)
+      parts.push_back({std::max(r.begin, b.start + b.bytes), r.end, r.core});
+  }
+  for (const Range& part : merged(std::move(parts))) {
+    for (uint64_t addr = part.begin; addr < part.end;) {
+      RecordedLaunch::Translation::Outside o;
+      o.addr = addr;
+      o.in_block = filing_block(blocks, addr, &o.block_start, &o.block_bytes);
+      o.bytes = o.in_block ? std::min(part.end, o.block_start + o.block_bytes) - addr
+                           : part.end - addr;  // the rest files at itself
+      if (o.in_block)
+        for (size_t k = 0; k < args.size(); ++k) {
+          const ArgBlock& b = arg_block[k];
+          if (!b.in) continue;
+          if (b.start == o.block_start && b.bytes == o.block_bytes) {
+            o.same_block.push_back(static_cast<uint32_t>(k));
+          } else if (b.start < o.block_start + o.block_bytes && o.block_start < b.start + b.bytes) {
+            o.overlapping.push_back({static_cast<uint32_t>(k), b.start, b.bytes});
+            pinned[k] = true;
+          }
+        }
+      addr += o.bytes;
+      t->outside.push_back(std::move(o));
+    }
+  }
+  for (size_t k = 0; k < args.size(); ++k)
+    if (pinned[k]) t->pinned.push_back(static_cast<uint32_t>(k));
+  return true;
+}
+
 }  // namespace
 
 void record_translation(const isa::Program& program, const AddressFlow& flow, const Chip& chip,
@@ -418,6 +479,10 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   extents.resize(args.size());
   std::vector<Range> writes;  // Range::core holds the argument
   std::vector<Range> loads;   // as offsets in the argument's block (steered programs)
+  // Spans leaving their argument's block (device addresses; Range::core holds the argument),
+  // and the arguments they pin (Translation::outside).
+  std::vector<Range> outside;
+  std::vector<bool> pinned(args.size(), false);
   const auto& recordings = chip.recordings();
   for (const auto& core : chip.cores()) {
     const auto& assigned = core->assigned_blocks();
@@ -429,16 +494,26 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
     const std::vector<int16_t>& gm_arg =
         flow.gm_arg[static_cast<size_t>(section - program.sections.data())];
     const CoreRecording& r = *recordings[static_cast<size_t>(core->chip_index())];
-    // Every range each instruction touched lies in its argument's block: its span does.
+    // Every range each instruction touched lies in its argument's block (its span does), or
+    // its argument is pinned (a steered program's loaded bytes are kept by block: not so).
     const std::vector<CoreRecording::Span>& spans = r.spans();
     for (uint32_t pc = 0; pc < spans.size(); ++pc) {
       if (spans[pc].end == 0) continue;
       const Block* b = block_at(gm_arg, pc);
-      if (!b || spans[pc].begin < b->start || spans[pc].end > b->end) return;
-      RecordedLaunch::Translation::Extent& e =
-          extents[static_cast<size_t>(gm_arg[pc])];
-      e.lo = e.touched ? std::min(e.lo, spans[pc].begin - b->start) : spans[pc].begin - b->start;
-      e.hi = e.touched ? std::max(e.hi, spans[pc].end - b->start) : spans[pc].end - b->start;
+      if (!b) return;
+      const int k = gm_arg[pc];
+      uint64_t lo = spans[pc].begin, hi = spans[pc].end;
+      if (lo < b->start || hi > b->end) {
+        if (flow.steered || hi < lo) return;
+        outside.push_back({lo, hi, k});
+        pinned[static_cast<size_t>(k)] = true;
+        lo = std::max(lo, b->start);
+        hi = std::min(hi, b->end);
+        if (lo >= hi) continue;  // wholly outside: its block's span is the others'
+      }
+      RecordedLaunch::Translation::Extent& e = extents[static_cast<size_t>(k)];
+      e.lo = e.touched ? std::min(e.lo, lo - b->start) : lo - b->start;
+      e.hi = e.touched ? std::max(e.hi, hi - b->start) : hi - b->start;
       e.touched = true;
     }
     // The ranges written (a lean recording holds only those), by argument.
@@ -451,7 +526,10 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
       const size_t end = o + 1 < ops.size() ? ops[o + 1].first : accesses.size();
       for (size_t i = ops[o].first; i < end; ++i) {
         const GmAccess& a = accesses[i];
-        if (a.addr < b->start || a.addr + a.bytes > b->end || a.addr + a.bytes < a.addr) return;
+        if (a.addr + a.bytes < a.addr) return;
+        // Outside its block: inside its instruction's span, which pinned its argument above.
+        if ((a.addr < b->start || a.addr + a.bytes > b->end) && !pinned[static_cast<size_t>(k)])
+          return;
         if (a.write) writes.push_back({a.addr - b->start, a.addr - b->start + a.bytes, k});
       }
     }
@@ -497,9 +575,12 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   for (const Range& w : writes) by_arg[w.core].push_back(w);
   for (auto& [k, list] : by_arg)
     for (const Range& m : merged(std::move(list)))
-      translation->writes.push_back({static_cast<uint32_t>(k),
-                                     m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
-                                     m.end - m.begin});
+      translation->writes.push_back(
+          {static_cast<uint32_t>(k),
+           m.begin - (args[static_cast<size_t>(k)] - blocks[static_cast<size_t>(k)].start),
+           m.end - m.begin});
+  if (!outside.empty() && !record_outside(outside, pinned, args, gm_blocks, translation.get()))
+    return;
   // Where the touched arguments lay, and whether the launch fits the L2 at any placement: a
   // span of n lines (at a line-aligned L2 address plus its offset in its block) puts at most
   // ceil(n / sets) of them in any one set, one more with the L2's page rotation (one line per
@@ -535,6 +616,12 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   translation->sets = sets;
   translation->ways_needed = static_cast<uint32_t>(std::min<uint64_t>(per_set, UINT32_MAX));
   translation->ways = static_cast<uint32_t>(l2.ways());
+  if (!translation->outside.empty()) {
+    // Pinned: neither relocated nor traced (Translation::outside).
+    translation->fits_any_placement = translation->fits_packed = translation->fits_l2 = false;
+    translation->l2_placed = false;
+    l2_trace = nullptr;
+  }
   if (l2_trace)
     record_l2_lookups(*l2_trace, args, chip.memory().l2_fingerprint(), translation.get());
   rec->translation = std::move(translation);
@@ -551,6 +638,63 @@ bool run_l2_lookups_match(const RecordedLaunch& rec, const std::vector<uint64_t>
     h = l2_fingerprint(
         h, access_placed(l2, placement, {args[k.arg] + k.offset, k.bytes, k.write, k.l2}));
   return h == t->l2_trace_fingerprint;
+}
+
+bool outside_blocks_alike(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
+                          const GmBlockLookup& blocks, std::string* why) {
+  const RecordedLaunch::Translation* t = rec.translation.get();
+  if (!t || t->outside.empty()) return true;
+  const auto refuse = [why](std::string what) {
+    if (why) *why = std::move(what);
+    return false;
+  };
+  if (t->args.size() != args.size() || !blocks) return refuse("no allocation blocks");
+  for (uint32_t k : t->pinned)
+    if (args[k] != t->args[k])
+      return refuse(fmt::format(
+          "argument {} moved, and a range past its block was recorded at its address", k));
+  // The touched arguments' blocks now, looked up once.
+  struct ArgBlock {
+    bool in = false;
+    uint64_t start = 0, bytes = 0;
+  };
+  std::vector<ArgBlock> now(args.size());
+  for (size_t k = 0; k < args.size(); ++k)
+    if (t->extents[k].touched || std::binary_search(t->pinned.begin(), t->pinned.end(), k))
+      now[k].in = filing_block(blocks, args[k], &now[k].start, &now[k].bytes);
+  for (const RecordedLaunch::Translation::Outside& o : t->outside) {
+    uint64_t start = 0, bytes = 0;
+    const bool in = filing_block(blocks, o.addr, &start, &bytes);
+    if (in != o.in_block || (in && (start != o.block_start || bytes != o.block_bytes)))
+      return refuse(
+          fmt::format("the bytes at {:#x} past an argument's block lie in another "
+                      "block than in the recording",
+                      o.addr));
+    if (!in) continue;
+    size_t next = 0, next_overlap = 0;  // into o.same_block, o.overlapping
+    for (size_t k = 0; k < args.size(); ++k) {
+      const ArgBlock& b = now[k];
+      const bool same = b.in && b.start == start && b.bytes == bytes;
+      const bool overlaps = b.in && !same && b.start < start + bytes && start < b.start + b.bytes;
+      const bool was = next < o.same_block.size() && o.same_block[next] == k;
+      if (was) ++next;
+      const RecordedLaunch::Translation::Outside::Overlap* then =
+          next_overlap < o.overlapping.size() && o.overlapping[next_overlap].arg == k
+              ? &o.overlapping[next_overlap++]
+              : nullptr;
+      const auto where = [](bool in, bool over) {
+        return in ? "in" : over ? "overlapping" : "beside";
+      };
+      if (same != was || overlaps != (then != nullptr) ||
+          (then && (b.start != then->start || b.bytes != then->bytes)))
+        return refuse(fmt::format(
+            "argument {} lies {} the block at {:#x} that a range past an argument's block reads, "
+            "{} it in the recording{}",
+            k, where(same, overlaps), start, where(was, then != nullptr),
+            overlaps && then ? " (in another block)" : ""));
+    }
+  }
+  return true;
 }
 
 bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
@@ -579,9 +723,10 @@ bool loads_as_recorded(const RecordedLaunch& rec, const std::vector<uint64_t>& a
     if (!gm.in_bounds(addr, l.bytes) ||
         !std::equal(now.begin(), now.end(), t->loaded.begin() + static_cast<ptrdiff_t>(l.first))) {
       if (why)
-        *why = fmt::format("argument {} holds other bytes where the recorded launch loaded ({} at "
-                           "offset {})",
-                           l.arg, l.bytes, static_cast<int64_t>(l.offset));
+        *why = fmt::format(
+            "argument {} holds other bytes where the recorded launch loaded ({} at "
+            "offset {})",
+            l.arg, l.bytes, static_cast<int64_t>(l.offset));
       return false;
     }
   }
@@ -618,6 +763,8 @@ bool relocated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& ar
   if (!t || !blocks || t->args.size() != args.size() || t->extents.size() != args.size() ||
       t->line_bytes == 0)
     return refuse("the recording is not translatable");
+  if (!t->outside.empty())
+    return refuse("a range past an argument's block pins it at its recorded address");
   const std::string spans_evict = fmt::format(
       "may evict: its spans need {} L2 ways of {} at some placement", t->ways_needed, t->ways);
   if (!t->relocatable()) return refuse(spans_evict);
@@ -809,8 +956,10 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
   for (uint16_t c : rec.effect_cores) {
     size_t& at = next[c];
     if (at >= effects_of(c)) {
-      fault = fmt::format("core {}: replay: the recorded order has more effects than the core "
-                          "issued", cores.at(static_cast<size_t>(rec.cores[c].core))->core_name());
+      fault = fmt::format(
+          "core {}: replay: the recorded order has more effects than the core "
+          "issued",
+          cores.at(static_cast<size_t>(rec.cores[c].core))->core_name());
       break;
     }
     try {
@@ -819,8 +968,10 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
       } else {
         const IssuedOp& op = issued[c].ops[at];
         if (!functional) {  // as FunctionalCore's timing-only execute mode
-          if (op.op() == Opcode::op_st) gm.invalidate(static_cast<uint64_t>(op[1]), 8);
-          else invalidate_gm_writes(plan(op, ctx[c]), gm);
+          if (op.op() == Opcode::op_st)
+            gm.invalidate(static_cast<uint64_t>(op[1]), 8);
+          else
+            invalidate_gm_writes(plan(op, ctx[c]), gm);
         } else if (keep) {
           keep_effect(op, ctx[c], issued[c].where[at], &keep->cores[c]);
         } else if (op.op() == Opcode::op_st) {
@@ -831,9 +982,10 @@ std::string replay_in_order(RecordedLaunch& rec, const isa::Program& program,
         }
       }
     } catch (...) {
-      const PreparedEffects::Where& w = prepared ? prepared->cores[c].where[at] : issued[c].where[at];
-      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)), *w.run,
-                           w.pc, current_error());
+      const PreparedEffects::Where& w =
+          prepared ? prepared->cores[c].where[at] : issued[c].where[at];
+      fault = replay_fault(program, *cores.at(static_cast<size_t>(rec.cores[c].core)), *w.run, w.pc,
+                           current_error());
       break;
     }
     ++at;
@@ -865,8 +1017,7 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
   if (!rec.effect_cores.empty())
     return replay_in_order(rec, program, args, block_dim, cores, gm, cfg, functional, pool,
                            prepared, keep);
-  if (prepared && (!functional || prepared->cores.size() != rec.cores.size()))
-    prepared = nullptr;
+  if (prepared && (!functional || prepared->cores.size() != rec.cores.size())) prepared = nullptr;
   if (keep && (!functional || prepared)) keep = nullptr;
   if (keep) {
     keep->cores.clear();
@@ -916,9 +1067,9 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
 bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
-                        L2Placement& placement, std::vector<GmAccess>* writes,
-                        VerifiedEffects* effects, uint64_t effects_max_bytes) {
+                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2, L2Placement& placement,
+                        std::vector<GmAccess>* writes, VerifiedEffects* effects,
+                        uint64_t effects_max_bytes) {
   std::vector<SectionRun>& runs = rec.runs;
   for (size_t i = 0; i < runs.size(); ++i)
     runs[i].section = &program.sections.at(static_cast<size_t>(rec.run_section[i]));
@@ -946,9 +1097,8 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
     // otherwise allocated and freed per check: a 48-core check took ~4 MB of heap). The queues
     // serve the walk only; `verified` keeps the cores for their ranges and fingerprints.
     thread_local FunctionalCore::Queues queues;
-    auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm,
-                                               cb.order, true, FunctionalCore::Mode::verify,
-                                               &queues);
+    auto fc = std::make_unique<FunctionalCore>(cfg, core.kind_config(), core.local(), gm, cb.order,
+                                               true, FunctionalCore::Mode::verify, &queues);
     if (effects) {
       effects->cores[i].ops.reserve(cb.order.size());
       effects->cores[i].where.reserve(cb.order.size());
@@ -980,7 +1130,7 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
   struct CoreTransfers {
     std::vector<size_t> first_range;  // per transfer, effect order: its first range
     std::array<std::vector<uint32_t>, isa::kNumExecPipes> by_pipe;  // transfers of each pipe
-    std::array<size_t, isa::kNumExecPipes> next{};  // of each pipe: next to look up
+    std::array<size_t, isa::kNumExecPipes> next{};                  // of each pipe: next to look up
     size_t looked_up = 0;
   };
   std::vector<CoreTransfers> ct(rec.cores.size());
@@ -997,7 +1147,8 @@ bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
     }
   }
   std::vector<int> slot(cores.size(), -1);  // chip index -> position in rec.cores
-  for (size_t i = 0; i < rec.cores.size(); ++i) slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
+  for (size_t i = 0; i < rec.cores.size(); ++i)
+    slot[static_cast<size_t>(rec.cores[i].core)] = int(i);
   uint64_t h = kL2FingerprintSeed;
   for (uint16_t port : rec.transfer_order) {
     const int i = port < slot.size() ? slot[port] : -1;
@@ -1081,7 +1232,7 @@ RecordedLaunch* LaunchMemo::find(const LaunchKey& key) {
 }
 
 std::vector<std::shared_ptr<RecordedLaunch>> LaunchMemo::kept(const Index& index,
-                                                               const LaunchKey& k) const {
+                                                              const LaunchKey& k) const {
   std::vector<std::shared_ptr<RecordedLaunch>> out;
   auto it = index.find(k);
   if (it == index.end()) return out;

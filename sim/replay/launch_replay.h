@@ -87,10 +87,10 @@ struct RecordedLaunch {
     int run, block, subblock;  // run: index into runs
   };
   struct CoreBlocks {
-    int core;  // chip index
-    std::vector<Block> blocks;  // in the order the core ran them
-    std::vector<uint8_t> order;  // CoreRecording::exec_order of the recorded run
-    CoreFingerprint fingerprint;  // CoreRecording::fingerprint of the recorded run
+    int core;                             // chip index
+    std::vector<Block> blocks;            // in the order the core ran them
+    std::vector<uint8_t> order;           // CoreRecording::exec_order of the recorded run
+    CoreFingerprint fingerprint;          // CoreRecording::fingerprint of the recorded run
     std::vector<uint8_t> transfer_pipes;  // CoreRecording::transfer_pipes of the recorded run
   };
   std::vector<CoreBlocks> cores;
@@ -109,7 +109,7 @@ struct RecordedLaunch {
   struct Translation {
     std::vector<uint64_t> args;  // the recorded launch's
     struct Write {
-      uint32_t arg;           // index into args
+      uint32_t arg;  // index into args
       // The range [args[arg] + offset, + bytes) (offset mod 2^64: a range may lie below its
       // argument, in the argument's block).
       uint64_t offset, bytes;
@@ -185,6 +185,37 @@ struct RecordedLaunch {
     std::vector<std::pair<uint32_t, uint32_t>> l2_block_mates;
     bool l2_traced = false;
     uint64_t l2_trace_fingerprint = 0;
+    // GM ranges that leave the block of the argument they derive from (a tail load of one
+    // instruction's span reading a few bytes past a buffer a graph's memory plan placed in its
+    // arena: the bytes past it are the next planned buffer's, or the arena's where that buffer
+    // does not start on an L2 line). Such an argument is pinned: a launch replays from this
+    // recording only with it at its recorded address (outside_blocks_alike), so each range
+    // outside lies where it lay. Each range is kept as the pieces the L2's filing by block
+    // splits it into (L2Placement::l2_address: a piece in a block runs to the block's end; an
+    // address in no block files the rest at itself), with the block each lay in, the touched
+    // arguments whose block that was, and those whose block overlapped it (a planned buffer in
+    // the arena the piece lies in: which of the two files an address depends on which the
+    // launch touched first), which are pinned too, with their blocks. As in the group replay's
+    // fixed blocks (sim/replay/group_replay.h), every block a range outside touches, and every
+    // block overlapping it, then lies as recorded, so the cold L2 places the same blocks in the
+    // same first-touch order (the lookups come in the recorded order, by induction over the
+    // run) and every lookup hits and misses as recorded. A recording with such ranges is not
+    // relocatable and keeps no L2 lookups (relocated_writes, run_l2_lookups_match refuse it).
+    struct Outside {
+      uint64_t addr = 0, bytes = 0;  // device addresses (its argument is pinned)
+      bool in_block = false;         // filed by a block (else at itself)
+      uint64_t block_start = 0, block_bytes = 0;
+      std::vector<uint32_t> same_block;  // touched arguments in that block, ascending
+      struct Overlap {
+        uint32_t arg;           // a touched argument whose block overlaps the piece's, not being it
+        uint64_t start, bytes;  // that block
+      };
+      std::vector<Overlap> overlapping;  // ascending by argument
+    };
+    std::vector<Outside> outside;
+    // Arguments some range of `outside` derives from, or whose block overlaps a piece's block
+    // (Outside::overlapping), ascending.
+    std::vector<uint32_t> pinned;
   };
   std::shared_ptr<const Translation> translation;
   // Host memory the recording holds, roughly (for LaunchMemo's limit).
@@ -263,17 +294,27 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
 // the recorded one: the launch then takes the recorded cycles and counters, and `l2` and
 // `placement` are what simulating it would have left (the caller installs them). False for a
 // recording with no lookups kept (!l2_traced). Costs one L2 lookup per line touched.
-bool run_l2_lookups_match(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
-                          L2Tags& l2, L2Placement& placement);
+bool run_l2_lookups_match(const RecordedLaunch& rec, const std::vector<uint64_t>& args, L2Tags& l2,
+                          L2Placement& placement);
 // Whether a launch of `rec`'s program at `args` loads what the recorded one loaded: for a
 // program whose loaded values steer it, the bytes at each recorded load range, moved with its
 // argument, are the recorded ones in `gm` as the launch begins, and no moved write range
-// overlaps a moved load range (the recorded launch wrote none of them: record_translation). Then, by induction over each core's run, every ld reads the
-// recorded value, and the launch is the recorded one moved with its tensors (address_flow.h).
-// True for a recording without loads kept. why (may be null): on false, where the bytes
-// differ (the replay log's reason).
+// overlaps a moved load range (the recorded launch wrote none of them: record_translation). Then,
+// by induction over each core's run, every ld reads the recorded value, and the launch is the
+// recorded one moved with its tensors (address_flow.h). True for a recording without loads kept.
+// why (may be null): on false, where the bytes differ (the replay log's reason).
 bool loads_as_recorded(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
                        const DeviceMemory& gm, std::string* why = nullptr);
+// Whether a cold launch at `args`, its lines filed by `blocks`, files the ranges `rec`'s
+// recording touched outside their arguments' blocks as then (Translation::outside): every pinned
+// argument at its recorded address, each piece in the block it lay in (or in none, as then),
+// and each touched argument's block the same as a piece's block exactly where it was then,
+// overlapping it exactly where it did (the same block), and otherwise disjoint from it. Together
+// with translated_writes' conditions and the launch's key (its arguments' block extents and
+// sharing), every range then has the L2 address it had. True for a recording without such ranges.
+// why (may be null): on false, what differs.
+bool outside_blocks_alike(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
+                          const GmBlockLookup& blocks, std::string* why = nullptr);
 // The ranges a launch with arguments `args` writes when `rec` times it by translation (in
 // *writes), or false if a displacement is not a multiple of `granule` bytes (the GM alignment).
 bool translated_writes(const RecordedLaunch& rec, const std::vector<uint64_t>& args,
@@ -335,8 +376,7 @@ std::string replay_blocks(RecordedLaunch& rec, const isa::Program& program,
                           const std::vector<uint64_t>& args, int block_dim,
                           const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
                           const ChipConfig& cfg, bool functional, WorkerPool& pool,
-                          const PreparedLaunch* prepared = nullptr,
-                          PreparedLaunch* keep = nullptr);
+                          const PreparedLaunch* prepared = nullptr, PreparedLaunch* keep = nullptr);
 
 // Whether `rec` (recorded with other tensor addresses) times this launch exactly. Running the
 // launch's blocks without effect (FunctionalCore verify mode, cores on `pool`) must give every
@@ -363,9 +403,9 @@ struct VerifiedEffects {
 bool verify_translation(RecordedLaunch& rec, const isa::Program& program,
                         const std::vector<uint64_t>& args, int block_dim,
                         const std::vector<std::unique_ptr<AiCore>>& cores, DeviceMemory& gm,
-                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2,
-                        L2Placement& placement, std::vector<GmAccess>* writes = nullptr,
-                        VerifiedEffects* effects = nullptr, uint64_t effects_max_bytes = 0);
+                        const ChipConfig& cfg, WorkerPool& pool, L2Tags& l2, L2Placement& placement,
+                        std::vector<GmAccess>* writes = nullptr, VerifiedEffects* effects = nullptr,
+                        uint64_t effects_max_bytes = 0);
 // Carries out the effects verify_translation kept for `rec` and this launch (cores on `pool`):
 // what replay_blocks(rec, ...) would do, without walking the blocks. Returns "" or the first
 // fault as replay_blocks does.

@@ -847,3 +847,153 @@ TEST_CASE("the address flow follows comparisons of one tensor's addresses") {
   };
   check_not_followed(bad);
 }
+
+namespace {
+
+// y = 2 * x over 128 fp16 (256 bytes in one transfer each way): placed 16 bytes short of the
+// end of its planned buffer, x's load reads 16 bytes past it (a tail load, as a kernel whose
+// last tile runs past its tensor's end does).
+const char* kTail = R"(
+.arg x, f16[128]
+.arg y, f16[128]
+.section aiv
+    ldarg x1, x
+    ldarg x3, y
+    movi x5, 1073741824
+    movi x6, 0
+    movi x7, 1024
+    copy_gm2ub x6, x1, 1, 8, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vmuls.f16 x7, x6, x5, 1, 1, 1, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x3, x7, 1, 8, 0, 0
+    end
+)";
+
+// Timing-only launches of kTail whose x lies in a buffer a static memory plan placed in an
+// arena (KernelLaunch::planned_blocks, the cold L2 filing its lines by buffer), its load's tail
+// in the next planned buffer; the replay log's verdict of each (out["replay_log"][name]) in the
+// translating modes.
+json tail_workload(Mode mode) {
+  unsetenv("NPUSIM_REPLAY");
+  unsetenv("NPUSIM_REPLAY_TRANSLATED");
+  unsetenv("NPUSIM_REPLAY_RELOCATE");
+  unsetenv("NPUSIM_REPLAY_LOG");
+  SimOptions opts;
+  opts.functional = false;
+  opts.replay = mode == Mode::check ? SimOptions::Replay::check : SimOptions::Replay::off;
+  opts.replay_translated = mode != Mode::simulate;
+  opts.replay_relocate = mode == Mode::relocate || mode == Mode::check;
+  const std::string replay_log = (std::filesystem::temp_directory_path() /
+                                  ("npusim_tail_log_" + std::to_string(getpid()) + ".tsv"))
+                                     .string();
+  std::filesystem::remove(replay_log);
+  if (mode != Mode::simulate) opts.replay_log = replay_log;
+  std::ifstream replay_lines;
+  Simulator sim(load_chip_config("tiny"), opts);
+  const isa::Program tail = isa::assemble(kTail, "tail.s");
+  const uint64_t line = 512;  // the tiny chip's L2 line: planned buffers start on one
+  Blocks blocks;
+  json out;
+  // An arena at `arena` of 8 lines planning x's buffer (one line), the next one (`next_bytes`)
+  // and y's (two lines); x 16 bytes short of a 256-byte load before its buffer's end. y at `y`
+  // (default: its planned buffer), in the arena or in a block of its own of `y_bytes`.
+  auto run = [&](const std::string& name, uint64_t arena, uint64_t next_bytes, uint64_t y = 0,
+                 uint64_t y_bytes = 0) {
+    blocks.clear();
+    blocks[arena] = 8 * line;
+    if (y == 0) y = arena + 4 * line;
+    if (y >= arena + 8 * line) blocks[y] = y_bytes;
+    KernelLaunch l;
+    l.program = &tail;
+    l.args = {arena + line - 240, y};
+    l.block_dim = 1;
+    l.gm_blocks = lookup(&blocks);
+    l.planned_blocks = {{arena, line}, {arena + line, next_bytes}, {arena + 4 * line, 2 * line}};
+    const KernelResult r = sim.run(l);
+    out[name] = {{"ok", r.ok},
+                 {"error", r.error},
+                 {"cycles", r.cycles},
+                 {"start", r.start_cycle},
+                 {"counters", r.counters},
+                 {"replayed", r.replayed},
+                 {"now", sim.now_cycles()}};
+    if (mode == Mode::simulate) return;
+    if (!replay_lines.is_open()) replay_lines.open(replay_log);
+    replay_lines.clear();
+    std::string text;
+    std::getline(replay_lines, text);
+    // The verdict: the fields after kernel, blocks, cycles and CPU time.
+    for (int f = 0; f < 4 && text.find('\t') != std::string::npos; ++f)
+      text.erase(0, text.find('\t') + 1);
+    out["replay_log"][name] = text;
+  };
+  const uint64_t a = 0x1000000, b = 0x2000000;
+  run("tail", a, line);
+  run("tail_again", a, line);                           // the same launch
+  run("tail_y_moved", a, line, a + 0x10000, 2 * line);  // y in a block of its own, x as was
+  run("tail_arena_moved", b, line);                     // the whole arena elsewhere: x moved
+  run("tail_next_larger", a, 2 * line);  // the bytes past x in a buffer of another size
+  // y in the buffer the tail reads (a line): then y elsewhere in a block of a line, the tail's
+  // buffer no argument's.
+  run("tail_into_y", a, line, a + line);
+  run("tail_into_y_again", a, line, a + line);
+  run("tail_into_y_moved", a, line, a + 0x20000, line);
+  out["totals"] = sim.counters();
+  std::filesystem::remove(replay_log);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a launch reading past its planned buffer replays where the arena lies as recorded") {
+  const auto in_child = [](Mode mode) {
+    return json::parse(test::run_in_child([mode] { return tail_workload(mode).dump(); }));
+  };
+  const json sim = in_child(Mode::simulate);
+  const json translated = in_child(Mode::translate);
+  const json relocated = in_child(Mode::relocate);
+  const json check = in_child(Mode::check);  // throws on any difference
+  for (const json* run : {&translated, &relocated, &check}) {
+    json a = *run;
+    a.erase("replay_log");
+    check_same_as_simulated(sim, a);
+  }
+  // Replayed by translation where x and the buffers its tail reads lie as recorded (y anywhere
+  // in a block laid out alike); simulated where x moved, the tail's buffer differs, or an
+  // argument's block is the tail's buffer then and not now. (The check mode's walking replay
+  // may also replay those after a check by walking them: not asserted.)
+  for (const json* run : {&translated, &relocated}) {
+    for (const char* k : {"tail_again", "tail_y_moved", "tail_into_y_again"}) {
+      INFO(k);
+      CHECK((*run)[k]["replayed"] == true);
+    }
+    for (const char* k :
+         {"tail", "tail_arena_moved", "tail_next_larger", "tail_into_y", "tail_into_y_moved"}) {
+      INFO(k);
+      CHECK((*run)[k]["replayed"] == false);
+    }
+  }
+  const json& log = translated["replay_log"];
+  CHECK(log["tail"] ==
+        "simulated\tno recording of its program, untyped arguments and block count; recorded, 1 "
+        "argument(s) pinned at their addresses (a GM range past its argument's block)");
+  CHECK(log["tail_again"] == "replayed\ttranslated, its own key");
+  CHECK(log["tail_y_moved"] == "replayed\ttranslated, other addresses in blocks laid out alike");
+  CHECK(log["tail_arena_moved"].get<std::string>().rfind(
+            "simulated\tin blocks laid out alike: its ranges past an argument's block differ: "
+            "argument 0 moved",
+            0) == 0);
+  CHECK(log["tail_next_larger"].get<std::string>().find("lie in another block") !=
+        std::string::npos);
+  CHECK(log["tail_into_y_moved"].get<std::string>().find(
+            "argument 1 lies beside the block at 0x1000200 that a range past an argument's block "
+            "reads, in it in the recording") != std::string::npos);
+
+  for (const char* k : {"tail_again", "tail_y_moved", "tail_into_y_again"}) {
+    INFO(k);
+    CHECK(check[k]["replayed"] == true);
+  }
+}
