@@ -78,9 +78,23 @@ uint64_t L2Placement::l2_address(uint64_t addr, uint64_t* run, uint64_t* page_or
     uint64_t start = 0, bytes = 0;
     if (!m_lookup(addr, &start, &bytes) || bytes == 0 || addr < start || addr - start >= bytes)
       return addr;
-    it = m_blocks.emplace(start, Placed{start + bytes, m_next}).first;
-    // The next block starts on a fresh line, as every allocator block does.
-    m_next += (bytes + m_line_bytes - 1) / m_line_bytes * m_line_bytes;
+    const auto same_start = m_blocks.find(start);
+    if (same_start != m_blocks.end() && addr < same_start->second.end) {
+      it = same_start;  // placed before (an entry starting nearer addr lies inside it)
+    } else {
+      // A block sharing its start with one placed before but longer (a graph's arena and the
+      // planned buffer at its start, both found by the lookup), or a block touched first: what
+      // of it lies from the last placed end at or below addr up to the next placed block is
+      // placed as a piece of its own (the block whole where nothing of it is placed yet).
+      uint64_t end = start + bytes;
+      if (same_start != m_blocks.end()) {
+        start = std::max(same_start->second.end, std::prev(it)->second.end);
+        if (it != m_blocks.end()) end = std::min(end, it->first);
+      }
+      it = m_blocks.emplace(start, Placed{end, m_next}).first;
+      // The next block starts on a fresh line, as every allocator block does.
+      m_next += (end - start + m_line_bytes - 1) / m_line_bytes * m_line_bytes;
+    }
   }
   m_last = {it->first, it->second};
   *run = it->second.end - addr;

@@ -72,6 +72,32 @@ TEST_CASE("l2 placement: blocks packed in first-touch order, offsets kept") {
   CHECK(origin == 0);
 }
 
+TEST_CASE("l2 placement: an arena past the planned buffer at its start is a piece of its own") {
+  // A graph's arena [0x10000, + 4096) holds a planned buffer at its start [0x10000, + 256): the
+  // lookup (planned_block_lookup) finds the buffer for its bytes and the arena for the rest, two
+  // blocks with one start. An address just past the buffer once got the buffer's entry back with
+  // no bytes left in it (run 0: access_placed never advanced).
+  constexpr uint64_t kBase = L2Placement::kPackedBase;
+  L2Placement p(512);
+  p.begin_launch(planned_block_lookup({{0x10000, 256}}, 512, lookup_of({{0x10000, 4096}})));
+  uint64_t run = 0, origin = 0;
+  CHECK(p.l2_address(0x10000 + 10, &run, &origin) == kBase + 10);
+  CHECK(run == 256 - 10);
+  // The rest of the arena, from the buffer's end, placed on the next line.
+  CHECK(p.l2_address(0x10000 + 256, &run, &origin) == kBase + 512);
+  REQUIRE(run == 4096 - 256);  // (on failure the range below would never end)
+  CHECK(origin == kBase + 512);
+  CHECK(p.l2_address(0x10000 + 300, &run, &origin) == kBase + 512 + 44);
+  CHECK(p.l2_address(0x10000 + 20, &run, &origin) == kBase + 20);  // the buffer as placed
+  // A range across the buffer's end is filed in two pieces and ends.
+  L2Tags l2(64 * 1024, 512, 4);
+  GmAccess r;
+  r.addr = 0x10000 + 128;
+  r.bytes = 256;
+  const L2Outcome o = access_placed(l2, p, r);
+  CHECK(o.hit_bytes + o.miss_bytes == 256);
+}
+
 TEST_CASE("l2 placement: a launch's L2 outcome does not depend on where its blocks lie") {
   const ChipConfig& cfg = sim().config();
   REQUIRE(cfg.l2_line_bytes == 512);
