@@ -78,19 +78,25 @@ std::vector<std::vector<std::pair<isa::CoreKind, size_t>>> CoreTaker::free_worke
 
 bool CoreTaker::take(const isa::Program& p, int block_dim, std::vector<std::string>* names) {
   const size_t want = size_t(std::max(1, block_dim));
-  if (free_workers(p, want).size() < want) return false;
-  take_free(p, block_dim, names);
+  const auto picked = free_workers(p, want);
+  if (picked.size() < want) return false;
+  mark(picked, names);
   return true;
 }
 
 int CoreTaker::take_free(const isa::Program& p, int block_dim, std::vector<std::string>* names) {
   const auto picked = free_workers(p, size_t(std::max(1, block_dim)));
-  for (const auto& worker : picked)
+  mark(picked, names);
+  return static_cast<int>(picked.size());
+}
+
+void CoreTaker::mark(const std::vector<std::vector<std::pair<isa::CoreKind, size_t>>>& workers,
+                     std::vector<std::string>* names) {
+  for (const auto& worker : workers)
     for (const auto& [kind, i] : worker) {
       m_taken[int(kind)][i] = true;
       if (names) names->push_back(isa::core_kind_name(kind) + std::to_string(i));
     }
-  return static_cast<int>(picked.size());
 }
 
 void CoreTaker::hold(const std::vector<std::string>& names) {

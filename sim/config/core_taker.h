@@ -54,6 +54,9 @@ class CoreTaker {
   // The free workers for p, first in core order, at most `want`: each its cores.
   std::vector<std::vector<std::pair<isa::CoreKind, size_t>>> free_workers(const isa::Program& p,
                                                                           size_t want) const;
+  // Marks the cores of `workers` taken, appending their names to `names` if given.
+  void mark(const std::vector<std::vector<std::pair<isa::CoreKind, size_t>>>& workers,
+            std::vector<std::string>* names);
 
   const ChipConfig& m_cfg;
   std::array<std::vector<bool>, 3> m_taken;  // by isa::CoreKind
