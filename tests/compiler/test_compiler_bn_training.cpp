@@ -686,6 +686,23 @@ TEST_CASE("NPUSIM_MIX_ONE_TO_ONE: Conv2DBNTrainingReduce's sums on one vector co
       }
     CHECK(found);
   }
+  // The compile option (kMixOneToOneAttr, the caller's default): the statistics 1:1 where it
+  // names bn_reduce and the switch is unset; the switch, where set, wins.
+  const auto stats_ratio = [&](const char* option) {
+    compiler::OpDesc op = make_op("Conv2DBNTrainingReduce", {in[0].desc, in[1].desc}, attrs);
+    op.attrs[compiler::ops::kMixOneToOneAttr] = std::string(option);
+    int ratio = -1;
+    for (const auto& l : compiler::compile(op, cfg).launches)
+      if (l.kernel.program.name.find("_BNTrainingReduce") != std::string::npos)
+        ratio = l.kernel.program.aiv_per_aic;
+    return ratio;
+  };
+  CHECK(stats_ratio("bn_reduce") == 1);
+  CHECK(stats_ratio("filter_grad") == 0);
+  {
+    ScopedEnv off("NPUSIM_MIX_ONE_TO_ONE", "0");
+    CHECK(stats_ratio("bn_reduce") == 0);
+  }
 }
 
 TEST_CASE("Conv2DBNTrainingReduce: the sums within the chip's cross-core flag ids") {

@@ -1043,6 +1043,59 @@ TEST_CASE("NPUSIM_MIX_ONE_TO_ONE: the filter gradient's parts added by one vecto
   }
 }
 
+TEST_CASE("the mix_one_to_one compile option: the filter gradient 1:1 where the switch is unset") {
+  // The option the TF plugin's NpuGraph plan passes under streams (kMixOneToOneAttr): the fused
+  // kernel that adds its parts runs 1:1 with it, at the chip's ratio without it; the option is
+  // part of the cache key (the two kernels apart); NPUSIM_MIX_ONE_TO_ONE, where set, wins
+  // ("0" included); a bad value is an error naming the op and the attribute.
+  if (!test_sim().config().split) return;  // add_parts: split chips only
+  const ChipConfig& cfg = test_sim().config();
+  const ConvCase c{2, 32, 32, 16, 3, 3, 16};  // few output channels over many positions
+  const std::vector<TensorDesc> inputs = {TensorDesc{DataType::F16, {c.n, c.h, c.w, c.c}},
+                                          TensorDesc{DataType::S32, {4}},
+                                          TensorDesc{DataType::F16, y_shape(c)}};
+  compiler::OpDesc plain = make_op("Conv2DBackpropFilter", inputs, c.attrs());
+  plain.outputs = {TensorDesc{DataType::F16, filter_shape(c)}};  // dW's shape (filter_sizes)
+  compiler::OpDesc asked = plain;
+  asked.attrs[compiler::ops::kMixOneToOneAttr] = std::string("filter_grad");
+  // The ratio of the launch that adds the parts (the fused kernel's mix launch).
+  const auto ratio = [&](const compiler::OpDesc& op) {
+    const compiler::CompiledKernel k = compiler::compile(op, cfg);
+    int mix = 0, found = 0;
+    for (const compiler::Launch& l : k.launches)
+      if (l.summary.find("the parts added by the vector cores") != std::string::npos) {
+        mix = l.kernel.program.aiv_per_aic;
+        ++found;
+      }
+    REQUIRE(found == 1);
+    return mix;
+  };
+  unsetenv("NPUSIM_MIX_ONE_TO_ONE");  // the default (each ScopedEnv below unsets it again)
+  CHECK(ratio(plain) == 0);
+  CHECK(ratio(asked) == 1);
+  const auto key = [&](const compiler::OpDesc& op) {
+    return compiler::kernel_cache_key(op, cfg, PrecisionMode::kAllowFp32ToFp16);
+  };
+  CHECK(key(plain) != key(asked));
+  {
+    ScopedEnv off("NPUSIM_MIX_ONE_TO_ONE", "0");
+    CHECK(ratio(asked) == 0);
+  }
+  {
+    ScopedEnv other("NPUSIM_MIX_ONE_TO_ONE", "bn_reduce");
+    CHECK(ratio(asked) == 0);
+  }
+  {
+    ScopedEnv on("NPUSIM_MIX_ONE_TO_ONE", "filter_grad");
+    CHECK(ratio(plain) == 1);
+  }
+  compiler::OpDesc bad = plain;
+  bad.attrs[compiler::ops::kMixOneToOneAttr] = std::string("filter_grads");
+  CHECK_THROWS_WITH(compiler::compile(bad, cfg),
+                    Catch::Contains("attribute mix_one_to_one='filter_grads': 'filter_grads' is "
+                                    "not a kernel it names"));
+}
+
 TEST_CASE("Conv2DBackpropInput: a 1x1 window of stride > 1 stored at dx's strided positions") {
   // dx[n][sh*i][sw*j] = dy[n][i][j] x W^T, zero elsewhere. Where FIXPIPE writes GM (split
   // chips): the product of dy's positions only, its tiles stored at dx's strided positions, by

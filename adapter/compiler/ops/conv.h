@@ -188,6 +188,9 @@ struct CubeConvSpec {
   // arguments "output0" (sum, f32 [cy]) and "output1" (square_sum). y dense (pitch() == cy),
   // its pixels whole 32-byte blocks.
   bool bn_stats = false;
+  // bn_stats: the vector cores one per cube core unless NPUSIM_MIX_ONE_TO_ONE says otherwise
+  // (mix_one_to_one_asked: the op's caller's choice; mix_one_to_one_enabled's by_default).
+  bool bn_stats_one_to_one_by_default = false;
   // With bn_stats, unstacked tiles and one group: the vector cores sum each tile as their cube
   // core stores it (bn_stats_per_tile, the default) rather than all of y after a barrier of
   // the cube cores: after each tile's FIXPIPE the cube core hands the tile to its vector cores
@@ -472,6 +475,9 @@ struct FilterGradSpec {
   // of dw_type, f32 or f16, the sums rounded to nearest even) instead of a Sum launch.
   bool add_parts = false;
   isa::Dtype dw_type = isa::Dtype::F32;
+  // add_parts: the vector cores one per cube core unless NPUSIM_MIX_ONE_TO_ONE says otherwise
+  // (mix_one_to_one_asked: the op's caller's choice; mix_one_to_one_enabled's by_default).
+  bool one_to_one_by_default = false;
   int64_t oh() const { return (h + pt + pb - (kh - 1) * dh - 1) / sh + 1; }
   int64_t ow() const { return (w + pl + pr - (kw - 1) * dw - 1) / sw + 1; }
 };
@@ -521,10 +527,19 @@ bool conv_staggered_loads_enabled(const std::string& op);
 // (CubeConvSpec::bn_stats: Conv2DBNTrainingReduce; `bn_reduce`).
 enum class OneToOneMix { filter_grad, bn_reduce };
 // NPUSIM_MIX_ONE_TO_ONE: whether `kernel` runs 1:1. The switch names the kernels, comma-separated
-// ("filter_grad", "bn_reduce", "filter_grad,bn_reduce"); "1" all of them; unset or "0" none
-// (default: docs/compiler.md). Anything else (an unknown or empty name, "1" or "0" within a
-// list) a CompileError naming op, the value and the names it takes. Read at every compile.
-bool mix_one_to_one_enabled(const std::string& op, OneToOneMix kernel);
+// ("filter_grad", "bn_reduce", "filter_grad,bn_reduce"); "1" all of them; "0" none; unset:
+// `by_default`, the caller's choice (mix_one_to_one_asked, the kernel's spec). Anything else (an
+// unknown or empty name, "1" or "0" within a list) a CompileError naming op, the value and the
+// names it takes. Read at every compile.
+bool mix_one_to_one_enabled(const std::string& op, OneToOneMix kernel, bool by_default = false);
+// The compile option kMixOneToOneAttr: whether op's caller asks `kernel` 1:1 where
+// NPUSIM_MIX_ONE_TO_ONE is unset. The attribute is a string in the switch's grammar (absent:
+// "0"); the TF plugin's NpuGraph plan sets "filter_grad" under NPUSIM_GRAPH_CONCURRENT=1
+// (docs/graph_engine.md, "The filter gradients 1:1 under streams"). Being an attribute it is
+// part of op.key(), so the kernel cache tells the two apart. A bad value: a CompileError naming
+// op, the attribute and the value.
+inline constexpr char kMixOneToOneAttr[] = "mix_one_to_one";
+bool mix_one_to_one_asked(const OpDesc& op, OneToOneMix kernel);
 // Every tiling that fits the cube core, each with its modelled cycles, in the planner's order;
 // CompileError naming op if none fits.
 std::vector<FilterGradTiling> filter_grad_tilings(const FilterGradSpec& s, const ChipConfig& cfg,

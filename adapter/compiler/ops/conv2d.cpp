@@ -620,6 +620,8 @@ void append_cube_conv(CompiledKernel& k, const CompileContext& ctx, const CubeTy
                   (spec.cy * osz) % layout::kBlockBytes == 0;
   ArgRef sums, squares;
   if (spec.bn_stats) spec.bn_stats_per_tile = conv_stats_per_tile(ctx.op);
+  if (spec.bn_stats)
+    spec.bn_stats_one_to_one_by_default = mix_one_to_one_asked(ctx.op, OneToOneMix::bn_reduce);
   if (spec.bn_stats) spec.name += "_BNTrainingReduce";
   int blocks = 0;
   Launch conv = build_cube_conv(spec, t, ctx.cfg, ctx.op.str(), &blocks);
@@ -1907,6 +1909,7 @@ void append_fused_filter_grad(CompiledKernel& k, const CompileContext& ctx, cons
   const ArgRef products = workspace_take(k, static_cast<uint64_t>(s.parts * p.mn) * 4);
   if (s.parts > 1 && p.add_parts) {
     s.add_parts = true;
+    s.one_to_one_by_default = mix_one_to_one_asked(ctx.op, OneToOneMix::filter_grad);
     s.dw_type = device_dtype(dt);
     k.launches.push_back(
         with_args(build_filter_grad(s, best, ctx.cfg, op), {xr, dyr, products, output_ref(0)}));

@@ -121,9 +121,11 @@ class ConvEmitter {
           "the convolution with batch-norm statistics needs {} cross-core flag ids; the chip "
           "has {} (sync.cross_core_flag_ids)",
           kPartialsStored + 1, m_b.config().cross_core_flag_ids));
-    // The statistics on one vector core per cube core under NPUSIM_MIX_ONE_TO_ONE=bn_reduce or 1
-    // (both sections split the block's rows and partials by the builder's ratio).
-    if (m_s.bn_stats && mix_one_to_one_enabled(m_b.op(), OneToOneMix::bn_reduce))
+    // The statistics on one vector core per cube core under NPUSIM_MIX_ONE_TO_ONE=bn_reduce or 1,
+    // or where unset and the caller asks it (bn_stats_one_to_one_by_default; both sections split
+    // the block's rows and partials by the builder's ratio).
+    if (m_s.bn_stats && mix_one_to_one_enabled(m_b.op(), OneToOneMix::bn_reduce,
+                                               m_s.bn_stats_one_to_one_by_default))
       m_b.set_aiv_per_aic(1);
     cube_section();
     if (m_s.y_zero_fill) emit_strided_zeros(m_b, m_s.y_strided, m_osz, m_t.block_dim, "y");

@@ -125,9 +125,11 @@ class FilterGradEmitter {
 
   BuiltKernel emit() {
     // The vector cores only add the parts once every product is stored: one per cube core
-    // under NPUSIM_MIX_ONE_TO_ONE=filter_grad or 1 (emit_epilogue_section spreads the sums over the
-    // launch's vector cores, block_dim x the builder's ratio).
-    if (m_s.add_parts && mix_one_to_one_enabled(m_b.op(), OneToOneMix::filter_grad))
+    // under NPUSIM_MIX_ONE_TO_ONE=filter_grad or 1, or where unset and the caller asks it
+    // (one_to_one_by_default; emit_epilogue_section spreads the sums over the launch's vector
+    // cores, block_dim x the builder's ratio).
+    if (m_s.add_parts &&
+        mix_one_to_one_enabled(m_b.op(), OneToOneMix::filter_grad, m_s.one_to_one_by_default))
       m_b.set_aiv_per_aic(1);
     cube_section();
     if (m_s.add_parts) emit_parts_sum();
@@ -564,14 +566,18 @@ bool conv_staggered_loads_enabled(const std::string& op) {
       fmt::format("{}: NPUSIM_CONV_STAGGERED_LOADS='{}' is neither '0' nor '1'", op, v));
 }
 
-bool mix_one_to_one_enabled(const std::string& op, OneToOneMix kernel) {
-  const char* v = std::getenv("NPUSIM_MIX_ONE_TO_ONE");
-  if (!v || std::string_view(v) == "0") return false;
-  if (std::string_view(v) == "1") return true;
+namespace {
+
+// Whether `value`, in NPUSIM_MIX_ONE_TO_ONE's grammar, names `kernel`; a bad value a CompileError
+// "<op>: <what>='<value>': ..." (what: the switch or the attribute).
+bool names_one_to_one(const std::string& op, const std::string& what, std::string_view value,
+                      OneToOneMix kernel) {
+  if (value == "0") return false;
+  if (value == "1") return true;
   constexpr std::pair<std::string_view, OneToOneMix> kNames[] = {
       {"filter_grad", OneToOneMix::filter_grad}, {"bn_reduce", OneToOneMix::bn_reduce}};
   bool named = false;
-  std::string_view rest(v);
+  std::string_view rest = value;
   while (true) {
     const size_t comma = rest.find(',');
     const std::string_view name = rest.substr(0, comma);
@@ -579,13 +585,26 @@ bool mix_one_to_one_enabled(const std::string& op, OneToOneMix kernel) {
                                   [&](const auto& k) { return k.first == name; });
     if (it == std::end(kNames))
       throw CompileError(
-          fmt::format("{}: NPUSIM_MIX_ONE_TO_ONE='{}': '{}' is not a kernel it names "
+          fmt::format("{}: {}='{}': '{}' is not a kernel it names "
                       "(filter_grad, bn_reduce, comma-separated; or '1' all, '0' none)",
-                      op, v, name));
+                      op, what, value, name));
     named = named || it->second == kernel;
     if (comma == std::string_view::npos) return named;
     rest.remove_prefix(comma + 1);
   }
+}
+
+}  // namespace
+
+bool mix_one_to_one_enabled(const std::string& op, OneToOneMix kernel, bool by_default) {
+  const char* v = std::getenv("NPUSIM_MIX_ONE_TO_ONE");
+  if (!v) return by_default;
+  return names_one_to_one(op, "NPUSIM_MIX_ONE_TO_ONE", v, kernel);
+}
+
+bool mix_one_to_one_asked(const OpDesc& op, OneToOneMix kernel) {
+  return names_one_to_one(op.str(), std::string("attribute ") + kMixOneToOneAttr,
+                          op.attr_string(kMixOneToOneAttr, "0"), kernel);
 }
 
 int64_t filter_grad_dy_part_blocks(const FilterGradSpec& s, const FilterGradTiling& t,

@@ -45,6 +45,7 @@
 
 #include "tensorflow/c/ops.h"
 
+#include "adapter/compiler/ops/conv.h"
 #include "adapter/graph/memory_plan.h"
 #include "adapter/graph/step_groups.h"
 #include "adapter/tf/plugin/compiled_op_kernel.h"
@@ -628,6 +629,11 @@ class NpuGraphKernel : public OpKernel {
         const auto it = node.attrs.find(a.name);
         if (it != node.attrs.end()) s.op.attrs[a.name] = it->second;
       }
+      // Under streams the filter gradients that add their parts run one vector core per cube
+      // core, leaving the other of each group to the launches beside them (NPUSIM_MIX_ONE_TO_ONE,
+      // where set, wins; docs/graph_engine.md, "The filter gradients 1:1 under streams").
+      if (graph_concurrent_enabled())
+        s.op.attrs[compiler::ops::kMixOneToOneAttr] = std::string("filter_grad");
       for (size_t i = 0; i < node.inputs.size(); ++i) {
         const NpuGraphSpec::Source& src = node.inputs[i];
         Place p;

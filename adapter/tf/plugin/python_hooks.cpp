@@ -119,7 +119,8 @@ static nlohmann::json flat_counters(const npusim::CounterDelta& delta) {
 // Every kernel launch on chip `chip` (NPU:chip; 0 with one NPU) so far, oldest first: [{"index",
 // "chip", "kernel", "stream",
 // "block_dim", "start_cycle", "cycles", "time_us", "wall_us", "replayed", "ok", "error",
-// "loads_data" (the kernel reads device memory with ld: loads_data() above),
+// "loads_data" (the kernel reads device memory with ld: loads_data() above), "aiv_per_aic" (a mix
+// kernel's declared vector cores per cube core, isa::Program::aiv_per_aic; 0: the chip's),
 // "host_dispatch_cycles" (the host dispatch paid before it: LaunchLabel::host_dispatch),
 // "reads_collective" (the id of the latest collective whose output it reads, 0: none)
 // [, "op_name", "op_type", "dispatch" (launches of one dispatch of an op share it),
@@ -147,7 +148,8 @@ NPUSIM_TF_EXPORT char* npusim_tf_launch_records_json(int with_counters, int chip
                           {"start_cycle", r.start_cycle}, {"cycles", r.cycles},
                           {"time_us", r.time_us},     {"wall_us", r.wall_us},
                           {"replayed", r.replayed},   {"ok", r.ok},
-                          {"error", r.error},         {"loads_data", loads_data(r.program.get())}};
+                          {"error", r.error},         {"loads_data", loads_data(r.program.get())},
+                          {"aiv_per_aic", r.program ? r.program->aiv_per_aic : 0}};
       if (r.label) {
         e["op_name"] = r.label->op_name;
         e["op_type"] = r.label->op_type;

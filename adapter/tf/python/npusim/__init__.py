@@ -254,7 +254,9 @@ def launch_records(with_counters=False, chip=0):
     start_cycle, cycles, time_us, wall_us (host time it took), replayed (a replay of an
     identical earlier launch, docs/chip_model.md "Launch replay"), ok, error, loads_data (the
     kernel reads device memory with its scalar unit, so its timing can depend on data: in a
-    timing-only run it may differ from a functional one), op_name and op_type (the TF op that
+    timing-only run it may differ from a functional one), aiv_per_aic (a mix kernel's declared
+    vector cores per cube core: 1 where it runs one per cube core, 0 the chip's ratio),
+    op_name and op_type (the TF op that
     launched it; a multi-tensor optimizer update's launches also give "members", the original
     node names of the members each computes: docs/tf_plugin.md "Optimizer updates"), and the
     launch's counters if asked: with_counters=True gives the counter tree
