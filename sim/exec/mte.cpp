@@ -720,15 +720,24 @@ struct Fixpipe {
                     (n - n_full) * 4);
     };
     // f32 -> f16 on an F16C host: the whole column blocks of a row converted from L0C in place
-    // (fix_block_f32_f16), only the last partial block's values gathered.
+    // (fix_block_f32_f16), only the last partial block's values gathered. f32 -> f32 (where L0C
+    // is 4-byte aligned): each column block's values copied from L0C in place.
 #if defined(__SSE2__)
     static const bool f16c = host_simd_at_least(HostSimd::kAvx2);
     const bool from_l0c = f16c && conv == FixConv::F32_F16;
 #else
     const bool from_l0c = false;
 #endif
+    const bool f32_in_place =
+        conv == FixConv::F32_F32 && reinterpret_cast<uintptr_t>(l0c) % alignof(uint32_t) == 0;
     // Row r of C converted to out (n values of the dst type).
     auto convert_row_of_c = [&](uint64_t r, uint8_t* out) {
+      if (f32_in_place) {
+        for (uint64_t c = 0; c < n; c += kFractalRows)
+          copy_f32_relu(reinterpret_cast<const uint32_t*>(l0c) + layout::l0c_offset(r, c, m16),
+                        out + c * 4, std::min(kFractalRows, n - c), relu);
+        return;
+      }
 #if defined(__SSE2__)
       if (from_l0c) {
         for (uint64_t c = 0; c < n_full; c += kFractalRows)

@@ -274,10 +274,11 @@ TEST_CASE("fixpipe faults") {
 }
 
 // f32 -> f16 rows are converted from L0C's 16-value column blocks in place on F16C hosts
-// (exec_avx2), gathered first elsewhere (exec_generic): every element must have the bits of the
-// scalar narrowing of its ReLU'd value (NaN payloads, signalling NaNs, -0, f16 subnormals, ties
-// and overflow included), for rows of whole blocks, a partial last block and no whole block, to
-// ND (UB; GM across a device page) and NZ (L1).
+// (exec_avx2), gathered first elsewhere (exec_generic), and f32 -> f32 rows copied from them in
+// place: every element must have the bits of the scalar narrowing of its ReLU'd value (NaN
+// payloads, signalling NaNs, -0, f16 subnormals, ties and overflow included), or the ReLU'd word
+// itself, for rows of whole blocks, a partial last block and no whole block, to ND (UB; GM across
+// a device page) and NZ (L1; f16 only).
 TEST_CASE("fixpipe f32 -> f16: the scalar narrowing's bits for every row width and destination") {
   const float inf = std::numeric_limits<float>::infinity();
   // NaNs (quiet, signalling, with payloads), -0, f16's largest and overflow, f16 subnormals,
@@ -331,6 +332,38 @@ TEST_CASE("fixpipe f32 -> f16: the scalar narrowing's bits for every row width a
                   want_f16(words[size_t(r) * n + c]);
           auto got = dst == Buf::GM ? t.get_gm<uint16_t>(at, extent)
                                     : t.get_local<uint16_t>(dst, at, extent);
+          CHECK(got == want);
+        }
+}
+
+TEST_CASE("fixpipe f32 -> f32: the ReLU'd words for every row width, to UB and GM") {
+  Rand rnd(12);
+  for (int relu : {0, 1})
+    for (int n : {7, 16, 20, 33, 64})
+      for (int m : {1, 5, 17})
+        for (Buf dst : {Buf::UB, Buf::GM}) {
+          INFO("relu " << relu << " m " << m << " n " << n << " " << isa::buf_name(dst));
+          auto words = f32_words(size_t(m) * n, rnd);
+          ExecBench t;
+          put_c(t, m, n, words);
+          const int stride = n + 3;
+          const size_t extent = size_t(m) * stride;
+          const uint64_t at = dst == Buf::GM ? DeviceMemory::kPageBytes - 2 * stride * 4 - 32
+                                             : 0x2000;
+          const std::vector<uint32_t> old(extent, 0xABCDEF01u);
+          if (dst == Buf::GM)
+            t.put_gm(at, old);
+          else
+            t.put_local(dst, at, old);
+          t.run(fixpipe(t, {Dtype::F32, Dtype::F32, dst, at, m, n, stride, 1, relu, 1.0f}));
+          std::vector<uint32_t> want(old);
+          for (int r = 0; r < m; ++r)
+            for (int c = 0; c < n; ++c) {
+              const uint32_t w = words[size_t(r) * n + c];
+              want[size_t(r) * stride + c] = relu && bits_float(w) < 0 ? 0u : w;
+            }
+          auto got = dst == Buf::GM ? t.get_gm<uint32_t>(at, extent)
+                                    : t.get_local<uint32_t>(dst, at, extent);
           CHECK(got == want);
         }
 }
