@@ -558,6 +558,29 @@ inline void copy_f32_relu(const uint32_t* in, uint8_t* out, uint64_t n, bool rel
   }
 }
 
+#if defined(__SSE2__)
+// One row of a column block of C, 16 L0C f32 values at in, narrowed to f16 at out (32 bytes)
+// straight from L0C: the bits convert_row<FixConv::F32_F16> gives (ReLU as copy_f32_relu, v < 0
+// ? +0 : v with NaN and -0 kept; then f32_to_f16_n's vcvtps2ph, RNE, with eight values that hold
+// a NaN redone by the scalar narrowing), without gathering the row and staging its floats first.
+__attribute__((target("avx,f16c"))) void fix_block_f32_f16(const uint8_t* in, bool relu,
+                                                           uint8_t* out) {
+  const __m256 zero = _mm256_setzero_ps();
+  for (int half = 0; half < 2; ++half) {
+    __m256 f = _mm256_loadu_ps(reinterpret_cast<const float*>(in) + 8 * half);
+    if (relu) f = _mm256_andnot_ps(_mm256_cmp_ps(f, zero, _CMP_LT_OQ), f);  // NaN < 0: false
+    uint8_t* o = out + 16 * half;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o),
+                     _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (_mm256_movemask_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q))) {
+      float v[8];
+      _mm256_storeu_ps(v, f);
+      f32_to_f16_n(v, o, 8, /*allow_hw=*/false);
+    }
+  }
+}
+#endif
+
 // Converts one row of n L0C values (raw 32-bit words) into dst elements: fix_value, then narrow.
 template <FixConv kConv>
 void convert_row(const uint32_t* in, uint8_t* out, uint64_t n, float scale, bool relu) {
@@ -696,25 +719,57 @@ struct Fixpipe {
         std::memcpy(&row_in[n_full], l0c + layout::l0c_offset(r, n_full, m16) * 4,
                     (n - n_full) * 4);
     };
+    // f32 -> f16 on an F16C host: the whole column blocks of a row converted from L0C in place
+    // (fix_block_f32_f16), only the last partial block's values gathered. f32 -> f32 (where L0C
+    // is 4-byte aligned): each column block's values copied from L0C in place.
+#if defined(__SSE2__)
+    static const bool f16c = host_simd_at_least(HostSimd::kAvx2);
+    const bool from_l0c = f16c && conv == FixConv::F32_F16;
+#else
+    const bool from_l0c = false;
+#endif
+    const bool f32_in_place =
+        conv == FixConv::F32_F32 && reinterpret_cast<uintptr_t>(l0c) % alignof(uint32_t) == 0;
+    // Row r of C converted to out (n values of the dst type).
+    auto convert_row_of_c = [&](uint64_t r, uint8_t* out) {
+      if (f32_in_place) {
+        for (uint64_t c = 0; c < n; c += kFractalRows)
+          copy_f32_relu(reinterpret_cast<const uint32_t*>(l0c) + layout::l0c_offset(r, c, m16),
+                        out + c * 4, std::min(kFractalRows, n - c), relu);
+        return;
+      }
+#if defined(__SSE2__)
+      if (from_l0c) {
+        for (uint64_t c = 0; c < n_full; c += kFractalRows)
+          fix_block_f32_f16(l0c + layout::l0c_offset(r, c, m16) * 4, relu, out + c * 2);
+        if (n_full != n) {
+          std::memcpy(row_in.data(), l0c + layout::l0c_offset(r, n_full, m16) * 4,
+                      (n - n_full) * 4);
+          convert_row<FixConv::F32_F16>(row_in.data(), out + n_full * 2, n - n_full, scale,
+                                        relu);
+        }
+        return;
+      }
+#endif
+      gather_row(r);
+      convert(row_in.data(), out);
+    };
     const uint64_t row_bytes = n * dsize;
     if (nz2nd) {
       if (dst != Buf::GM) {
-        for (uint64_t r = 0; r < m; ++r) {
-          gather_row(r);
-          convert(row_in.data(), ctx.local.at(dst, xdst + r * dst_stride * dsize, row_bytes));
-        }
+        for (uint64_t r = 0; r < m; ++r)
+          convert_row_of_c(r, ctx.local.at(dst, xdst + r * dst_stride * dsize, row_bytes));
         return;
       }
       // A row inside one device page is converted in place; one that crosses a page boundary
       // goes through the staging row.
       staging.resize(row_bytes);
       for (uint64_t r = 0; r < m; ++r) {
-        gather_row(r);
         const uint64_t addr = xdst + r * dst_stride * dsize;
         if (uint8_t* in_place = ctx.gm.span_for_write(addr, row_bytes)) {
-          convert(row_in.data(), in_place);
+          convert_row_of_c(r, in_place);
         } else {
-          convert(row_in.data(), staging.data());
+          convert_row_of_c(r, staging.data());
           ctx.gm.write(addr, staging.data(), row_bytes);
         }
       }
@@ -734,8 +789,7 @@ struct Fixpipe {
     uint8_t* row_out = dst == Buf::GM ? staging.data() + extent : staging.data();
     const uint64_t c_full = n / c0 * c0;
     for (uint64_t r = 0; r < m; ++r) {
-      gather_row(r);
-      convert(row_in.data(), row_out);
+      convert_row_of_c(r, row_out);
       for (uint64_t c = 0; c < c_full; c += c0)
         std::memcpy(nz + layout::nz_offset(r, c, dst_stride, c0) * dsize, row_out + c * dsize,
                     kBlockBytes);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/error.h"
+#include "sim/exec/f16_bulk.h"
 #include "tests/exec/test_mte_util.h"
 
 using namespace npusim;
@@ -270,4 +271,99 @@ TEST_CASE("fixpipe faults") {
   ExecBench u(cfg);
   CHECK_THROWS_WITH(plan(fixpipe(u, {Dtype::F32, Dtype::F32, Buf::UB, 0, 16, 16, 16}), u.ctx),
                     Contains("no data path l0c->ub on chip unit-test"));
+}
+
+// f32 -> f16 rows are converted from L0C's 16-value column blocks in place on F16C hosts
+// (exec_avx2), gathered first elsewhere (exec_generic), and f32 -> f32 rows copied from them in
+// place: every element must have the bits of the scalar narrowing of its ReLU'd value (NaN
+// payloads, signalling NaNs, -0, f16 subnormals, ties and overflow included), or the ReLU'd word
+// itself, for rows of whole blocks, a partial last block and no whole block, to ND (UB; GM across
+// a device page) and NZ (L1; f16 only).
+TEST_CASE("fixpipe f32 -> f16: the scalar narrowing's bits for every row width and destination") {
+  const float inf = std::numeric_limits<float>::infinity();
+  // NaNs (quiet, signalling, with payloads), -0, f16's largest and overflow, f16 subnormals,
+  // a tie (1 + 2^-11) and the value above it, infinities.
+  const std::vector<uint32_t> special = {
+      0x7fc00000u, 0xffc00123u, 0x7f800001u, 0xff812345u, 0x80000000u, 0x00000000u,
+      float_bits(65520.0f), float_bits(-65520.0f), float_bits(65519.99f), float_bits(1e-5f),
+      float_bits(-6e-8f), float_bits(2.98e-8f), float_bits(1.0009765625f),
+      float_bits(1.00146484375f), float_bits(inf), float_bits(-inf), float_bits(-3.0f)};
+  for (int relu : {0, 1})
+    for (int n : {7, 16, 20, 33, 64})
+      for (int m : {1, 5, 17})
+        for (Buf dst : {Buf::UB, Buf::GM, Buf::L1}) {
+          const int nz2nd = dst == Buf::L1 ? 0 : 1;
+          INFO("relu " << relu << " m " << m << " n " << n << " nz2nd " << nz2nd << " "
+                       << isa::buf_name(dst));
+          Rand rnd(uint64_t(n * 100 + m));
+          std::vector<uint32_t> words(size_t(m) * n);
+          for (size_t i = 0; i < words.size(); ++i)
+            words[i] = i % 3 == 0
+                           ? special[(i / 3) % special.size()]
+                           : float_bits(rnd.uniform(-70000, 70000) * (i % 3 == 1 ? 1.0f : 1e-9f));
+          // The element's wanted f16: ReLU (v < 0 ? +0 : v; NaN, -0 kept), then the scalar
+          // narrowing.
+          auto want_f16 = [&](uint32_t w) {
+            float v = bits_float(w);
+            if (relu && v < 0) v = 0.0f;
+            uint16_t h;
+            f32_to_f16_n(&v, &h, 1, /*allow_hw=*/false);
+            if (!std::isnan(v)) CHECK(h == ref_f32_to_f16(v));
+            return h;
+          };
+          ExecBench t;
+          put_c(t, m, n, words);
+          const int stride = nz2nd ? n + 3 : (m + 15) / 16 * 16;
+          const size_t extent =
+              nz2nd ? size_t(m) * stride : size_t((n + 15) / 16) * size_t(stride) * 16;
+          const uint64_t at = dst == Buf::GM   ? DeviceMemory::kPageBytes - 2 * stride * 2 - 32
+                              : dst == Buf::UB ? 0x2000
+                                               : 0x8000;
+          const std::vector<uint16_t> old(extent, 0xABCD);
+          if (dst == Buf::GM)
+            t.put_gm(at, old);
+          else
+            t.put_local(dst, at, old);
+          t.run(fixpipe(t, {Dtype::F32, Dtype::F16, dst, at, m, n, stride, nz2nd, relu, 1.0f}));
+          std::vector<uint16_t> want(nz2nd ? old : std::vector<uint16_t>(extent, 0));
+          for (int r = 0; r < m; ++r)
+            for (int c = 0; c < n; ++c)
+              want[nz2nd ? size_t(r) * stride + c : (size_t(c / 16) * stride + r) * 16 + c % 16] =
+                  want_f16(words[size_t(r) * n + c]);
+          auto got = dst == Buf::GM ? t.get_gm<uint16_t>(at, extent)
+                                    : t.get_local<uint16_t>(dst, at, extent);
+          CHECK(got == want);
+        }
+}
+
+TEST_CASE("fixpipe f32 -> f32: the ReLU'd words for every row width, to UB and GM") {
+  Rand rnd(12);
+  for (int relu : {0, 1})
+    for (int n : {7, 16, 20, 33, 64})
+      for (int m : {1, 5, 17})
+        for (Buf dst : {Buf::UB, Buf::GM}) {
+          INFO("relu " << relu << " m " << m << " n " << n << " " << isa::buf_name(dst));
+          auto words = f32_words(size_t(m) * n, rnd);
+          ExecBench t;
+          put_c(t, m, n, words);
+          const int stride = n + 3;
+          const size_t extent = size_t(m) * stride;
+          const uint64_t at = dst == Buf::GM ? DeviceMemory::kPageBytes - 2 * stride * 4 - 32
+                                             : 0x2000;
+          const std::vector<uint32_t> old(extent, 0xABCDEF01u);
+          if (dst == Buf::GM)
+            t.put_gm(at, old);
+          else
+            t.put_local(dst, at, old);
+          t.run(fixpipe(t, {Dtype::F32, Dtype::F32, dst, at, m, n, stride, 1, relu, 1.0f}));
+          std::vector<uint32_t> want(old);
+          for (int r = 0; r < m; ++r)
+            for (int c = 0; c < n; ++c) {
+              const uint32_t w = words[size_t(r) * n + c];
+              want[size_t(r) * stride + c] = relu && bits_float(w) < 0 ? 0u : w;
+            }
+          auto got = dst == Buf::GM ? t.get_gm<uint32_t>(at, extent)
+                                    : t.get_local<uint32_t>(dst, at, extent);
+          CHECK(got == want);
+        }
 }
