@@ -627,6 +627,33 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   rec->translation = std::move(translation);
 }
 
+std::vector<bool> append_fixed_blocks(const std::vector<GmBlock>& blocks,
+                                      const PlannedBlocks& planned, std::vector<uint64_t>* key) {
+  const auto overlap = [](uint64_t a_start, uint64_t a_bytes, uint64_t b_start, uint64_t b_bytes) {
+    return a_start < b_start + b_bytes && b_start < a_start + a_bytes;
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // every block and planned buffer, once
+  for (const GmBlock& b : blocks) spans.emplace_back(b.start, b.bytes);
+  spans.insert(spans.end(), planned.begin(), planned.end());
+  std::sort(spans.begin(), spans.end());
+  spans.erase(std::unique(spans.begin(), spans.end()), spans.end());
+  std::vector<bool> fixed(blocks.size(), false);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const GmBlock& blk = blocks[b];
+    for (const auto& [start, bytes] : spans)
+      if ((start != blk.start || bytes != blk.bytes) && overlap(start, bytes, blk.start, blk.bytes))
+        fixed[b] = true;
+    key->insert(key->end(), {fixed[b] ? blk.start : ~uint64_t{0}, blk.bytes});
+  }
+  for (const auto& [start, bytes] : planned)  // those overlapping a fixed block
+    for (size_t b = 0; b < blocks.size(); ++b)
+      if (fixed[b] && overlap(start, bytes, blocks[b].start, blocks[b].bytes)) {
+        key->insert(key->end(), {start, bytes});
+        break;
+      }
+  return fixed;
+}
+
 bool run_l2_lookups_match(const RecordedLaunch& rec, const std::vector<uint64_t>& args, L2Tags& l2,
                           L2Placement& placement) {
   const RecordedLaunch::Translation* t = rec.translation.get();

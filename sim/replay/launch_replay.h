@@ -68,6 +68,31 @@ bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, 
                 LaunchKey* key, LaunchKey* similar, bool* loads = nullptr,
                 bool* cross_core = nullptr);
 
+// An allocation block a translated key refers to: a block of the runtime's allocator or a
+// buffer a static memory plan placed in one (KernelLaunch::planned_blocks), as the cold L2's
+// lookup gives it for an argument (MemorySystem::select_l2).
+struct GmBlock {
+  uint64_t start = 0, bytes = 0;
+};
+
+// Fixed blocks: the one rule by which a translated key (a single launch's, ChipLauncher; a
+// concurrent group's, group_key in sim/replay/group_replay.h) holds blocks that may not move.
+// The cold L2 files an address by the block the lookup gives for it, except where an address
+// lies in a block placed before in the launch (L2Placement::l2_address): where two blocks
+// overlap (an arena an argument points into and a planned buffer in it that another argument,
+// or none, points into), which of the two files an address depends on which the launch
+// touched first, and on where the one lies in the other. Keyed by blocks and offsets alone, a
+// launch whose planned buffer lies elsewhere in the same arena looks alike, yet its lines are
+// filed elsewhere. So each of `blocks` (those the arguments point into, each once) that
+// overlaps another of them or a planned buffer, other than itself, is fixed: appends to *key,
+// per block, its start if fixed (~0 otherwise) and its bytes, then every planned buffer
+// overlapping a fixed block. With their addresses keyed, the fixed blocks and the buffers in
+// them lie as recorded, the launch touches them in the recorded order (by induction over its
+// lookups), and every address files as then. The others overlap nothing the lookup gives, so
+// any of their addresses files by them wherever they lie. Returns, per block, whether fixed.
+std::vector<bool> append_fixed_blocks(const std::vector<GmBlock>& blocks,
+                                      const PlannedBlocks& planned, std::vector<uint64_t>* key);
+
 // What replaying a launch needs from its simulated run.
 struct RecordedLaunch {
   uint64_t duration_ps = 0;   // launch start to its end (KernelResult::cycles before rounding)

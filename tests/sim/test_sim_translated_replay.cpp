@@ -1085,8 +1085,8 @@ TEST_CASE("a launch whose arguments' blocks overlap replays only where they lie 
       INFO(k);
       CHECK((*run)[k]["replayed"] == true);
     }
-    for (const char* k : {"apart", "apart_arena_moved", "x_in_y_line", "x_in_y_line_arena_moved",
-                          "apart_after"}) {
+    for (const char* k :
+         {"apart", "apart_arena_moved", "x_in_y_line", "x_in_y_line_arena_moved", "apart_after"}) {
       INFO(k);
       CHECK((*run)[k]["replayed"] == false);
     }
