@@ -220,12 +220,20 @@ struct RecordedLaunch {
     // address in no block files the rest at itself), with the block each lay in, the touched
     // arguments whose block that was, and those whose block overlapped it (a planned buffer in
     // the arena the piece lies in: which of the two files an address depends on which the
-    // launch touched first), which are pinned too, with their blocks. As in the group replay's
-    // fixed blocks (sim/replay/group_replay.h), every block a range outside touches, and every
-    // block overlapping it, then lies as recorded, so the cold L2 places the same blocks in the
-    // same first-touch order (the lookups come in the recorded order, by induction over the
-    // run) and every lookup hits and misses as recorded. A recording with such ranges is not
-    // relocatable and keeps no L2 lookups (relocated_writes, run_l2_lookups_match refuse it).
+    // launch touched first), which are pinned too, with their blocks. As for fixed blocks
+    // (append_fixed_blocks), every block a range outside touches, and every block overlapping
+    // it, then lies as recorded, so the cold L2 places the same blocks in the same first-touch
+    // order (the lookups come in the recorded order, by induction over the run) and every
+    // lookup hits and misses as recorded. A recording with such ranges is not relocatable and
+    // keeps no L2 lookups (relocated_writes, run_l2_lookups_match refuse it).
+    // Pinning and fixed blocks are two rules, not one, because they hold different things in
+    // place: fixed blocks follow from the layout before the launch runs (arguments' blocks that
+    // overlap another or a planned buffer), so the key holds them and a lookup decides; a pinned
+    // argument follows from the run (a range that left its block), and the blocks its pieces
+    // lie in are no argument's, unknown to the key, so they are compared with the recording
+    // when it is found (outside_blocks_alike). A single launch's key has both; a concurrent
+    // group's has fixed blocks only, and a member's range outside its block and outside every
+    // fixed block leaves the group untranslatable (GroupRecorder).
     struct Outside {
       uint64_t addr = 0, bytes = 0;  // device addresses (its argument is pinned)
       bool in_block = false;         // filed by a block (else at itself)
