@@ -1011,36 +1011,47 @@ json overlap_workload(Mode mode) {
   return planned_workload(mode, kTwoLoads, launches);
 }
 
+// `workload`'s runs in every mode (by Mode), each translating mode's checked equal to simulating
+// launch by launch (the check mode also throws on any difference).
+std::map<Mode, json> planned_runs(json (*workload)(Mode)) {
+  std::map<Mode, json> runs;
+  for (Mode mode : {Mode::simulate, Mode::translate, Mode::relocate, Mode::check})
+    runs[mode] =
+        json::parse(test::run_in_child([workload, mode] { return workload(mode).dump(); }));
+  for (Mode mode : {Mode::translate, Mode::relocate, Mode::check}) {
+    json a = runs[mode];
+    a.erase("replay_log");
+    check_same_as_simulated(runs[Mode::simulate], a);
+  }
+  return runs;
+}
+
+// Which of `run`'s launches were replayed and which simulated.
+void check_replayed(const json& run, std::initializer_list<const char*> replayed,
+                    std::initializer_list<const char*> simulated) {
+  for (const char* k : replayed) {
+    INFO(k);
+    CHECK(run[k]["replayed"] == true);
+  }
+  for (const char* k : simulated) {
+    INFO(k);
+    CHECK(run[k]["replayed"] == false);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a launch reading past its planned buffer replays where the arena lies as recorded") {
-  const auto in_child = [](Mode mode) {
-    return json::parse(test::run_in_child([mode] { return tail_workload(mode).dump(); }));
-  };
-  const json sim = in_child(Mode::simulate);
-  const json translated = in_child(Mode::translate);
-  const json relocated = in_child(Mode::relocate);
-  const json check = in_child(Mode::check);  // throws on any difference
-  for (const json* run : {&translated, &relocated, &check}) {
-    json a = *run;
-    a.erase("replay_log");
-    check_same_as_simulated(sim, a);
-  }
+  std::map<Mode, json> runs = planned_runs(tail_workload);
+  const json &translated = runs[Mode::translate], &check = runs[Mode::check];
   // Replayed by translation where x and the buffers its tail reads lie as recorded (y anywhere
   // in a block laid out alike); simulated where x moved, the tail's buffer differs, or an
   // argument's block is the tail's buffer then and not now. (The check mode's walking replay
   // may also replay those after a check by walking them: not asserted.)
-  for (const json* run : {&translated, &relocated}) {
-    for (const char* k : {"tail_again", "tail_y_moved", "tail_into_y_again"}) {
-      INFO(k);
-      CHECK((*run)[k]["replayed"] == true);
-    }
-    for (const char* k :
-         {"tail", "tail_arena_moved", "tail_next_larger", "tail_into_y", "tail_into_y_moved"}) {
-      INFO(k);
-      CHECK((*run)[k]["replayed"] == false);
-    }
-  }
+  for (Mode mode : {Mode::translate, Mode::relocate})
+    check_replayed(
+        runs[mode], {"tail_again", "tail_y_moved", "tail_into_y_again"},
+        {"tail", "tail_arena_moved", "tail_next_larger", "tail_into_y", "tail_into_y_moved"});
   const json& log = translated["replay_log"];
   CHECK(log["tail"] ==
         "simulated\tno recording of its program, untyped arguments and block count; recorded, 1 "
@@ -1056,39 +1067,21 @@ TEST_CASE("a launch reading past its planned buffer replays where the arena lies
   CHECK(log["tail_into_y_moved"].get<std::string>().find(
             "argument 1 lies beside the block at 0x1000200 that a range past an argument's block "
             "reads, in it in the recording") != std::string::npos);
-
-  for (const char* k : {"tail_again", "tail_y_moved", "tail_into_y_again"}) {
-    INFO(k);
-    CHECK(check[k]["replayed"] == true);
-  }
+  check_replayed(check, {"tail_again", "tail_y_moved", "tail_into_y_again"}, {});
 }
 
 TEST_CASE("a launch whose arguments' blocks overlap replays only where they lie as recorded") {
-  const auto in_child = [](Mode mode) {
-    return json::parse(test::run_in_child([mode] { return overlap_workload(mode).dump(); }));
-  };
-  const json sim = in_child(Mode::simulate);
+  std::map<Mode, json> runs = planned_runs(overlap_workload);
   // The workload tells the two layouts apart: x hits y's line in one, misses in the other.
-  CHECK(sim["apart"]["counters"] != sim["x_in_y_line"]["counters"]);
-  const json translated = in_child(Mode::translate);
-  const json relocated = in_child(Mode::relocate);
-  const json check = in_child(Mode::check);  // throws on any difference
-  for (const json* run : {&translated, &relocated, &check}) {
-    json a = *run;
-    a.erase("replay_log");
-    check_same_as_simulated(sim, a);
-  }
+  CHECK(runs[Mode::simulate]["apart"]["counters"] !=
+        runs[Mode::simulate]["x_in_y_line"]["counters"]);
   // Replayed where the overlapping blocks lie at their recorded addresses; simulated where x's
   // buffer lies elsewhere in y's block, or the arena moved (its blocks keyed by address).
-  for (const json* run : {&translated, &relocated}) {
-    for (const char* k : {"apart_again", "x_in_y_line_again"}) {
-      INFO(k);
-      CHECK((*run)[k]["replayed"] == true);
-    }
-    for (const char* k :
-         {"apart", "apart_arena_moved", "x_in_y_line", "x_in_y_line_arena_moved", "apart_after"}) {
-      INFO(k);
-      CHECK((*run)[k]["replayed"] == false);
-    }
-  }
+  for (Mode mode : {Mode::translate, Mode::relocate})
+    check_replayed(
+        runs[mode], {"apart_again", "x_in_y_line_again"},
+        {"apart", "apart_arena_moved", "x_in_y_line", "x_in_y_line_arena_moved", "apart_after"});
+  CHECK(runs[Mode::translate]["replay_log"]["apart"] ==
+        "simulated\tno recording of its program, untyped arguments and block count; recorded, "
+        "its overlapping blocks keyed by address");
 }
