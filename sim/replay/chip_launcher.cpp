@@ -58,6 +58,20 @@ void append_block_sharing(const GmBlockLookup& blocks, const std::vector<uint64_
   }
 }
 
+// The blocks `args` point into (`blocks` gives them), each once, in order of first appearance.
+std::vector<GmBlock> arg_blocks(const GmBlockLookup& blocks, const std::vector<uint64_t>& args) {
+  std::vector<GmBlock> out;
+  if (!blocks) return out;
+  for (uint64_t a : args) {
+    GmBlock b;
+    if (!blocks(a, &b.start, &b.bytes)) continue;
+    if (std::none_of(out.begin(), out.end(),
+                     [&](const GmBlock& o) { return o.start == b.start && o.bytes == b.bytes; }))
+      out.push_back(b);
+  }
+  return out;
+}
+
 }  // namespace
 
 ReplayStore::ReplayStore(const SimOptions& o)
@@ -76,6 +90,9 @@ struct ChipLauncher::Pending {
   LaunchKey key, similar;
   // `similar` without the block extents (set with `flow` when relocation is on).
   LaunchKey loose;
+  // Some block of its arguments overlaps another or a planned buffer: its keys hold those
+  // blocks' addresses (append_fixed_blocks), and it is not relocated (a cold launch).
+  bool fixed = false;
   // The lookup its lines are filed by (MemorySystem::select_l2): its replay keys and checks too.
   GmBlockLookup blocks;
   bool record = false;                 // record it for replay (Chip::begin_launch's record)
@@ -234,11 +251,19 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
   if ((!walk || translation_only) && !P->flow) replayable = false;  // nothing to record it for
   // The cold L2 files lines by block. (A graph run's launch is keyed without: its recorded L2
   // lookups are checked on the run's L2 at any layout, run_l2_lookups_match.)
-  if (replayable && !keep_l2)
+  // Blocks overlapping another or a planned buffer are keyed by address (append_fixed_blocks),
+  // and such a launch is not relocated (relocated_writes moves every block).
+  if (replayable && !keep_l2) {
+    std::vector<uint64_t> fixed_words;
+    const std::vector<bool> fixed = append_fixed_blocks(arg_blocks(P->blocks, launch.args),
+                                                        launch.planned_blocks, &fixed_words);
+    P->fixed = std::find(fixed.begin(), fixed.end(), true) != fixed.end();
     for (LaunchKey* k : {&P->key, &P->similar}) {
       append_block_extents(P->blocks, launch.args, &k->args);
       append_block_sharing(P->blocks, launch.args, &k->args);
+      k->args.insert(k->args.end(), fixed_words.begin(), fixed_words.end());
     }
+  }
   // A graph run's launch, which starts with the run's L2, is recorded apart from the cold
   // launches (which replay their own key unchecked): its key gets one more argument than any
   // cold key of the program can have (those get four per argument in a block, or none).
@@ -336,7 +361,7 @@ ChipLauncher::Begun ChipLauncher::begin(const KernelLaunch& launch, const sc_tim
       // layout), in a timing-only simulator only: a functional replay walks the cores apart,
       // which needs the recorded layout's guarantee that no core touches bytes another writes
       // (a functional run's launch at other addresses is checked by walking, below).
-      if (!recorded && opts.replay_relocate && (!in_run || !opts.functional))
+      if (!recorded && opts.replay_relocate && !P->fixed && (!in_run || !opts.functional))
         for (std::shared_ptr<RecordedLaunch>& candidate : memo.find_loose(P->loose)) {
           std::string refused;
           bool sets_moved = false;
@@ -574,6 +599,7 @@ KernelResult ChipLauncher::finish() {
     // A graph run's recording serves any block layout in a timing-only simulator (its L2
     // lookups are checked); a cold one only where it provably cannot evict differently.
     const bool relocatable = P->flow && m_store.opts.replay_relocate && rec.translation &&
+                             !P->fixed &&
                              (P->in_run ? rec.translation->l2_traced && !m_store.opts.functional
                                         : rec.translation->relocatable());
     if (!m_store.opts.replay_log.empty()) {
@@ -584,6 +610,7 @@ KernelResult ChipLauncher::finish() {
           : P->in_run ? (t->l2_traced ? "; recorded in a graph run, with its L2 lookups"
                                       : "; recorded in a graph run, no L2 lookups (a range "
                                         "outside its arguments' blocks)")
+          : P->fixed  ? "; recorded, its overlapping blocks keyed by address"
           : !t->outside.empty()
               ? fmt::format(
                     "; recorded, {} argument(s) pinned at their addresses (a GM range "
@@ -598,7 +625,8 @@ KernelResult ChipLauncher::finish() {
           m_store.unrelocatable.erase(P->loose);
         else
           m_store.unrelocatable[P->loose] =
-              !t ? "its recordings are not translatable"
+              !t         ? "its recordings are not translatable"
+              : P->fixed ? "its arguments' blocks overlap (keyed by address)"
               : !t->outside.empty()
                   ? "a range past an argument's block pins it at its recorded address"
                   : fmt::format("may evict: its spans need {} L2 ways of {} at some placement",

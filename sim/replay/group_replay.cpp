@@ -172,34 +172,11 @@ std::string group_key(const std::vector<ConcurrentLaunch>& launches, const GmBlo
     }
     exact->cores.insert(exact->cores.end(), c.cores.begin(), c.cores.end());
   }
-  // Which blocks may move. The L2 files an address by the block the lookup gives for it; for an
-  // address inside an argument's block that is that block only where no other block overlaps
-  // it: a statically planned buffer (KernelLaunch::planned_blocks) inside a graph's arena,
-  // which another argument points into. Such blocks are fixed: the translated key holds their
-  // addresses and the planned buffers overlapping them, so their addresses file as then; the
-  // others move freely (every range in one lies in it, and the lookup gives it there).
-  const PlannedBlocks& planned = launches.front().launch.planned_blocks;  // select_l2's
-  layout->fixed.assign(layout->blocks.size(), false);
-  std::vector<std::pair<uint64_t, uint64_t>> spans;  // every block and planned buffer
-  for (const GroupLayout::Block& b : layout->blocks) spans.emplace_back(b.start, b.bytes);
-  spans.insert(spans.end(), planned.begin(), planned.end());
-  std::sort(spans.begin(), spans.end());
-  spans.erase(std::unique(spans.begin(), spans.end()), spans.end());
-  for (size_t b = 0; b < layout->blocks.size(); ++b) {
-    const GroupLayout::Block& blk = layout->blocks[b];
-    for (const auto& [start, bytes] : spans)
-      if ((start != blk.start || bytes != blk.bytes) && start < blk.start + blk.bytes &&
-          blk.start < start + bytes)
-        layout->fixed[b] = true;
-    t.insert(t.end(), {layout->fixed[b] ? blk.start : ~uint64_t{0}, blk.bytes});
-  }
-  for (const auto& [start, bytes] : planned)  // those overlapping a fixed block
-    for (size_t b = 0; b < layout->blocks.size(); ++b)
-      if (layout->fixed[b] && start < layout->blocks[b].start + layout->blocks[b].bytes &&
-          layout->blocks[b].start < start + bytes) {
-        t.insert(t.end(), {start, bytes});
-        break;
-      }
+  // Which blocks may move: a block overlapping another block or a planned buffer is fixed,
+  // keyed by address (append_fixed_blocks, the rule of a single launch's key too); the others
+  // move freely (every range in one lies in it, and the lookup gives it there).
+  layout->fixed = append_fixed_blocks(layout->blocks,
+                                      launches.front().launch.planned_blocks /* select_l2's */, &t);
   const auto hash = [](GroupKey* key) {
     uint64_t h = 0;
     for (uint64_t v : key->words) h = mix(h, v);

@@ -72,6 +72,7 @@
 #include "sim/counters/counters.h"
 #include "sim/exec/exec.h"
 #include "sim/replay/address_flow.h"
+#include "sim/replay/launch_replay.h"
 #include "sim/simulator.h"
 
 namespace npusim {
@@ -97,9 +98,7 @@ struct GroupKeyHash {
 struct GroupLayout {
   bool translated = false;  // the group has a translated key (group_key's `translated`)
   std::string why_not;      // if not, why (naming the member)
-  struct Block {
-    uint64_t start = 0, bytes = 0;
-  };
+  using Block = GmBlock;
   std::vector<Block> blocks;  // the blocks its arguments point into, by number
   // [block]: it overlaps another block or a planned buffer (KernelLaunch::planned_blocks), so
   // the lookup may file its addresses by the other: keyed at its address, it does not move.

@@ -393,6 +393,37 @@ bool filing_block(const GmBlockLookup& blocks, uint64_t addr, uint64_t* start, u
   return blocks(addr, start, bytes) && *bytes > 0 && addr >= *start && addr - *start < *bytes;
 }
 
+// Whether [a_start, + a_bytes) and [b_start, + b_bytes) share a byte.
+bool overlap(uint64_t a_start, uint64_t a_bytes, uint64_t b_start, uint64_t b_bytes) {
+  return a_start < b_start + b_bytes && b_start < a_start + a_bytes;
+}
+
+// An argument's block as the L2's filing finds it (filing_block): `in` false where none holds
+// the argument, or where the argument was not looked up.
+struct ArgBlock {
+  bool in = false;
+  uint64_t start = 0, bytes = 0;
+};
+// The blocks of the arguments `wanted` names (wanted(k)), looked up once; the others not in one.
+template <class Wanted>
+std::vector<ArgBlock> arg_filing_blocks(const std::vector<uint64_t>& args,
+                                        const GmBlockLookup& blocks, Wanted wanted) {
+  std::vector<ArgBlock> out(args.size());
+  for (size_t k = 0; k < args.size(); ++k)
+    if (wanted(k)) out[k].in = filing_block(blocks, args[k], &out[k].start, &out[k].bytes);
+  return out;
+}
+// Where an argument's block lies with respect to the block [start, + bytes) that files a piece
+// of Translation::outside: it is that block (in), overlaps it being another (overlapping), or
+// neither (beside; also an argument in no block).
+enum class PieceRelation { beside, in, overlapping };
+PieceRelation piece_relation(const ArgBlock& b, uint64_t start, uint64_t bytes) {
+  if (!b.in) return PieceRelation::beside;
+  if (b.start == start && b.bytes == bytes) return PieceRelation::in;
+  return overlap(b.start, b.bytes, start, bytes) ? PieceRelation::overlapping
+                                                 : PieceRelation::beside;
+}
+
 // Translation::outside and pinned from the spans leaving their arguments' blocks (device
 // addresses, Range::core the argument): the parts outside the argument's block, merged, split
 // into the pieces the L2's filing by block makes of them (L2Placement::l2_address), each with
@@ -401,14 +432,8 @@ bool record_outside(const std::vector<Range>& spans, std::vector<bool> pinned,
                     const std::vector<uint64_t>& args, const GmBlockLookup& blocks,
                     RecordedLaunch::Translation* t) {
   // Each argument's block (the arguments some range derives from: touched or pinned).
-  struct ArgBlock {
-    bool in = false;
-    uint64_t start = 0, bytes = 0;
-  };
-  std::vector<ArgBlock> arg_block(args.size());
-  for (size_t k = 0; k < args.size(); ++k)
-    if (t->extents[k].touched || pinned[k])
-      arg_block[k].in = filing_block(blocks, args[k], &arg_block[k].start, &arg_block[k].bytes);
+  const std::vector<ArgBlock> arg_block =
+      arg_filing_blocks(args, blocks, [&](size_t k) { return t->extents[k].touched || pinned[k]; });
   std::vector<Range> parts;
   for (const Range& r : spans) {
     const ArgBlock& b = arg_block[static_cast<size_t>(r.core)];
@@ -427,12 +452,13 @@ bool record_outside(const std::vector<Range>& spans, std::vector<bool> pinned,
       if (o.in_block)
         for (size_t k = 0; k < args.size(); ++k) {
           const ArgBlock& b = arg_block[k];
-          if (!b.in) continue;
-          if (b.start == o.block_start && b.bytes == o.block_bytes) {
-            o.same_block.push_back(static_cast<uint32_t>(k));
-          } else if (b.start < o.block_start + o.block_bytes && o.block_start < b.start + b.bytes) {
-            o.overlapping.push_back({static_cast<uint32_t>(k), b.start, b.bytes});
-            pinned[k] = true;
+          switch (piece_relation(b, o.block_start, o.block_bytes)) {
+            case PieceRelation::in: o.same_block.push_back(static_cast<uint32_t>(k)); break;
+            case PieceRelation::overlapping:
+              o.overlapping.push_back({static_cast<uint32_t>(k), b.start, b.bytes});
+              pinned[k] = true;
+              break;
+            case PieceRelation::beside: break;
           }
         }
       addr += o.bytes;
@@ -627,6 +653,30 @@ void record_translation(const isa::Program& program, const AddressFlow& flow, co
   rec->translation = std::move(translation);
 }
 
+std::vector<bool> append_fixed_blocks(const std::vector<GmBlock>& blocks,
+                                      const PlannedBlocks& planned, std::vector<uint64_t>* key) {
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // every block and planned buffer, once
+  for (const GmBlock& b : blocks) spans.emplace_back(b.start, b.bytes);
+  spans.insert(spans.end(), planned.begin(), planned.end());
+  std::sort(spans.begin(), spans.end());
+  spans.erase(std::unique(spans.begin(), spans.end()), spans.end());
+  std::vector<bool> fixed(blocks.size(), false);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const GmBlock& blk = blocks[b];
+    for (const auto& [start, bytes] : spans)
+      if ((start != blk.start || bytes != blk.bytes) && overlap(start, bytes, blk.start, blk.bytes))
+        fixed[b] = true;
+    key->insert(key->end(), {fixed[b] ? blk.start : ~uint64_t{0}, blk.bytes});
+  }
+  for (const auto& [start, bytes] : planned)  // those overlapping a fixed block
+    for (size_t b = 0; b < blocks.size(); ++b)
+      if (fixed[b] && overlap(start, bytes, blocks[b].start, blocks[b].bytes)) {
+        key->insert(key->end(), {start, bytes});
+        break;
+      }
+  return fixed;
+}
+
 bool run_l2_lookups_match(const RecordedLaunch& rec, const std::vector<uint64_t>& args, L2Tags& l2,
                           L2Placement& placement) {
   const RecordedLaunch::Translation* t = rec.translation.get();
@@ -653,15 +703,10 @@ bool outside_blocks_alike(const RecordedLaunch& rec, const std::vector<uint64_t>
     if (args[k] != t->args[k])
       return refuse(fmt::format(
           "argument {} moved, and a range past its block was recorded at its address", k));
-  // The touched arguments' blocks now, looked up once.
-  struct ArgBlock {
-    bool in = false;
-    uint64_t start = 0, bytes = 0;
-  };
-  std::vector<ArgBlock> now(args.size());
-  for (size_t k = 0; k < args.size(); ++k)
-    if (t->extents[k].touched || std::binary_search(t->pinned.begin(), t->pinned.end(), k))
-      now[k].in = filing_block(blocks, args[k], &now[k].start, &now[k].bytes);
+  // The touched and pinned arguments' blocks now, looked up once.
+  const std::vector<ArgBlock> now = arg_filing_blocks(args, blocks, [&](size_t k) {
+    return t->extents[k].touched || std::binary_search(t->pinned.begin(), t->pinned.end(), k);
+  });
   for (const RecordedLaunch::Translation::Outside& o : t->outside) {
     uint64_t start = 0, bytes = 0;
     const bool in = filing_block(blocks, o.addr, &start, &bytes);
@@ -674,8 +719,9 @@ bool outside_blocks_alike(const RecordedLaunch& rec, const std::vector<uint64_t>
     size_t next = 0, next_overlap = 0;  // into o.same_block, o.overlapping
     for (size_t k = 0; k < args.size(); ++k) {
       const ArgBlock& b = now[k];
-      const bool same = b.in && b.start == start && b.bytes == bytes;
-      const bool overlaps = b.in && !same && b.start < start + bytes && start < b.start + b.bytes;
+      const PieceRelation relation = piece_relation(b, start, bytes);
+      const bool same = relation == PieceRelation::in;
+      const bool overlaps = relation == PieceRelation::overlapping;
       const bool was = next < o.same_block.size() && o.same_block[next] == k;
       if (was) ++next;
       const RecordedLaunch::Translation::Outside::Overlap* then =

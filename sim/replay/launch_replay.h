@@ -68,6 +68,31 @@ bool replay_key(const isa::Program& program, const std::vector<uint64_t>& args, 
                 LaunchKey* key, LaunchKey* similar, bool* loads = nullptr,
                 bool* cross_core = nullptr);
 
+// An allocation block a translated key refers to: a block of the runtime's allocator or a
+// buffer a static memory plan placed in one (KernelLaunch::planned_blocks), as the cold L2's
+// lookup gives it for an argument (MemorySystem::select_l2).
+struct GmBlock {
+  uint64_t start = 0, bytes = 0;
+};
+
+// Fixed blocks: the one rule by which a translated key (a single launch's, ChipLauncher; a
+// concurrent group's, group_key in sim/replay/group_replay.h) holds blocks that may not move.
+// The cold L2 files an address by the block the lookup gives for it, except where an address
+// lies in a block placed before in the launch (L2Placement::l2_address): where two blocks
+// overlap (an arena an argument points into and a planned buffer in it that another argument,
+// or none, points into), which of the two files an address depends on which the launch
+// touched first, and on where the one lies in the other. Keyed by blocks and offsets alone, a
+// launch whose planned buffer lies elsewhere in the same arena looks alike, yet its lines are
+// filed elsewhere. So each of `blocks` (those the arguments point into, each once) that
+// overlaps another of them or a planned buffer, other than itself, is fixed: appends to *key,
+// per block, its start if fixed (~0 otherwise) and its bytes, then every planned buffer
+// overlapping a fixed block. With their addresses keyed, the fixed blocks and the buffers in
+// them lie as recorded, the launch touches them in the recorded order (by induction over its
+// lookups), and every address files as then. The others overlap nothing the lookup gives, so
+// any of their addresses files by them wherever they lie. Returns, per block, whether fixed.
+std::vector<bool> append_fixed_blocks(const std::vector<GmBlock>& blocks,
+                                      const PlannedBlocks& planned, std::vector<uint64_t>* key);
+
 // What replaying a launch needs from its simulated run.
 struct RecordedLaunch {
   uint64_t duration_ps = 0;   // launch start to its end (KernelResult::cycles before rounding)
@@ -195,12 +220,20 @@ struct RecordedLaunch {
     // address in no block files the rest at itself), with the block each lay in, the touched
     // arguments whose block that was, and those whose block overlapped it (a planned buffer in
     // the arena the piece lies in: which of the two files an address depends on which the
-    // launch touched first), which are pinned too, with their blocks. As in the group replay's
-    // fixed blocks (sim/replay/group_replay.h), every block a range outside touches, and every
-    // block overlapping it, then lies as recorded, so the cold L2 places the same blocks in the
-    // same first-touch order (the lookups come in the recorded order, by induction over the
-    // run) and every lookup hits and misses as recorded. A recording with such ranges is not
-    // relocatable and keeps no L2 lookups (relocated_writes, run_l2_lookups_match refuse it).
+    // launch touched first), which are pinned too, with their blocks. As for fixed blocks
+    // (append_fixed_blocks), every block a range outside touches, and every block overlapping
+    // it, then lies as recorded, so the cold L2 places the same blocks in the same first-touch
+    // order (the lookups come in the recorded order, by induction over the run) and every
+    // lookup hits and misses as recorded. A recording with such ranges is not relocatable and
+    // keeps no L2 lookups (relocated_writes, run_l2_lookups_match refuse it).
+    // Pinning and fixed blocks are two rules, not one, because they hold different things in
+    // place: fixed blocks follow from the layout before the launch runs (arguments' blocks that
+    // overlap another or a planned buffer), so the key holds them and a lookup decides; a pinned
+    // argument follows from the run (a range that left its block), and the blocks its pieces
+    // lie in are no argument's, unknown to the key, so they are compared with the recording
+    // when it is found (outside_blocks_alike). A single launch's key has both; a concurrent
+    // group's has fixed blocks only, and a member's range outside its block and outside every
+    // fixed block leaves the group untranslatable (GroupRecorder).
     struct Outside {
       uint64_t addr = 0, bytes = 0;  // device addresses (its argument is pinned)
       bool in_block = false;         // filed by a block (else at itself)

@@ -872,11 +872,39 @@ const char* kTail = R"(
     end
 )";
 
-// Timing-only launches of kTail whose x lies in a buffer a static memory plan placed in an
-// arena (KernelLaunch::planned_blocks, the cold L2 filing its lines by buffer), its load's tail
-// in the next planned buffer; the replay log's verdict of each (out["replay_log"][name]) in the
-// translating modes.
-json tail_workload(Mode mode) {
+// y's bytes at x's address: x (a line) reads the second line y's load (a line, from 128 bytes
+// before it) filled, wherever the cold L2 files the two.
+const char* kTwoLoads = R"(
+.arg x, f16[128]
+.arg y, f16[128]
+.section aiv
+    ldarg x1, x
+    ldarg x3, y
+    movi x6, 0
+    movi x7, 1024
+    copy_gm2ub x6, x3, 1, 16, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    copy_gm2ub x7, x1, 1, 16, 0, 0
+    set_flag mte2, v, 1
+    wait_flag mte2, v, 1
+    end
+)";
+
+// One launch of a program in an allocator's blocks and a static memory plan's buffers
+// (KernelLaunch::planned_blocks: the cold L2 files an address in one that starts on a line by
+// that buffer).
+struct PlannedLaunch {
+  std::string name;
+  Blocks blocks;
+  PlannedBlocks planned;
+  std::vector<uint64_t> args;
+};
+
+// Timing-only launches of `source` (one block each) on the tiny chip, in `mode`, as `launches`
+// lay them out; per launch its results and, in the translating modes, the replay log's verdict
+// (out["replay_log"][name]).
+json planned_workload(Mode mode, const char* source, const std::vector<PlannedLaunch>& launches) {
   unsetenv("NPUSIM_REPLAY");
   unsetenv("NPUSIM_REPLAY_TRANSLATED");
   unsetenv("NPUSIM_REPLAY_RELOCATE");
@@ -887,40 +915,30 @@ json tail_workload(Mode mode) {
   opts.replay_translated = mode != Mode::simulate;
   opts.replay_relocate = mode == Mode::relocate || mode == Mode::check;
   const std::string replay_log = (std::filesystem::temp_directory_path() /
-                                  ("npusim_tail_log_" + std::to_string(getpid()) + ".tsv"))
+                                  ("npusim_planned_log_" + std::to_string(getpid()) + ".tsv"))
                                      .string();
   std::filesystem::remove(replay_log);
   if (mode != Mode::simulate) opts.replay_log = replay_log;
   std::ifstream replay_lines;
   Simulator sim(load_chip_config("tiny"), opts);
-  const isa::Program tail = isa::assemble(kTail, "tail.s");
-  const uint64_t line = 512;  // the tiny chip's L2 line: planned buffers start on one
-  Blocks blocks;
+  const isa::Program program = isa::assemble(source, "planned.s");
   json out;
-  // An arena at `arena` of 8 lines planning x's buffer (one line), the next one (`next_bytes`)
-  // and y's (two lines); x 16 bytes short of a 256-byte load before its buffer's end. y at `y`
-  // (default: its planned buffer), in the arena or in a block of its own of `y_bytes`.
-  auto run = [&](const std::string& name, uint64_t arena, uint64_t next_bytes, uint64_t y = 0,
-                 uint64_t y_bytes = 0) {
-    blocks.clear();
-    blocks[arena] = 8 * line;
-    if (y == 0) y = arena + 4 * line;
-    if (y >= arena + 8 * line) blocks[y] = y_bytes;
+  for (const PlannedLaunch& p : launches) {
     KernelLaunch l;
-    l.program = &tail;
-    l.args = {arena + line - 240, y};
+    l.program = &program;
+    l.args = p.args;
     l.block_dim = 1;
-    l.gm_blocks = lookup(&blocks);
-    l.planned_blocks = {{arena, line}, {arena + line, next_bytes}, {arena + 4 * line, 2 * line}};
+    l.gm_blocks = lookup(&p.blocks);
+    l.planned_blocks = p.planned;
     const KernelResult r = sim.run(l);
-    out[name] = {{"ok", r.ok},
-                 {"error", r.error},
-                 {"cycles", r.cycles},
-                 {"start", r.start_cycle},
-                 {"counters", r.counters},
-                 {"replayed", r.replayed},
-                 {"now", sim.now_cycles()}};
-    if (mode == Mode::simulate) return;
+    out[p.name] = {{"ok", r.ok},
+                   {"error", r.error},
+                   {"cycles", r.cycles},
+                   {"start", r.start_cycle},
+                   {"counters", r.counters},
+                   {"replayed", r.replayed},
+                   {"now", sim.now_cycles()}};
+    if (mode == Mode::simulate) continue;
     if (!replay_lines.is_open()) replay_lines.open(replay_log);
     replay_lines.clear();
     std::string text;
@@ -928,7 +946,32 @@ json tail_workload(Mode mode) {
     // The verdict: the fields after kernel, blocks, cycles and CPU time.
     for (int f = 0; f < 4 && text.find('\t') != std::string::npos; ++f)
       text.erase(0, text.find('\t') + 1);
-    out["replay_log"][name] = text;
+    out["replay_log"][p.name] = text;
+  }
+  out["totals"] = sim.counters();
+  std::filesystem::remove(replay_log);
+  return out;
+}
+
+const uint64_t kTinyLine = 512;  // the tiny chip's L2 line: planned buffers start on one
+
+// Launches of kTail whose x lies in a buffer a static memory plan placed in an arena, its
+// load's tail in the next planned buffer.
+json tail_workload(Mode mode) {
+  const uint64_t line = kTinyLine;
+  std::vector<PlannedLaunch> launches;
+  // An arena at `arena` of 8 lines planning x's buffer (one line), the next one (`next_bytes`)
+  // and y's (two lines); x 16 bytes short of a 256-byte load before its buffer's end. y at `y`
+  // (default: its planned buffer), in the arena or in a block of its own of `y_bytes`.
+  auto run = [&](const std::string& name, uint64_t arena, uint64_t next_bytes, uint64_t y = 0,
+                 uint64_t y_bytes = 0) {
+    PlannedLaunch l{name, {}, {}, {}};
+    l.blocks[arena] = 8 * line;
+    if (y == 0) y = arena + 4 * line;
+    if (y >= arena + 8 * line) l.blocks[y] = y_bytes;
+    l.args = {arena + line - 240, y};
+    l.planned = {{arena, line}, {arena + line, next_bytes}, {arena + 4 * line, 2 * line}};
+    launches.push_back(std::move(l));
   };
   const uint64_t a = 0x1000000, b = 0x2000000;
   run("tail", a, line);
@@ -941,41 +984,74 @@ json tail_workload(Mode mode) {
   run("tail_into_y", a, line, a + line);
   run("tail_into_y_again", a, line, a + line);
   run("tail_into_y_moved", a, line, a + 0x20000, line);
-  out["totals"] = sim.counters();
-  std::filesystem::remove(replay_log);
-  return out;
+  return planned_workload(mode, kTail, launches);
+}
+
+// Launches of kTwoLoads whose blocks overlap: x in a planned buffer (a line) of an arena of 8
+// lines, y in the arena's unplanned part (its block the arena), its load from 128 bytes before
+// the arena's fifth line. Keyed by blocks and offsets alone both lie alike wherever x's buffer
+// is in the arena, but the cold L2 files x's buffer inside the arena y touched first: x's line
+// is y's second where the buffer is the arena's fifth line, another line elsewhere.
+json overlap_workload(Mode mode) {
+  const uint64_t line = kTinyLine;
+  std::vector<PlannedLaunch> launches;
+  // x's buffer at line `x_line` of the arena at `arena`.
+  auto run = [&](const std::string& name, uint64_t arena, uint64_t x_line) {
+    const uint64_t x = arena + x_line * line;
+    launches.push_back({name, {{arena, 8 * line}}, {{x, line}}, {x, arena + 4 * line - 128}});
+  };
+  const uint64_t a = 0x1000000, b = 0x2000000;
+  run("apart", a, 1);
+  run("apart_again", a, 1);
+  run("apart_arena_moved", b, 1);  // the whole arena elsewhere, x's buffer where it was in it
+  run("x_in_y_line", a, 4);        // x's buffer in y's second line: x hits
+  run("x_in_y_line_again", a, 4);
+  run("x_in_y_line_arena_moved", b, 4);
+  run("apart_after", b, 6);  // apart again, x's buffer elsewhere in the arena
+  return planned_workload(mode, kTwoLoads, launches);
+}
+
+// `workload`'s runs in every mode (by Mode), each translating mode's checked equal to simulating
+// launch by launch (the check mode also throws on any difference).
+std::map<Mode, json> planned_runs(json (*workload)(Mode)) {
+  std::map<Mode, json> runs;
+  for (Mode mode : {Mode::simulate, Mode::translate, Mode::relocate, Mode::check})
+    runs[mode] =
+        json::parse(test::run_in_child([workload, mode] { return workload(mode).dump(); }));
+  for (Mode mode : {Mode::translate, Mode::relocate, Mode::check}) {
+    json a = runs[mode];
+    a.erase("replay_log");
+    check_same_as_simulated(runs[Mode::simulate], a);
+  }
+  return runs;
+}
+
+// Which of `run`'s launches were replayed and which simulated.
+void check_replayed(const json& run, std::initializer_list<const char*> replayed,
+                    std::initializer_list<const char*> simulated) {
+  for (const char* k : replayed) {
+    INFO(k);
+    CHECK(run[k]["replayed"] == true);
+  }
+  for (const char* k : simulated) {
+    INFO(k);
+    CHECK(run[k]["replayed"] == false);
+  }
 }
 
 }  // namespace
 
 TEST_CASE("a launch reading past its planned buffer replays where the arena lies as recorded") {
-  const auto in_child = [](Mode mode) {
-    return json::parse(test::run_in_child([mode] { return tail_workload(mode).dump(); }));
-  };
-  const json sim = in_child(Mode::simulate);
-  const json translated = in_child(Mode::translate);
-  const json relocated = in_child(Mode::relocate);
-  const json check = in_child(Mode::check);  // throws on any difference
-  for (const json* run : {&translated, &relocated, &check}) {
-    json a = *run;
-    a.erase("replay_log");
-    check_same_as_simulated(sim, a);
-  }
+  std::map<Mode, json> runs = planned_runs(tail_workload);
+  const json &translated = runs[Mode::translate], &check = runs[Mode::check];
   // Replayed by translation where x and the buffers its tail reads lie as recorded (y anywhere
   // in a block laid out alike); simulated where x moved, the tail's buffer differs, or an
   // argument's block is the tail's buffer then and not now. (The check mode's walking replay
   // may also replay those after a check by walking them: not asserted.)
-  for (const json* run : {&translated, &relocated}) {
-    for (const char* k : {"tail_again", "tail_y_moved", "tail_into_y_again"}) {
-      INFO(k);
-      CHECK((*run)[k]["replayed"] == true);
-    }
-    for (const char* k :
-         {"tail", "tail_arena_moved", "tail_next_larger", "tail_into_y", "tail_into_y_moved"}) {
-      INFO(k);
-      CHECK((*run)[k]["replayed"] == false);
-    }
-  }
+  for (Mode mode : {Mode::translate, Mode::relocate})
+    check_replayed(
+        runs[mode], {"tail_again", "tail_y_moved", "tail_into_y_again"},
+        {"tail", "tail_arena_moved", "tail_next_larger", "tail_into_y", "tail_into_y_moved"});
   const json& log = translated["replay_log"];
   CHECK(log["tail"] ==
         "simulated\tno recording of its program, untyped arguments and block count; recorded, 1 "
@@ -991,9 +1067,21 @@ TEST_CASE("a launch reading past its planned buffer replays where the arena lies
   CHECK(log["tail_into_y_moved"].get<std::string>().find(
             "argument 1 lies beside the block at 0x1000200 that a range past an argument's block "
             "reads, in it in the recording") != std::string::npos);
+  check_replayed(check, {"tail_again", "tail_y_moved", "tail_into_y_again"}, {});
+}
 
-  for (const char* k : {"tail_again", "tail_y_moved", "tail_into_y_again"}) {
-    INFO(k);
-    CHECK(check[k]["replayed"] == true);
-  }
+TEST_CASE("a launch whose arguments' blocks overlap replays only where they lie as recorded") {
+  std::map<Mode, json> runs = planned_runs(overlap_workload);
+  // The workload tells the two layouts apart: x hits y's line in one, misses in the other.
+  CHECK(runs[Mode::simulate]["apart"]["counters"] !=
+        runs[Mode::simulate]["x_in_y_line"]["counters"]);
+  // Replayed where the overlapping blocks lie at their recorded addresses; simulated where x's
+  // buffer lies elsewhere in y's block, or the arena moved (its blocks keyed by address).
+  for (Mode mode : {Mode::translate, Mode::relocate})
+    check_replayed(
+        runs[mode], {"apart_again", "x_in_y_line_again"},
+        {"apart", "apart_arena_moved", "x_in_y_line", "x_in_y_line_arena_moved", "apart_after"});
+  CHECK(runs[Mode::translate]["replay_log"]["apart"] ==
+        "simulated\tno recording of its program, untyped arguments and block count; recorded, "
+        "its overlapping blocks keyed by address");
 }
