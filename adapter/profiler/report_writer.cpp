@@ -680,16 +680,20 @@ std::vector<std::string> write_report(const std::string& dir, const ReportInput&
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
     throw Error(fmt::format("report: cannot create the folder '{}': {}", dir, ec.message()));
-  std::vector<OpMetrics> ms;
-  std::set<std::string> stalls;
-  for (size_t i = 0; i < in.ops.size(); ++i) {
+  if (in.metrics && in.metrics->size() != in.ops.size())
+    throw Error(fmt::format("report: {} ops but metrics of {}", in.ops.size(), in.metrics->size()));
+  std::vector<OpMetrics> computed;
+  for (size_t i = 0; !in.metrics && i < in.ops.size(); ++i) {
     try {
-      ms.push_back(compute_op_metrics(in.ops[i], *in.config));
+      computed.push_back(compute_op_metrics(in.ops[i], *in.config));
     } catch (const Error& e) {
       throw Error(fmt::format("report: op {} ('{}'): {}", i, in.ops[i].op_name, e.what()));
     }
-    for (const auto& [cause, v] : ms.back().stall_cycles) stalls.insert(cause);
   }
+  const std::vector<OpMetrics>& ms = in.metrics ? *in.metrics : computed;
+  std::set<std::string> stalls;
+  for (const OpMetrics& m : ms)
+    for (const auto& [cause, v] : m.stall_cycles) stalls.insert(cause);
   const std::vector<TypeStats> stats = op_type_stats(in, ms);
   std::vector<std::string> written;
   auto path = [&](const char* name) {

@@ -45,6 +45,9 @@ struct ReportInput {
   std::string title;               // summary.txt's heading, e.g. "npusim run kernels/vadd_f16.s"
   const ChipConfig* config = nullptr;
   std::vector<OpRecord> ops;       // in launch order, wait_cycles set (set_wait_cycles)
+  // compute_op_metrics of each of `ops`, in order, when the caller has them already (a TF
+  // step's ~500 launches' counter trees take seconds to read); null: write_report computes them.
+  const std::vector<OpMetrics>* metrics = nullptr;
   // Collectives of a system run (comm_record.h): op_summary.csv rows with Task Type HCCL after
   // the ops' (and its communication columns), their trace lanes and summary.txt's split of each
   // chip's time into compute, communication and overlap.

@@ -689,6 +689,7 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
   r.ai_cpu = ai_cpu_rows(in.ai_cpu, in.origin_cycle);
   r.other_chip_kernels = in.other_chip_kernels;
   r.summary_appendix = appendix(in, r.ops, ms);
+  r.metrics = &ms;
   const json trace = runtime_trace(in, r.ops);
   r.trace = &trace;
   if (in.pipe_trace)
