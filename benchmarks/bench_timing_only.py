@@ -13,12 +13,15 @@ plugin compiles every kernel in it) inside npusim.profile(report dir), and print
 - simulated_us: the step's device timeline (first launch start to last launch end, as
   models.run's simulated_us_per_step) and the kernels it launched;
 - where the wall time went: the kernel launches' own host time (launch records' wall_us, the
-  simulator), by TF op type, and what is left (TensorFlow, the kernel compiler, Python);
+  simulator), by TF op type, and what is left (TensorFlow, the kernel compiler, Python); of
+  the latter, the plugin's host phases' CPU seconds (npusim.host_cpu_seconds(): graph passes,
+  kernel compiles, graph plans);
 - with NPUSIM_REPLAY_LOG=FILE set (the replay log, sim/simulator.h SimOptions::replay_log),
   the step's simulated launches by the reason no recording timed them, with their CPU seconds
   (benchmarks/replay_log_summary.py);
 - report_s: the time npusim.profile took to write the step's report folder (op_summary.csv,
-  op_statistic.csv, trace.json, summary.txt, plots) and its path; peak host memory (ru_maxrss)
+  op_statistic.csv, trace.json, summary.txt, plots) and its path; report_cpu_s: its CPU
+  seconds, the plot script's process included; peak host memory (ru_maxrss)
   after each step and at the end.
 
 Target (printed as MET/MISS, not asserted): the step within 120 s of wall time.
@@ -44,10 +47,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 TARGET_WALL_S = 120.0
 
 
-def cpu_s():
-    """CPU seconds of this process so far (every thread, user + system)."""
+def cpu_s(children=False):
+    """CPU seconds of this process so far (every thread, user + system); children=True adds
+    its waited-for child processes' (the report's plot script)."""
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system + (t.children_user + t.children_system if children else 0.0)
 
 
 def maxrss_gib():
@@ -101,6 +105,18 @@ def replay_split(records):
     return out
 
 
+def host_phases(times):
+    """npusim.host_cpu_seconds() summed per phase (graph_pass, compile, graph_plan): {phase:
+    {"cpu_s", "calls", "top": {item: cpu_s} (the 4 largest)}}."""
+    out = {}
+    for phase, items in (times or {}).items():
+        top = sorted(items.items(), key=lambda kv: -kv[1]["cpu_s"])[:4]
+        out[phase] = {"cpu_s": sum(v["cpu_s"] for v in items.values()),
+                      "calls": sum(v["calls"] for v in items.values()),
+                      "top": {k: round(v["cpu_s"], 2) for k, v in top}}
+    return out
+
+
 def replay_log_lines():
     """The lines of the replay log so far (NPUSIM_REPLAY_LOG), or None when it is not written."""
     path = os.environ.get("NPUSIM_REPLAY_LOG")
@@ -143,6 +159,7 @@ def main():
             report.__enter__()  # pylint: disable=unnecessary-dunder-call
         profiler = cProfile.Profile() if a.profile and i == 0 else None
         npusim.clear_launch_records()
+        npusim.host_cpu_seconds(reset=True)
         logged = replay_log_lines()
         c0, t0 = cpu_s(), time.perf_counter()
         if profiler:
@@ -152,6 +169,7 @@ def main():
             step()
         wall, cpu = time.perf_counter() - t0, cpu_s() - c0
         rss = maxrss_gib()
+        host = host_phases(npusim.host_cpu_seconds())
         records = npusim.launch_records()
         figures = run.npu_figures(npusim, a.batch, 1, records, [])
         replay = replay_split(records)
@@ -159,7 +177,7 @@ def main():
                       "simulated_us": figures.get("simulated_us_per_step"),
                       "kernels": len(records),
                       "replayed": sum(1 for r in records if r.get("replayed")),
-                      "replay": replay,
+                      "replay": replay, "host_cpu_s": host,
                       "launch_wall_s": figures["emulator_wall_s_per_step"],
                       "launch_wall_s_by_op_type": {
                           k: round(v, 3) for k, v in
@@ -176,6 +194,10 @@ def main():
               f"({replay['first_wall_s']:.1f} s of their own wall), {replay['again']} of one "
               f"seen before ({replay['again_wall_s']:.1f} s; by op type: "
               f"{replay['again_by_op_type']})", flush=True)
+        print("  the plugin's host phases (CPU s of the threads that ran them): " + "; ".join(
+            f"{phase} {h['cpu_s']:.1f} s in {h['calls']} calls (top: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in h["top"].items()) + ")"
+            for phase, h in host.items()), flush=True)
         if logged is not None:
             from benchmarks.replay_log_summary import summarise
             why = summarise(replay_log_lines()[len(logged):], top=3)
@@ -187,21 +209,22 @@ def main():
                                 for k in r["top_kernels"])
                 print(f"    {r['launches']} launches, {r['cpu_s']:.1f} CPU-s: {reason} ({top})",
                       flush=True)
-    t0 = time.perf_counter()
+    c0, t0 = cpu_s(children=True), time.perf_counter()
     if not a.no_report:
         report.__exit__(None, None, None)
-    report_s = time.perf_counter() - t0
+    report_s, report_cpu_s = time.perf_counter() - t0, cpu_s(children=True) - c0
     report = None if a.no_report else report.directory
     first = steps[0]
     out = {"model": a.model, "batch": a.batch, "input_size": a.input_size, "chip": a.chip,
            "overrides": a.overrides,
-           "functional": False, "steps": steps, "report_dir": report, "report_s": report_s,
+           "functional": False, "steps": steps, "report_dir": report, "report_s": report_s, "report_cpu_s": report_cpu_s,
            "max_rss_gib": maxrss_gib(),
            "device_peak_bytes": tf.config.experimental.get_memory_info("NPU:0")["peak"],
            "target_wall_s": TARGET_WALL_S, "met": first["wall_s"] <= TARGET_WALL_S}
     print(f"{a.model} training, batch {a.batch}, {a.input_size}x{a.input_size}, {a.chip}, "
           f"timing-only: one step {first['wall_s']:.1f} s wall ({first['cpu_s']:.1f} s CPU), "
-          f"simulated step {first['simulated_us'] / 1000:.2f} ms; report ({report_s:.1f} s): "
+          f"simulated step {first['simulated_us'] / 1000:.2f} ms; report ({report_s:.1f} s, "
+          f"{report_cpu_s:.1f} s CPU with its plots): "
           f"{report}; device peak {out['device_peak_bytes'] / 2**30:.1f} GiB, host max RSS "
           f"{out['max_rss_gib']:.1f} GiB; target {TARGET_WALL_S:.0f} s: "
           f"{'MET' if out['met'] else 'MISS'}")

@@ -6,9 +6,12 @@
 // the driver thread while another thread may read or reset it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -44,6 +47,12 @@ class PipeTraceCollector : public ChipObserver {
   // returns, for a launch that began at simulator time sim_begin_ps, the picoseconds to add (the
   // runtime's modelled time before it), or a negative value to leave the launch out. Also the
   // process and lane names of every core. Times in us at `clock_mhz`.
+  // write_events hands `emit` each event's JSON text, byte for byte what nlohmann::json::dump()
+  // writes for trace_events::instruction / flag_flow / meta (trace.json streams them: a million
+  // events as a JSON document take ~1 GiB of host memory); append_events adds them to `events`.
+  template <typename OffsetFn>
+  void write_events(double clock_mhz, OffsetFn offset_ps_of,
+                    const std::function<void(std::string_view)>& emit) const;
   template <typename OffsetFn>
   void append_events(nlohmann::json& events, double clock_mhz, OffsetFn offset_ps_of) const;
 
@@ -73,25 +82,35 @@ class PipeTraceCollector : public ChipObserver {
     uint32_t text, loc;         // slices: string table indices
   };
   bool admit_locked();
-  void render(nlohmann::json& events, double clock_mhz,
-              const std::vector<int64_t>& launch_offsets_ps) const;
+  void render(double clock_mhz, const std::vector<int64_t>& launch_offsets_ps,
+              const std::function<void(std::string_view)>& emit) const;
 
   mutable std::mutex m_mutex;
   PipeTraceOptions m_opts;
   std::vector<std::pair<int, std::string>> m_cores;  // kept across resets
   Stats m_stats;
-  bool m_in_detail = false;              // the running launch is recorded
+  // The running launch is recorded; written under m_mutex, read without it by the event hooks,
+  // which return at once outside a detailed launch (every instruction of every simulated launch
+  // calls them while the collector is attached).
+  std::atomic<bool> m_in_detail{false};
   std::vector<uint64_t> m_launch_begin;  // detailed launches' begin, simulator ps
   std::vector<Event> m_events;
   trace_events::Strings m_strings;
 };
 
 template <typename OffsetFn>
-void PipeTraceCollector::append_events(nlohmann::json& events, double clock_mhz,
-                                       OffsetFn offset_ps_of) const {
+void PipeTraceCollector::write_events(double clock_mhz, OffsetFn offset_ps_of,
+                                      const std::function<void(std::string_view)>& emit) const {
   std::vector<int64_t> offsets;
   for (uint64_t begin : detailed_launch_begins()) offsets.push_back(offset_ps_of(begin));
-  render(events, clock_mhz, offsets);
+  render(clock_mhz, offsets, emit);
+}
+
+template <typename OffsetFn>
+void PipeTraceCollector::append_events(nlohmann::json& events, double clock_mhz,
+                                       OffsetFn offset_ps_of) const {
+  write_events(clock_mhz, offset_ps_of,
+               [&](std::string_view e) { events.push_back(nlohmann::json::parse(e)); });
 }
 
 }  // namespace npusim::prof

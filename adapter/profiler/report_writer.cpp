@@ -81,6 +81,59 @@ void write_text(const std::string& path, const std::string& text) {
   if (!out) throw Error("report: writing '" + path + "' failed");
 }
 
+// trace.json: `trace` (an object) as its dump() writes it, with `tail`'s events streamed at the
+// end of its traceEvents array (created if missing), written through a buffer so that neither
+// the events nor the file's text are held whole.
+void write_trace(const std::string& path, const json& trace,
+                 const std::function<void(const std::function<void(std::string_view)>&)>& tail) {
+  if (!tail) return write_text(path, trace.dump() + "\n");
+  if (!trace.is_object() && !trace.is_null())
+    throw Error("report: trace.json's document is not an object");
+  const json empty = json::array();
+  const json& events = trace.contains("traceEvents") ? trace.at("traceEvents") : empty;
+  if (!events.is_array()) throw Error("report: trace.json's traceEvents is not an array");
+  std::ofstream out(path, std::ios::binary);
+  if (!out) throw Error("report: cannot write '" + path + "'");
+  constexpr size_t kFlushBytes = 1 << 20;
+  std::string buf;
+  auto flush = [&]() {
+    out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+    buf.clear();
+  };
+  // The object's keys in dump()'s order (sorted), traceEvents among them.
+  std::map<std::string, const json*> keys;
+  if (trace.is_object())
+    for (auto it = trace.begin(); it != trace.end(); ++it) keys[it.key()] = &it.value();
+  keys.emplace("traceEvents", &events);
+  buf += '{';
+  bool first_key = true;
+  for (const auto& [key, value] : keys) {
+    if (!first_key) buf += ',';
+    first_key = false;
+    buf += json(key).dump();
+    buf += ':';
+    if (key != "traceEvents") {
+      buf += value->dump();
+      continue;
+    }
+    buf += '[';
+    bool first = true;
+    auto emit = [&](std::string_view e) {
+      if (!first) buf += ',';
+      first = false;
+      buf.append(e.data(), e.size());
+      if (buf.size() >= kFlushBytes) flush();
+    };
+    for (const json& e : events) emit(e.dump());
+    tail(emit);
+    buf += ']';
+  }
+  buf += "}\n";
+  flush();
+  out.close();
+  if (!out) throw Error("report: writing '" + path + "' failed");
+}
+
 template <size_t N>
 void side_cells(std::vector<std::string>& row, const SideMetrics& s, const UnitRatio (&units)[N]) {
   if (!s.present) {
@@ -627,16 +680,20 @@ std::vector<std::string> write_report(const std::string& dir, const ReportInput&
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
     throw Error(fmt::format("report: cannot create the folder '{}': {}", dir, ec.message()));
-  std::vector<OpMetrics> ms;
-  std::set<std::string> stalls;
-  for (size_t i = 0; i < in.ops.size(); ++i) {
+  if (in.metrics && in.metrics->size() != in.ops.size())
+    throw Error(fmt::format("report: {} ops but metrics of {}", in.ops.size(), in.metrics->size()));
+  std::vector<OpMetrics> computed;
+  for (size_t i = 0; !in.metrics && i < in.ops.size(); ++i) {
     try {
-      ms.push_back(compute_op_metrics(in.ops[i], *in.config));
+      computed.push_back(compute_op_metrics(in.ops[i], *in.config));
     } catch (const Error& e) {
       throw Error(fmt::format("report: op {} ('{}'): {}", i, in.ops[i].op_name, e.what()));
     }
-    for (const auto& [cause, v] : ms.back().stall_cycles) stalls.insert(cause);
   }
+  const std::vector<OpMetrics>& ms = in.metrics ? *in.metrics : computed;
+  std::set<std::string> stalls;
+  for (const OpMetrics& m : ms)
+    for (const auto& [cause, v] : m.stall_cycles) stalls.insert(cause);
   const std::vector<TypeStats> stats = op_type_stats(in, ms);
   std::vector<std::string> written;
   auto path = [&](const char* name) {
@@ -651,9 +708,9 @@ std::vector<std::string> write_report(const std::string& dir, const ReportInput&
   if (!in.comms.empty()) {
     json trace = in.trace ? *in.trace : json::object();
     add_comm_trace(trace, in.comms, in.config->clock_mhz);
-    write_text(path("trace.json"), trace.dump() + "\n");
+    write_trace(path("trace.json"), trace, in.trace_events_tail);
   } else if (in.trace) {
-    write_text(path("trace.json"), in.trace->dump() + "\n");
+    write_trace(path("trace.json"), *in.trace, in.trace_events_tail);
   }
   write_text(path("summary.txt"), summary_text(in, ms, stats));
   return written;

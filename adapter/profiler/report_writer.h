@@ -14,8 +14,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -43,6 +45,9 @@ struct ReportInput {
   std::string title;               // summary.txt's heading, e.g. "npusim run kernels/vadd_f16.s"
   const ChipConfig* config = nullptr;
   std::vector<OpRecord> ops;       // in launch order, wait_cycles set (set_wait_cycles)
+  // compute_op_metrics of each of `ops`, in order, when the caller has them already (a TF
+  // step's ~500 launches' counter trees take seconds to read); null: write_report computes them.
+  const std::vector<OpMetrics>* metrics = nullptr;
   // Collectives of a system run (comm_record.h): op_summary.csv rows with Task Type HCCL after
   // the ops' (and its communication columns), their trace lanes and summary.txt's split of each
   // chip's time into compute, communication and overlap.
@@ -63,6 +68,10 @@ struct ReportInput {
   // simulated time is end - origin, the first op's wait is measured from it.
   uint64_t origin_cycle = 0;
   const nlohmann::json* trace = nullptr;  // Simulator::trace(), when the run traced
+  // Events streamed into trace.json's traceEvents after `trace`'s (and the collectives'), each
+  // call of `emit` one event's JSON text, without a document in memory: a TF step's pipe trace
+  // has up to a million instruction events (RuntimeReportInput::pipe_trace). Empty: none.
+  std::function<void(const std::function<void(std::string_view)>& emit)> trace_events_tail;
   // summary.txt: one utilisation line per op (off for a TF run's many ops, whose summary gives
   // it per op type in summary_appendix instead).
   bool per_op_utilisation = true;

@@ -587,6 +587,24 @@ std::vector<TfOpSpan> tf_op_spans(const std::vector<rt::LaunchRecord>& launches,
   return out;
 }
 
+void pipe_trace_events(const RuntimeReportInput& in,
+                       const std::function<void(std::string_view)>& emit) {
+  if (!in.pipe_trace) return;
+  // Each detailed launch moves by the runtime's modelled time before it (LaunchRecord:
+  // start_cycle - sim_start_cycle); the collector saw it begin at sim_start_cycle.
+  std::unordered_map<uint64_t, int64_t> offset_by_sim_start;
+  for (const rt::LaunchRecord& r : in.launches)
+    offset_by_sim_start[r.sim_start_cycle] =
+        static_cast<int64_t>(r.start_cycle - r.sim_start_cycle) * 1000;
+  in.pipe_trace->write_events(
+      in.config->clock_mhz,
+      [&](uint64_t begin_ps) -> int64_t {
+        auto it = offset_by_sim_start.find(begin_ps / 1000);
+        return it == offset_by_sim_start.end() ? -1 : it->second;
+      },
+      emit);
+}
+
 json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& ops) {
   const ChipConfig& cfg = *in.config;
   auto us = [&](uint64_t cycles) { return cfg.cycles_to_us(double(cycles)); };
@@ -634,16 +652,7 @@ json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& op
 
   json other = {{"clock_mhz", cfg.clock_mhz}, {"launches", ops.size()}};
   if (in.pipe_trace) {
-    // Each detailed launch moves by the runtime's modelled time before it (LaunchRecord:
-    // start_cycle - sim_start_cycle); the collector saw it begin at sim_start_cycle.
-    std::unordered_map<uint64_t, int64_t> offset_by_sim_start;
-    for (const rt::LaunchRecord& r : in.launches)
-      offset_by_sim_start[r.sim_start_cycle] =
-          static_cast<int64_t>(r.start_cycle - r.sim_start_cycle) * 1000;
-    in.pipe_trace->append_events(ev, cfg.clock_mhz, [&](uint64_t begin_ps) -> int64_t {
-      auto it = offset_by_sim_start.find(begin_ps / 1000);
-      return it == offset_by_sim_start.end() ? -1 : it->second;
-    });
+    // The pipe trace's events follow (pipe_trace_events, streamed as trace.json is written).
     const PipeTraceCollector::Stats s = in.pipe_trace->stats();
     other["detail_launches"] = s.launches_detailed;
     other["launches_seen"] = s.launches_seen;
@@ -680,8 +689,13 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
   r.ai_cpu = ai_cpu_rows(in.ai_cpu, in.origin_cycle);
   r.other_chip_kernels = in.other_chip_kernels;
   r.summary_appendix = appendix(in, r.ops, ms);
+  r.metrics = &ms;
   const json trace = runtime_trace(in, r.ops);
   r.trace = &trace;
+  if (in.pipe_trace)
+    r.trace_events_tail = [&in](const std::function<void(std::string_view)>& emit) {
+      pipe_trace_events(in, emit);
+    };
   std::vector<std::string> files = write_report(dir, r);
 
   // Each phase name's last occurrence: the same files of its launches, copies and collectives.

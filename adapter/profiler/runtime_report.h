@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -143,9 +145,13 @@ struct RuntimeReportInput {
 };
 
 // The Chrome trace: a "host" process (lanes "TF ops": one slice per TF op run, spanning its
-// launches; "h2d", "d2h", "d2d/memset": the copies), a "chip" process ("kernels": one slice per
-// launch) and the collector's cores with one lane per pipe.
+// launches; "h2d", "d2h", "d2d/memset": the copies) and a "chip" process ("kernels": one slice
+// per launch); the collector's cores with one lane per pipe come from pipe_trace_events.
 nlohmann::json runtime_trace(const RuntimeReportInput& in, const std::vector<OpRecord>& ops);
+// The pipe trace's events (in.pipe_trace; none without it), shifted onto the device timeline,
+// each handed to `emit` as its JSON text: trace.json's traceEvents after runtime_trace's.
+void pipe_trace_events(const RuntimeReportInput& in,
+                       const std::function<void(std::string_view)>& emit);
 
 // Writes the folder (write_report's files, trace.json included) and returns the paths written;
 // with phases also phases/<name>/ per phase name (the same files of its last occurrence's

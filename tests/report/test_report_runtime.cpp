@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "adapter/profiler/runtime_report.h"
+#include "isa/disassembler.h"
 #include "sim/config/chip_config.h"
 
 using namespace npusim;
@@ -220,6 +221,98 @@ TEST_CASE("runtime report: the pipe trace keeps the first launches and shifts th
   CHECK(c.stats().events == 3);
   CHECK(c.stats().dropped_events == 2);
   CHECK(c.stats().last_detailed_truncated);
+}
+
+TEST_CASE("runtime report: the pipe trace's streamed events are the JSON documents' dump") {
+  // Reference: trace_events::instruction / flag_flow / append_core_process built as JSON
+  // documents and dumped by nlohmann; the collector writes the same text without them. A source
+  // name that needs escaping, and times whose shortest form needs an exponent (1 ps at 1850 MHz).
+  const double clock_mhz = 1850.0;
+  prof::PipeTraceCollector c({/*detail_launches=*/2, /*max_events=*/100});
+  c.on_core(0, "aic0");
+  c.on_core(3, "aiv\"1\\");
+  isa::Program prog;
+  prog.name = "k";
+  prog.source = "dir/k \"q\"\\.s";
+  isa::Section sec;
+  isa::Instruction nop, lined;
+  lined.src_line = 12;
+  c.on_kernel_begin(prog, 1, 0);
+  c.on_instruction(0, Lane::SCALAR, 1, 2, 7, nop, sec);
+  c.on_flow_begin(0, Lane::SCALAR, 2000, 5);
+  c.on_flow_end(3, Lane::VECTOR, 3333, 5);
+  c.on_instruction(3, Lane::VECTOR, 3333, 123'456'789'012, 4'000'000'000u, lined, sec);
+  c.on_kernel_end(prog, 5000, true);
+  const int64_t shift_ps = 7'000;
+  std::vector<std::string> got;
+  c.write_events(clock_mhz, [&](uint64_t) -> int64_t { return shift_ps; },
+                 [&](std::string_view e) { got.emplace_back(e); });
+
+  auto us = [&](uint64_t ps) { return double(ps) / 1000.0 / clock_mhz; };
+  const std::string text = isa::disassemble(nop, &sec);
+  const std::string src = prog.source;
+  json meta = json::array();
+  trace_events::append_core_process(meta, 0, "aic0", 10);
+  trace_events::append_core_process(meta, 3, "aiv\"1\\", 13);
+  std::vector<std::string> want;
+  for (const json& e : meta) want.push_back(e.dump());
+  want.push_back(trace_events::instruction(100, trace_events::lane_tid(Lane::SCALAR),
+                                           us(1 + shift_ps), us(2 - 1), 7, text, src)
+                     .dump());
+  want.push_back(trace_events::flag_flow(100, trace_events::lane_tid(Lane::SCALAR),
+                                         us(2000 + shift_ps), true, 5)
+                     .dump());
+  want.push_back(trace_events::flag_flow(103, trace_events::lane_tid(Lane::VECTOR),
+                                         us(3333 + shift_ps), false, 5)
+                     .dump());
+  want.push_back(trace_events::instruction(103, trace_events::lane_tid(Lane::VECTOR),
+                                           us(3333 + shift_ps), us(123'456'789'012 - 3333),
+                                           4'000'000'000u, isa::disassemble(lined, &sec),
+                                           src + ":12")
+                     .dump());
+  CHECK(got == want);
+  CHECK(want[meta.size()].find("e-07") != std::string::npos);  // the exponent form ran
+}
+
+TEST_CASE("runtime report: trace.json streams the pipe trace after the launches' events") {
+  const ChipConfig cfg = load_chip_config("tiny");
+  prof::PipeTraceCollector c({/*detail_launches=*/5, /*max_events=*/100});
+  c.on_core(0, "aic0");
+  isa::Program prog;
+  prog.name = "gemm";
+  isa::Section sec;
+  isa::Instruction nop;
+  c.on_kernel_begin(prog, 1, 0);
+  c.on_instruction(0, Lane::CUBE, 0, 3000, 1, nop, sec);
+  c.on_kernel_end(prog, 3000, true);
+  prof::RuntimeReportInput in;
+  in.title = "test";
+  in.config = &cfg;
+  in.launches = {launch("gemm", 400, 300, {{"aic0", cube_core(300, 200, 50000)}},
+                        label("mm", "MatMul", 1))};
+  in.launches[0].sim_start_cycle = 0;  // the collector saw it begin at 0, the device at 400
+  in.pipe_trace = &c;
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "npusim_test_runtime_report_stream").string();
+  std::filesystem::remove_all(dir);
+  prof::write_runtime_report(dir, in);
+
+  // The file is what one JSON document's dump() writes (sorted keys, shortest numbers) ...
+  const std::string text = read_file(dir + "/trace.json");
+  const json trace = json::parse(text);
+  CHECK(text == trace.dump() + "\n");
+  // ... runtime_trace's events, then the collector's, the instruction moved by 400 cycles.
+  const json head = prof::runtime_trace(in, {prof::op_record(in.launches[0], cfg)});
+  json tail = json::array();
+  prof::pipe_trace_events(in, [&](std::string_view e) { tail.push_back(json::parse(e)); });
+  REQUIRE(trace["traceEvents"].size() == head["traceEvents"].size() + tail.size());
+  CHECK(trace["otherData"] == head["otherData"]);
+  CHECK(trace["otherData"]["instruction_events"] == 1);
+  const json& last = trace["traceEvents"].back();
+  CHECK(last == tail.back());
+  CHECK(last["cat"] == "insn");
+  CHECK(last["ts"].get<double>() == Approx(400 / cfg.clock_mhz));
+  CHECK(last["dur"].get<double>() == Approx(3 / cfg.clock_mhz));
 }
 
 TEST_CASE("runtime report: the folder has TF names, a kernel column, a host lane and waits") {
