@@ -38,7 +38,11 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
   naming the node that faulted;
 - a graph with a CPU fallback in the middle still runs and computes numpy's results: the nodes
   before and after the CPU node are not one graph; an intermediate fetched from the function is
-  an output of its graph.
+  an output of its graph;
+- a fused node the same optimizer call made (a Conv2DBiasAdd, whose default attributes are not
+  yet in its NodeDef) at a set's edge: the set is made in that first call (the plugin before
+  left it to the next call, where it was clustered apart from the sets of the first: ConvNeXt's
+  and EfficientNet's training steps ran as several task lists), one task list, the CPU's values.
 """
 
 import json
@@ -484,6 +488,59 @@ def test_a_const_read_as_a_host_input_keeps_no_path_between_sets():
     groups = result["groups"]
     assert any("h" in g and "rows" in g for g in groups), groups
     assert not any("plus_axes" in g for g in groups), groups
+
+
+FUSED_AT_THE_EDGE = r"""
+import glob
+import json
+import os
+import tempfile
+import numpy as np
+dump = tempfile.mkdtemp()
+os.environ["NPUSIM_GRAPH_DUMP"] = dump
+import npusim
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+@tf.function
+def f(x, w, b):
+    # Conv2D -> BiasAdd -> Relu becomes one Conv2DBiasAdd (relu), returned: the set's output.
+    y = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, w, 1, "SAME"), b))
+    return y, tf.reduce_sum(y * 2.0, axis=[1, 2])
+
+rng = np.random.default_rng(0)
+args = [rng.standard_normal(s).astype(np.float32) for s in ((2, 8, 8, 16), (3, 3, 16, 16), (16,))]
+with tf.device("/NPU:0"):
+    f(*args)
+    npusim.clear_launch_records()
+    got = [t.numpy() for t in f(*args)]
+recs = npusim.launch_records()
+with tf.device("/CPU:0"):
+    want = [t.numpy() for t in f.python_function(*[tf.constant(a) for a in args])]
+# The optimizer's first call on f's graph (the dumps' call numbers count per process).
+first = min(glob.glob(os.path.join(dump, "*inference_f_*.after.pb")),
+            key=lambda p: int(p.split(".")[-3]))
+g = graph_pb2.GraphDef()
+with open(first, "rb") as fh:
+    g.ParseFromString(fh.read())
+print("NPUSIM_RESULT " + json.dumps({
+    "first_call_ops": sorted(n.op for n in g.node if "NPU" in n.device and n.op != "Const"),
+    "task_lists": len({("graph", r["graph_run"]) if r["graph_run"] else ("op", r["dispatch"])
+                       for r in recs}),
+    "ops": sorted(r["op_type"] for r in recs),
+    "got": [a.tolist() for a in got], "want": [a.tolist() for a in want]}))
+"""
+
+
+def test_a_fused_node_at_a_sets_edge_is_clustered_in_the_first_call():
+    result = _result(run_child(FUSED_AT_THE_EDGE, timeout=300))
+    assert "NpuGraph" in result["first_call_ops"], result["first_call_ops"]
+    assert "Conv2DBiasAdd" not in result["first_call_ops"], result["first_call_ops"]
+    assert result["task_lists"] == 1
+    assert "Conv2DBiasAdd" in result["ops"]
+    # The cube's fp16 operands (the default precision mode) against the CPU's float32.
+    for got, want in zip(result["got"], result["want"]):
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.max(np.abs(want)))
 
 
 CONFIGURE_OFF = r"""

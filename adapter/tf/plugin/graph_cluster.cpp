@@ -405,12 +405,18 @@ std::vector<int> topological_order(const Graph& g) {
   return order;
 }
 
-// The dtype of each output of `node` (empty if its op is unknown).
+// The dtype of each output of `node` (empty if its op is unknown). Attributes left at their
+// defaults count with their default: a node the fusions of this call made carries only the
+// attributes they set (a Conv2DBiasAdd without `Tbias`), whose types InOutTypesForNode would
+// not resolve until TensorFlow adds the defaults between calls; a set reading such a node
+// would be left alone in this call and clustered apart from the rest in the next.
 std::vector<tfc::DataType> output_types(const tfc::NodeDef& node) {
   tfc::DataTypeVector in, out;
   const tfc::OpDef* def = nullptr;
   if (!tfc::OpRegistry::Global()->LookUpOpDef(node.op(), &def).ok()) return {};
-  if (!tfc::InOutTypesForNode(node, *def, &in, &out).ok()) return {};
+  tfc::NodeDef full = node;
+  tfc::AddDefaultsToNodeDef(*def, &full);
+  if (!tfc::InOutTypesForNode(full, *def, &in, &out).ok()) return {};
   return std::vector<tfc::DataType>(out.begin(), out.end());
 }
 
