@@ -39,6 +39,9 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
 - a graph with a CPU fallback in the middle still runs and computes numpy's results: the nodes
   before and after the CPU node are not one graph; an intermediate fetched from the function is
   an output of its graph;
+- a gradient ordered by control edges (SquaredDifference's: its Sub and its 2.0 after the
+  incoming gradient) joins the step's one set (the edges are tried again while sets merge, the
+  Const's control input dropped): one task list, the CPU's values;
 - a fused node the same optimizer call made (a Conv2DBiasAdd, whose default attributes are not
   yet in its NodeDef) at a set's edge: the set is made in that first call (the plugin before
   left it to the next call, where it was clustered apart from the sets of the first: ConvNeXt's
@@ -542,6 +545,49 @@ def test_a_fused_node_at_a_sets_edge_is_clustered_in_the_first_call():
     # The cube's fp16 operands (the default precision mode) against the CPU's float32.
     for got, want in zip(result["got"], result["want"]):
         np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.max(np.abs(want)))
+
+
+SQUARED_DIFFERENCE_GRAD = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+@tf.function
+def step(x, y):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        # SquaredDifference's gradient: 2 * g * (a - y), its Sub and the 2 ordered after g by
+        # control edges (TensorFlow's _SquaredDifferenceGrad).
+        loss = tf.reduce_sum(tf.tanh(tf.math.squared_difference(x * 3.0, y)) * 0.5)
+    return loss, tape.gradient(loss, x)
+
+rng = np.random.default_rng(0)
+x, y = (tf.constant(rng.standard_normal((8, 32)).astype(np.float32)) for _ in range(2))
+with tf.device("/NPU:0"):
+    step(x, y)
+    npusim.clear_launch_records()
+    got = [t.numpy() for t in step(x, y)]
+recs = npusim.launch_records()
+with tf.device("/CPU:0"):
+    want = [t.numpy() for t in step.python_function(x, y)]
+print("NPUSIM_RESULT " + json.dumps({
+    "task_lists": len({("graph", r["graph_run"]) if r["graph_run"] else ("op", r["dispatch"])
+                       for r in recs}),
+    "got": [np.asarray(a).tolist() for a in got], "want": [np.asarray(a).tolist() for a in want]}))
+"""
+
+
+def test_a_gradient_ordered_by_control_edges_joins_the_set():
+    # The Sub of SquaredDifference's gradient reads the forward's values by data edges and waits
+    # for the gradient g by a control edge: when the forward's set first met it, g had not yet
+    # joined that set (a path through an outside node), and the plugin did not try the edge
+    # again, so the Sub and the product after it ran apart (2 task lists); the 2.0 Const, also
+    # ordered after g, made a path of its own. Now one task list, the CPU's values.
+    result = _result(run_child(SQUARED_DIFFERENCE_GRAD, timeout=300))
+    assert result["task_lists"] == 1
+    for got, want in zip(result["got"], result["want"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 CONFIGURE_OFF = r"""
