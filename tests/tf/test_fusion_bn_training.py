@@ -12,6 +12,9 @@ BNTrainingReduceGrad.
   per-channel tensors to [1, 1, 1, C]) and a batch of one (grappler drops the unit axis from
   the gradient's Sums), and for batch norms without a scale (Keras' scale=False, as in
   InceptionV3: no Mul by gamma, the fused ops read a Const of ones);
+- x read besides the batch norm (a pre-activation block's identity shortcut, as ResNet50V2's
+  preact_bn: x's gradient sums the shortcut's beside the batch norm's) fuses too, the
+  BNTrainingReduceGrad summed with the other gradient, and computes the CPU's results;
 - patterns that must not fuse stay unfused and still compute the CPU's results: the same batch
   norm in inference mode inside a training step, a second consumer of an intermediate of the
   pattern (the normalisation factor also read by another node), and the pattern in float16 (the
@@ -72,7 +75,10 @@ def pattern(x, gamma, beta, variant):
         mean, var = tf.squeeze(mean, [0, 1, 2]), tf.squeeze(var, [0, 1, 2])
         inv = tf.math.rsqrt(var + 1e-3) * gamma
         y = tf.nn.relu(x * inv + (beta - mean * inv))
-        loss = tf.reduce_sum(y * tf.cast(tf.range(8), y.dtype))
+        # A pre-activation block's identity shortcut (ResNet50V2's preact_bn): x also feeds an
+        # Add, so x's gradient sums the shortcut's beside the batch norm's three parts.
+        out = y + x if variant == "shortcut" else y
+        loss = tf.reduce_sum(out * tf.cast(tf.range(8), y.dtype))
     grads = tape.gradient(loss, [x, gamma, beta])
     # A node of the graph reading inv besides the pattern (a fetch of inv itself would be
     # preserved, which keeps it anyway).
@@ -115,7 +121,7 @@ def inference_in_training(device):
 
 
 out = {v: {"npu": run(v, "/NPU:0"), "cpu": run(v, "/CPU:0")}
-       for v in ("fusible", "second_consumer", "float16")}
+       for v in ("fusible", "shortcut", "second_consumer", "float16")}
 out["inference"] = {"npu": inference_in_training("/NPU:0"),
                     "cpu": inference_in_training("/CPU:0")}
 print("RESULT " + json.dumps(out))
@@ -174,11 +180,11 @@ def pattern_runs():
     return child_result(PATTERN_CODE)
 
 
-@pytest.mark.parametrize("variant", ["fusible", "second_consumer", "float16"])
+@pytest.mark.parametrize("variant", ["fusible", "shortcut", "second_consumer", "float16"])
 def test_pattern_variants(pattern_runs, variant):
     run = pattern_runs[variant]
     fused = BN_TYPES <= set(run["npu"]["ops"])
-    assert fused == (variant == "fusible")
+    assert fused == (variant in ("fusible", "shortcut"))
     if not fused:
         assert not BN_TYPES & set(run["npu"]["ops"])
     tol = 2e-2 if variant == "float16" else 1e-4

@@ -25,8 +25,8 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
   result stays after the run;
 - the CNN's training step: one task list a step (grappler's constant-folded ShapeN Consts,
   ordered after the forward's MaxPool, no longer split it), losses and weights bit for bit
-  those of node by node; a Const ordered after a member and read by a later node only as a
-  host input does not keep that node out of the set, one read as a data input does;
+  those of node by node; a Const ordered after a member (a control input) and read by a later
+  node, as a host input or as a data input, does not keep that node out of the set;
 - arenas: kept across runs, freed when the input shapes change, one per concurrent run;
 - variable updates inside graphs: a kernel fault in a graph that updates variables (the
   watchdog at one instruction faults its first launch; the updates were queued after it) is
@@ -38,7 +38,14 @@ of NPU nodes become NpuGraph nodes, each run as one task list per step.
   naming the node that faulted;
 - a graph with a CPU fallback in the middle still runs and computes numpy's results: the nodes
   before and after the CPU node are not one graph; an intermediate fetched from the function is
-  an output of its graph.
+  an output of its graph;
+- a gradient ordered by control edges (SquaredDifference's: its Sub and its 2.0 after the
+  incoming gradient) joins the step's one set (the edges are tried again while sets merge, the
+  Const's control input dropped): one task list, the CPU's values;
+- a fused node the same optimizer call made (a Conv2DBiasAdd, whose default attributes are not
+  yet in its NodeDef) at a set's edge: the set is made in that first call (the plugin before
+  left it to the next call, where it was clustered apart from the sets of the first: ConvNeXt's
+  and EfficientNet's training steps ran as several task lists), one task list, the CPU's values.
 """
 
 import json
@@ -476,14 +483,111 @@ print("NPUSIM_RESULT " + json.dumps({
 def test_a_const_read_as_a_host_input_keeps_no_path_between_sets():
     # The Sum reads the Const only as its axes, which its set copies: the path h -> Const ->
     # Sum does not keep the Sum out of h's set (the plugin before ran it alone). The folded
-    # cast of the Const is a data input of the last add: that path still counts (merging would
-    # make a cycle through the Const, which runs after the NpuGraph node), so the add stays out.
+    # cast of the Const is a data input of the last add: its control input from h only delayed
+    # it (no control flow in the graph), so the clustering drops it and the add joins the set
+    # too (before, that path kept the add out: merging would have made a cycle through the
+    # Const running after the NpuGraph node).
     result = _result(run_child(CONST_AFTER_MEMBER))
     for got, want in zip(result["got"], result["want"]):
         np.testing.assert_allclose(got, want, rtol=1e-6)
     groups = result["groups"]
-    assert any("h" in g and "rows" in g for g in groups), groups
-    assert not any("plus_axes" in g for g in groups), groups
+    assert any("h" in g and "rows" in g and "plus_axes" in g for g in groups), groups
+
+
+FUSED_AT_THE_EDGE = r"""
+import glob
+import json
+import os
+import tempfile
+import numpy as np
+dump = tempfile.mkdtemp()
+os.environ["NPUSIM_GRAPH_DUMP"] = dump
+import npusim
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+@tf.function
+def f(x, w, b):
+    # Conv2D -> BiasAdd -> Relu becomes one Conv2DBiasAdd (relu), returned: the set's output.
+    y = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, w, 1, "SAME"), b))
+    return y, tf.reduce_sum(y * 2.0, axis=[1, 2])
+
+rng = np.random.default_rng(0)
+args = [rng.standard_normal(s).astype(np.float32) for s in ((2, 8, 8, 16), (3, 3, 16, 16), (16,))]
+with tf.device("/NPU:0"):
+    f(*args)
+    npusim.clear_launch_records()
+    got = [t.numpy() for t in f(*args)]
+recs = npusim.launch_records()
+with tf.device("/CPU:0"):
+    want = [t.numpy() for t in f.python_function(*[tf.constant(a) for a in args])]
+# The optimizer's first call on f's graph (the dumps' call numbers count per process).
+first = min(glob.glob(os.path.join(dump, "*inference_f_*.after.pb")),
+            key=lambda p: int(p.split(".")[-3]))
+g = graph_pb2.GraphDef()
+with open(first, "rb") as fh:
+    g.ParseFromString(fh.read())
+print("NPUSIM_RESULT " + json.dumps({
+    "first_call_ops": sorted(n.op for n in g.node if "NPU" in n.device and n.op != "Const"),
+    "task_lists": len({("graph", r["graph_run"]) if r["graph_run"] else ("op", r["dispatch"])
+                       for r in recs}),
+    "ops": sorted(r["op_type"] for r in recs),
+    "got": [a.tolist() for a in got], "want": [a.tolist() for a in want]}))
+"""
+
+
+def test_a_fused_node_at_a_sets_edge_is_clustered_in_the_first_call():
+    result = _result(run_child(FUSED_AT_THE_EDGE, timeout=300))
+    assert "NpuGraph" in result["first_call_ops"], result["first_call_ops"]
+    assert "Conv2DBiasAdd" not in result["first_call_ops"], result["first_call_ops"]
+    assert result["task_lists"] == 1
+    assert "Conv2DBiasAdd" in result["ops"]
+    # The cube's fp16 operands (the default precision mode) against the CPU's float32.
+    for got, want in zip(result["got"], result["want"]):
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.max(np.abs(want)))
+
+
+SQUARED_DIFFERENCE_GRAD = r"""
+import json
+import numpy as np
+import npusim
+import tensorflow as tf
+
+@tf.function
+def step(x, y):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        # SquaredDifference's gradient: 2 * g * (a - y), its Sub and the 2 ordered after g by
+        # control edges (TensorFlow's _SquaredDifferenceGrad).
+        loss = tf.reduce_sum(tf.tanh(tf.math.squared_difference(x * 3.0, y)) * 0.5)
+    return loss, tape.gradient(loss, x)
+
+rng = np.random.default_rng(0)
+x, y = (tf.constant(rng.standard_normal((8, 32)).astype(np.float32)) for _ in range(2))
+with tf.device("/NPU:0"):
+    step(x, y)
+    npusim.clear_launch_records()
+    got = [t.numpy() for t in step(x, y)]
+recs = npusim.launch_records()
+with tf.device("/CPU:0"):
+    want = [t.numpy() for t in step.python_function(x, y)]
+print("NPUSIM_RESULT " + json.dumps({
+    "task_lists": len({("graph", r["graph_run"]) if r["graph_run"] else ("op", r["dispatch"])
+                       for r in recs}),
+    "got": [np.asarray(a).tolist() for a in got], "want": [np.asarray(a).tolist() for a in want]}))
+"""
+
+
+def test_a_gradient_ordered_by_control_edges_joins_the_set():
+    # The Sub of SquaredDifference's gradient reads the forward's values by data edges and waits
+    # for the gradient g by a control edge: when the forward's set first met it, g had not yet
+    # joined that set (a path through an outside node), and the plugin did not try the edge
+    # again, so the Sub and the product after it ran apart (2 task lists); the 2.0 Const, also
+    # ordered after g, made a path of its own. Now one task list, the CPU's values.
+    result = _result(run_child(SQUARED_DIFFERENCE_GRAD, timeout=300))
+    assert result["task_lists"] == 1
+    for got, want in zip(result["got"], result["want"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 CONFIGURE_OFF = r"""

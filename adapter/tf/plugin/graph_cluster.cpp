@@ -42,12 +42,16 @@
 // Edges out of NextIteration nodes lead to the next iteration of a loop: the graph below has
 // edges from each NextIteration to its loop's Exits instead (struct Graph; a graph still cyclic
 // is left alone). Clusters grow along data
-// edges between such nodes (union of connected sets), and two sets merge only if no path leads
+// edges between such nodes (union of connected sets; the edges are tried again while sets
+// merge), and two sets merge only if no path leads
 // from one to the other through a node outside both (control edges included): the contracted
 // graph stays acyclic, so the NpuGraph node can run after all its inputs and before all its
 // consumers. A Const's edge into the other set that its member reads
 // only as host inputs is not such a path's edge: the merged set copies the value and takes no
-// input from the Const (grappler's constant-folded ShapeN Consts keep control inputs). An update
+// input from the Const (grappler's constant-folded ShapeN Consts keep control inputs). In a
+// graph without control flow the Consts on the chip lose their control inputs first
+// (detach_consts: they only delay a value that cannot change), so a Const read as a data input
+// makes no such path either. An update
 // left alone (no data edge to a member) then joins the largest set it can under the same rule, and
 // so does a compiled op left alone whose data inputs are all variable reads and Consts (a
 // variable's next state: Keras 3's seed `state + [0, 1]`, its readers the AssignVariableOp that
@@ -343,6 +347,29 @@ bool reads_const_on_host_only(const Graph& g, int c, int member) {
   return read;
 }
 
+// Drops the control inputs of the Consts on an NPU in a graph without control flow (the
+// working copy's; none if the graph has a control-flow op); returns how many. A Const's control
+// inputs only delay it: without frames or dead tensors for them to carry, its value is the same
+// whenever it runs. grappler's constant folding keeps them on the Consts it folds from shapes
+// (a Mean gradient's element count `moments/scalar`, ordered after the forward's node whose
+// shape it was), and such a Const read as a data input by a later node made a path from the
+// earlier node's set through the Const to the later one's, which then could not merge
+// (ConvNeXt's unfused layer norms split its training step into four task lists).
+int detach_consts(tfc::GraphDef& work) {
+  for (const tfc::NodeDef& n : work.node())
+    if (is_control_flow_op(n.op())) return 0;
+  int dropped = 0;
+  for (tfc::NodeDef& n : *work.mutable_node()) {
+    if (n.op() != "Const" || !on_npu(n)) continue;
+    int kept = 0;
+    for (int i = 0; i < n.input_size(); ++i)
+      if (split_input(n.input(i)).second >= 0) *n.mutable_input(kept++) = n.input(i);
+    dropped += n.input_size() - kept;
+    while (n.input_size() > kept) n.mutable_input()->RemoveLast();
+  }
+  return dropped;
+}
+
 // Whether a path leads from set `a` to set `b` through at least one node outside both (sets of
 // the contracted graph: entering a set reaches all its members). An edge into `b` from a Const
 // `b`'s member reads only as host inputs (`reads_const_on_host_only`) is no edge of that graph:
@@ -405,12 +432,18 @@ std::vector<int> topological_order(const Graph& g) {
   return order;
 }
 
-// The dtype of each output of `node` (empty if its op is unknown).
+// The dtype of each output of `node` (empty if its op is unknown). Attributes left at their
+// defaults count with their default: a node the fusions of this call made carries only the
+// attributes they set (a Conv2DBiasAdd without `Tbias`), whose types InOutTypesForNode would
+// not resolve until TensorFlow adds the defaults between calls; a set reading such a node
+// would be left alone in this call and clustered apart from the rest in the next.
 std::vector<tfc::DataType> output_types(const tfc::NodeDef& node) {
   tfc::DataTypeVector in, out;
   const tfc::OpDef* def = nullptr;
   if (!tfc::OpRegistry::Global()->LookUpOpDef(node.op(), &def).ok()) return {};
-  if (!tfc::InOutTypesForNode(node, *def, &in, &out).ok()) return {};
+  tfc::NodeDef full = node;
+  tfc::AddDefaultsToNodeDef(*def, &full);
+  if (!tfc::InOutTypesForNode(full, *def, &in, &out).ok()) return {};
   return std::vector<tfc::DataType>(out.begin(), out.end());
 }
 
@@ -455,6 +488,7 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
   // The clustering reads (and rewrites) a copy: `graph` changes only if a set is made.
   tfc::GraphDef work = graph;
   read_after_noop_as_after_update(work);
+  detach_consts(work);
   const LivenessClasses liveness = liveness_classes(work);
   const Graph g(work, liveness);
   const std::vector<int> order = topological_order(g);
@@ -523,26 +557,34 @@ ClusterCounts cluster_npu_graph(tfc::GraphDef& graph,
     ma.insert(ma.end(), members[b].begin(), members[b].end());
     members.erase(b);
   };
-  for (int u : order) {
-    if (!ok[u]) continue;
-    // A view joins its input's set only: edges out of it count once it is there.
-    if (is_view(*g.nodes[u])) {
-      const auto in = g.index.find(split_input(g.nodes[u]->input(0)).first);
-      if (in == g.index.end() || sets.find(in->second) != sets.find(u)) continue;
-    }
-    for (int v : g.succ[u]) {
-      if (!ok[v]) continue;
-      // Only data edges join sets, and the control edge from an update to a read after it.
-      bool data = read_after_update(g, *g.nodes[v]) == g.nodes[u];
-      for (const std::string& in : g.nodes[v]->input())
-        data |= split_input(in).second >= 0 && split_input(in).first == g.nodes[u]->name();
-      if (!data) continue;
-      const int a = sets.find(u), b = sets.find(v);
-      if (a == b || !on_npu(*g.nodes[v]) || g.nodes[u]->device() != g.nodes[v]->device() ||
-          live_class[u] != live_class[v])
-        continue;
-      if (share_handle(a, b) || path_through_outside(g, sets, members, a, b)) continue;
-      merge(a, b);
+  // Sets grow along data edges in topological order, and again until no two merge: an edge
+  // refused for a path through a node that joined one of its sets later (the Sub of a
+  // SquaredDifference's gradient, ordered by a control edge after the Mean gradient that later
+  // joined the forward's set: ConvNeXt's unfused layer norms) may then join.
+  for (bool merged = true; merged;) {
+    merged = false;
+    for (int u : order) {
+      if (!ok[u]) continue;
+      // A view joins its input's set only: edges out of it count once it is there.
+      if (is_view(*g.nodes[u])) {
+        const auto in = g.index.find(split_input(g.nodes[u]->input(0)).first);
+        if (in == g.index.end() || sets.find(in->second) != sets.find(u)) continue;
+      }
+      for (int v : g.succ[u]) {
+        if (!ok[v]) continue;
+        // Only data edges join sets, and the control edge from an update to a read after it.
+        bool data = read_after_update(g, *g.nodes[v]) == g.nodes[u];
+        for (const std::string& in : g.nodes[v]->input())
+          data |= split_input(in).second >= 0 && split_input(in).first == g.nodes[u]->name();
+        if (!data) continue;
+        const int a = sets.find(u), b = sets.find(v);
+        if (a == b || !on_npu(*g.nodes[v]) || g.nodes[u]->device() != g.nodes[v]->device() ||
+            live_class[u] != live_class[v])
+          continue;
+        if (share_handle(a, b) || path_through_outside(g, sets, members, a, b)) continue;
+        merge(a, b);
+        merged = true;
+      }
     }
   }
   // A lone update (no data edge to another member: its value from Consts and variable reads

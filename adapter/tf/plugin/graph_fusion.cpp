@@ -311,6 +311,9 @@ struct TrainingBatchNorm {
   bool keeps_dims = false;             // the graph's per-channel gradients are [1, 1, 1, C]
   int64_t channels = 0;                // C, where the chain has no scale (a Const of ones is)
   std::string g;                       // the gradient arriving at the batch norm's output
+  // x's other gradients, summed in dx beside the batch norm's three parts (in their order);
+  // empty where x feeds the batch norm only.
+  std::vector<std::string> dx_others;
   std::vector<tfc::NodeDef*> removed;  // every matched node but variance, last, dscale, dx
 };
 
@@ -441,10 +444,21 @@ bool match_training_grad(GraphView& g, TrainingBatchNorm* t) {
   }
   tfc::NodeDef* dx = dx_scale ? g.only_consumer(dx_scale->name()) : nullptr;
   if (!dx || dx->op() != "AddN" || dx->input_size() < 3) return false;
-  std::set<std::string> parts;
-  for (int i = 0; i < dx->input_size(); ++i)
-    if (!parse_input(dx->input(i)).control) parts.insert(dx->input(i));
-  if (parts != std::set<std::string>{dx_scale->name(), dx_mean->name(), dx_var->name()})
+  // x's AddN: the three parts, each once, and x's other gradients if any (x read besides the
+  // batch norm: a pre-activation block's identity shortcut, ResNet50V2's preact_bn).
+  const std::set<std::string> parts = {dx_scale->name(), dx_mean->name(), dx_var->name()};
+  std::multiset<std::string> found;
+  t->dx_others.clear();
+  for (int i = 0; i < dx->input_size(); ++i) {
+    const std::string& in = dx->input(i);
+    if (parse_input(in).control) continue;
+    if (parts.count(in))
+      found.insert(in);
+    else
+      t->dx_others.push_back(in);
+  }
+  if (parts.size() != 3 || found.size() != 3 ||
+      std::set<std::string>(found.begin(), found.end()) != parts)
     return false;
   grad.insert(grad.end(), {dmean, two_dvar, xm, dx_var, dx_scale});
   if (two->input_size() > 0 || g.consumers(two->name()) == 1) grad.push_back(two);
@@ -530,6 +544,9 @@ void rewire_readers(tfc::GraphDef& graph, const std::set<std::string>& removed,
 }
 
 std::vector<int64_t> variable_shape(GraphView& g, const std::string& in);  // below
+tfc::NodeDef* add_node(tfc::GraphDef& graph, const std::string& name, const char* op,
+                       const std::string& device, const std::vector<std::string>& inputs,
+                       const std::map<std::string, tfc::AttrValue>& attrs);  // below
 
 // The channel count C of a per-channel parameter read as `in`: a variable's value of static
 // shape [C] (variable_shape), directly or through a Reshape to a constant [1, ..., 1, C] (Keras'
@@ -591,6 +608,13 @@ int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std
     rewire[t.doffset->name()] = output_name(t.dscale->name(), 1);
   }
   rewire_readers(graph, rm.removed(), rewire);
+  // The BNTrainingReduceGrads of their own (x with other gradients), added after the rewrites.
+  struct NewNode {
+    std::string name, device;
+    std::vector<std::string> inputs;
+    std::map<std::string, tfc::AttrValue> attrs;
+  };
+  std::vector<NewNode> added;
   for (TrainingBatchNorm& t : found) {
     const BatchNormChain& c = t.chain;
     tfc::AttrValue eps, relu;
@@ -615,11 +639,26 @@ int fuse_training_batch_norms(tfc::GraphDef& graph, const std::unordered_set<std
     // graph's k * rsqrt * AddN reassociated).
     if (t.dscale_scaled)
       rewrite_as(*t.dscale_scaled, "Mul", {output_name(dscale, 0), t.dscale_factor}, {{"T", f32}});
-    rewrite_as(*t.dx, "BNTrainingReduceGrad",
-               {t.g, c.x, output_name(dscale, 0), output_name(dscale, 1), scale,
-                output_name(update, 1), output_name(update, 2)},
-               {{"T", f32}, {"epsilon", eps}});
+    const std::vector<std::string> reduce_grad_in = {
+        t.g, c.x, output_name(dscale, 0), output_name(dscale, 1), scale, output_name(update, 1),
+        output_name(update, 2)};
+    const std::map<std::string, tfc::AttrValue> reduce_grad_attrs = {{"T", f32}, {"epsilon", eps}};
+    if (t.dx_others.empty()) {
+      rewrite_as(*t.dx, "BNTrainingReduceGrad", reduce_grad_in, reduce_grad_attrs);
+    } else {
+      // x has other gradients: the BNTrainingReduceGrad is a node of its own, the AddN (its
+      // name kept) sums it and them.
+      const std::string reduce_grad = t.dx->name() + "/npusim_bn_reduce_grad";
+      added.push_back({reduce_grad, t.dx->device(), reduce_grad_in, reduce_grad_attrs});
+      std::vector<std::string> sum = {reduce_grad};
+      sum.insert(sum.end(), t.dx_others.begin(), t.dx_others.end());
+      std::map<std::string, tfc::AttrValue> add_attrs = {{"T", f32}};
+      add_attrs["N"].set_i(static_cast<int64_t>(sum.size()));
+      rewrite_as(*t.dx, "AddN", sum, add_attrs);
+    }
   }
+  for (const NewNode& n : added)
+    add_node(graph, n.name, "BNTrainingReduceGrad", n.device, n.inputs, n.attrs);
   removed->insert(rm.removed().begin(), rm.removed().end());
   return static_cast<int>(found.size());
 }

@@ -23,7 +23,10 @@
 //        BNTrainingUpdateGrad(g, x, batch_mean, batch_variance) in place of dscale:
 //          diff_scale, diff_offset
 //        BNTrainingReduceGrad(g, x, diff_scale, diff_offset, scale, batch_mean, batch_variance)
-//          in place of dx
+//          in place of dx; where x has other gradients in dx's AddN besides the three above (x
+//          also read elsewhere: a pre-activation block's identity shortcut, ResNet50V2's
+//          preact_bn), a node `<dx's name>/npusim_bn_reduce_grad` of its own, and dx (its name
+//          kept) the AddN of it and those others
 //      The Squeezes' other consumers (Keras' moving-average updates, fused by rewrite 4 into
 //      one small FusedElementwise each) read batch_mean / batch_variance, dbeta's read
 //      diff_offset. Every other matched node goes; each must have its consumers and control
