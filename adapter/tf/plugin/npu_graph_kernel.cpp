@@ -579,6 +579,9 @@ class NpuGraphKernel : public OpKernel {
       return rt::Status(rt::StatusCode::internal,
                         "NpuGraph '" + m_name + "' has " + std::to_string(in.size()) + " inputs, " +
                             "its graph reads " + std::to_string(m_spec.num_inputs));
+    // Streams (NPUSIM_GRAPH_CONCURRENT=1), read once: the steps' compile option, the kept
+    // casts, the memory plan's run-on and the schedule all follow the same reading.
+    const bool streams = graph_concurrent_enabled();
     // Which (node, port) is which output of the graph.
     std::map<std::pair<int, int>, int> output_of;
     for (size_t k = 0; k < m_spec.outputs.size(); ++k)
@@ -632,8 +635,7 @@ class NpuGraphKernel : public OpKernel {
       // Under streams the filter gradients that add their parts run one vector core per cube
       // core, leaving the other of each group to the launches beside them (NPUSIM_MIX_ONE_TO_ONE,
       // where set, wins; docs/graph_engine.md, "The filter gradients 1:1 under streams").
-      if (graph_concurrent_enabled())
-        s.op.attrs[compiler::ops::kMixOneToOneAttr] = std::string("filter_grad");
+      if (streams) s.op.attrs[compiler::ops::kMixOneToOneAttr] = std::string("filter_grad");
       for (size_t i = 0; i < node.inputs.size(); ++i) {
         const NpuGraphSpec::Source& src = node.inputs[i];
         Place p;
@@ -721,7 +723,7 @@ class NpuGraphKernel : public OpKernel {
     // Kept casts (their launches skip while their source is unchanged) are queued alone.
     std::vector<Place> within(buffers.size());
     std::vector<char> keepable;
-    if (graph_concurrent_enabled()) {
+    if (streams) {
       keepable.assign(plan->steps.size(), 0);
       keep_stable_casts(within, plan, &keepable);
     }
@@ -737,7 +739,7 @@ class NpuGraphKernel : public OpKernel {
       plan->unplanned_bytes += buffers[b].bytes;
     }
     std::vector<graph::GroupStep> stream_steps;
-    if (graph_concurrent_enabled()) {
+    if (streams) {
       // Streams: the in-order plan's peak is the budget; within it, the buffers of steps
       // expected to run on beside later steps stay live longer, so that fewer of those steps
       // wait for them (schedule_streams turns the plan's reuse into dependences).
@@ -785,8 +787,7 @@ class NpuGraphKernel : public OpKernel {
           plan->steps[n].inputs[i] = plan->steps[static_cast<size_t>(node.inputs[i].node)]
                                          .outputs[static_cast<size_t>(node.inputs[i].port)];
     }
-    if (graph_concurrent_enabled())
-      schedule_streams(chip, std::move(stream_steps), workspace_of, plan);
+    if (streams) schedule_streams(chip, std::move(stream_steps), workspace_of, plan);
     // The steps ahead in the order their outputs are first read (the AI CPU runs its tasks one
     // after another: the first needed first), then the others in task order.
     std::vector<size_t> first_read(plan->steps.size(), plan->steps.size());
