@@ -561,6 +561,34 @@ double staged_block(const ConvRates& r, const Candidate& c, int64_t lo, int64_t 
   return std::max(cube_end, land);
 }
 
+// A candidate's figures per m tile (cycles), for its full n tiles (tn wide) and its last
+// (n_last): tile_cost and the steps' cycles (t.chunks times the step's period) of a tile that
+// loads no weights depend on nothing else, and the busiest block's walk asks them for every tile
+// of every block (thousands per candidate at batch 256, each a step_stages). Computed once per
+// candidate by the same calls, so every figure is the one the walk computed before.
+struct MTileCosts {
+  std::vector<double> tile_full, tile_last, steps_full, steps_last;
+  int64_t tn = 0;
+  MTileCosts(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, int64_t n_last)
+      : tn(c.t.tn) {
+    for (const SlabGeom& g : c.mts) {
+      tile_full.push_back(tile_cost(cfg, r, c, g, tn, false));
+      tile_last.push_back(tile_cost(cfg, r, c, g, n_last, false));
+      steps_full.push_back(static_cast<double>(c.t.chunks) *
+                           step_stages(cfg, r, c, g, tn, false).period);
+      steps_last.push_back(static_cast<double>(c.t.chunks) *
+                           step_stages(cfg, r, c, g, n_last, false).period);
+    }
+  }
+  // m tile mt's figures for a tile of n_act columns (tn or n_last)
+  double tile(int64_t mt, int64_t n_act) const {
+    return (n_act == tn ? tile_full : tile_last)[static_cast<size_t>(mt)];
+  }
+  double steps(int64_t mt, int64_t n_act) const {
+    return (n_act == tn ? steps_full : steps_last)[static_cast<size_t>(mt)];
+  }
+};
+
 // The busiest block's modelled cycles, exactly: tile t has m tile t % MT and weight key
 // t / (MT * stacks); within one key the costs repeat with period MT (prefix sums), and the first
 // tile of each key in a block also loads the weights.
@@ -573,14 +601,14 @@ double busiest_block_spatial(const ChipConfig& cfg, const ConvRates& r, const Ca
   auto n_act_of = [&](int64_t i) {
     return (i % t.keys) % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
   };
-  auto geom_of = [&](int64_t i) -> const SlabGeom& {
-    return c.mts[static_cast<size_t>((i / t.keys) % t.m_tiles)];
-  };
+  auto mt_of = [&](int64_t i) { return (i / t.keys) % t.m_tiles; };
+  auto geom_of = [&](int64_t i) -> const SlabGeom& { return c.mts[static_cast<size_t>(mt_of(i))]; };
+  const MTileCosts costs(cfg, r, c, n_last);
   double worst = 0;
   for (int64_t b = 0; b < t.block_dim; ++b) {
     const int64_t lo = b * per, hi = std::min(t.tiles, (b + 1) * per);
     double cost = 0;
-    for (int64_t i = lo; i < hi; ++i) cost += tile_cost(cfg, r, c, geom_of(i), n_act_of(i), false);
+    for (int64_t i = lo; i < hi; ++i) cost += costs.tile(mt_of(i), n_act_of(i));
     if (c.affine_per_elem > 0 && t.l0c_buffers > 1 && hi > lo)
       cost += tile_store(r, c, geom_of(hi - 1), n_act_of(hi - 1));  // as busiest_block
     // The block's start, before its first step: the pipeline's fill and the cold first step.
@@ -598,10 +626,7 @@ double busiest_block_spatial(const ChipConfig& cfg, const ConvRates& r, const Ca
           [&](int64_t i) {
             return std::pair{&geom_of(i), n_act_of(i)};
           },
-          [&](int64_t i) {
-            return static_cast<double>(t.chunks) *
-                   step_stages(cfg, r, c, geom_of(i), n_act_of(i), false).period;
-          });
+          [&](int64_t i) { return costs.steps(mt_of(i), n_act_of(i)); });
     worst = std::max(worst, cost);
   }
   return worst;
@@ -613,13 +638,12 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
   if (t.spatial_major) return busiest_block_spatial(cfg, r, c, cg_out);
   const int64_t mt_count = t.m_tiles, per_key = mt_count * t.stacks, tn = t.tn;
   const int64_t n_last = cg_out - (t.n_tiles - 1) * tn, per = t.tiles_per_block;
+  const MTileCosts costs(cfg, r, c, n_last);
   std::vector<double> pre_full(static_cast<size_t>(mt_count) + 1, 0), pre_last = pre_full;
   for (int64_t i = 0; i < mt_count; ++i) {
-    const SlabGeom& g = c.mts[static_cast<size_t>(i)];
-    pre_full[static_cast<size_t>(i + 1)] =
-        pre_full[static_cast<size_t>(i)] + tile_cost(cfg, r, c, g, tn, false);
+    pre_full[static_cast<size_t>(i + 1)] = pre_full[static_cast<size_t>(i)] + costs.tile(i, tn);
     pre_last[static_cast<size_t>(i + 1)] =
-        pre_last[static_cast<size_t>(i)] + tile_cost(cfg, r, c, g, n_last, false);
+        pre_last[static_cast<size_t>(i)] + costs.tile_last[static_cast<size_t>(i)];
   }
   auto prefix = [&](const std::vector<double>& p, int64_t x) {  // tiles [0, x) of a key
     return static_cast<double>(x / mt_count) * p.back() + p[static_cast<size_t>(x % mt_count)];
@@ -634,7 +658,7 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
       const std::vector<double>& p = n_act == tn ? pre_full : pre_last;
       cost += prefix(p, end - key * per_key) - prefix(p, i - key * per_key);
       const SlabGeom& g = c.mts[static_cast<size_t>(i % mt_count)];
-      cost += tile_cost(cfg, r, c, g, n_act, true) - tile_cost(cfg, r, c, g, n_act, false);
+      cost += tile_cost(cfg, r, c, g, n_act, true) - costs.tile(i % mt_count, n_act);
       if (t.resident)  // the first chunk's weights are not overlapped
         cost += c.weight_load(cfg, r.l2_rate, n_act) + r.gm_lat;
       i = end;
@@ -674,11 +698,11 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
           },
           [&](int64_t i) {
             const bool first = i == b * per || i % per_key == 0;
+            if (!first) return costs.steps(i % mt_count, n_act_of(i));
             const SlabGeom& g = c.mts[static_cast<size_t>(i % mt_count)];
             return static_cast<double>(t.chunks) *
                        step_stages(cfg, r, c, g, n_act_of(i), first).period +
-                   (first && t.resident ? c.weight_load(cfg, r.l2_rate, n_act_of(i)) + r.gm_lat
-                                        : 0.0);
+                   (t.resident ? c.weight_load(cfg, r.l2_rate, n_act_of(i)) + r.gm_lat : 0.0);
           });
     }
     worst = std::max(worst, cost);
