@@ -563,15 +563,28 @@ double staged_block(const ConvRates& r, const Candidate& c, int64_t lo, int64_t 
 
 // A candidate's figures per m tile (cycles), for its full n tiles (tn wide) and its last
 // (n_last): tile_cost and the steps' cycles (t.chunks times the step's period) of a tile that
-// loads no weights depend on nothing else, and the busiest block's walk asks them for every tile
-// of every block (thousands per candidate at batch 256, each a step_stages). Computed once per
-// candidate by the same calls, so every figure is the one the walk computed before.
+// loads no weights. Of an m tile the cost model (tile_cost, step_stages, tile_way_out) reads its
+// rows h and active rows m_act only, and most of an image's m tiles have the same two (a map's
+// first and last differ), so each such geometry is priced once, by the same calls: every figure
+// is the one pricing each m tile gives. The busiest block's walk asks them for every m tile of
+// every candidate, and a candidate per tile (thousands of steps' periods per compile before).
 struct MTileCosts {
   std::vector<double> tile_full, tile_last, steps_full, steps_last;
   int64_t tn = 0;
   MTileCosts(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, int64_t n_last)
       : tn(c.t.tn) {
-    for (const SlabGeom& g : c.mts) {
+    std::map<std::pair<int64_t, int64_t>, size_t> priced;  // (h, m_act) -> its first m tile
+    for (size_t i = 0; i < c.mts.size(); ++i) {
+      const SlabGeom& g = c.mts[i];
+      const auto [it, added] = priced.emplace(std::pair{g.h, g.m_act}, i);
+      if (!added) {
+        const size_t k = it->second;
+        tile_full.push_back(tile_full[k]);
+        tile_last.push_back(tile_last[k]);
+        steps_full.push_back(steps_full[k]);
+        steps_last.push_back(steps_last[k]);
+        continue;
+      }
       tile_full.push_back(tile_cost(cfg, r, c, g, tn, false));
       tile_last.push_back(tile_cost(cfg, r, c, g, n_last, false));
       steps_full.push_back(static_cast<double>(c.t.chunks) *
