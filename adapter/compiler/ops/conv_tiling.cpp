@@ -563,13 +563,15 @@ double staged_block(const ConvRates& r, const Candidate& c, int64_t lo, int64_t 
 
 // A candidate's figures per m tile (cycles), for its full n tiles (tn wide) and its last
 // (n_last): tile_cost and the steps' cycles (t.chunks times the step's period) of a tile that
-// loads no weights. Of an m tile the cost model (tile_cost, step_stages, tile_way_out) reads its
-// rows h and active rows m_act only, and most of an image's m tiles have the same two (a map's
-// first and last differ), so each such geometry is priced once, by the same calls: every figure
-// is the one pricing each m tile gives. The busiest block's walk asks them for every m tile of
-// every candidate, and a candidate per tile (thousands of steps' periods per compile before).
+// loads no weights, tile_cost of one that does (a key's first) and the pipeline's fill. Of an m
+// tile the cost model (tile_cost, step_stages, tile_way_out) reads its rows h and active rows m_act
+// only, and most of an image's m tiles have the same two (a map's first and last differ), so each
+// such geometry is priced once, by the same calls: every figure is the one pricing each m tile
+// gives. The busiest block's walk asks them for every m tile of every candidate, and a candidate
+// per tile (thousands of steps' periods per compile before).
 struct MTileCosts {
-  std::vector<double> tile_full, tile_last, steps_full, steps_last;
+  std::vector<double> tile_full, tile_last, steps_full, steps_last, first_full, first_last,
+      fill_full, fill_last;
   int64_t tn = 0;
   MTileCosts(const ChipConfig& cfg, const ConvRates& r, const Candidate& c, int64_t n_last)
       : tn(c.t.tn) {
@@ -583,6 +585,10 @@ struct MTileCosts {
         tile_last.push_back(tile_last[k]);
         steps_full.push_back(steps_full[k]);
         steps_last.push_back(steps_last[k]);
+        first_full.push_back(first_full[k]);
+        first_last.push_back(first_last[k]);
+        fill_full.push_back(fill_full[k]);
+        fill_last.push_back(fill_last[k]);
         continue;
       }
       tile_full.push_back(tile_cost(cfg, r, c, g, tn, false));
@@ -591,6 +597,10 @@ struct MTileCosts {
                            step_stages(cfg, r, c, g, tn, false).period);
       steps_last.push_back(static_cast<double>(c.t.chunks) *
                            step_stages(cfg, r, c, g, n_last, false).period);
+      first_full.push_back(tile_cost(cfg, r, c, g, tn, true));
+      first_last.push_back(tile_cost(cfg, r, c, g, n_last, true));
+      fill_full.push_back(pipeline_fill(cfg, r, c, g, tn));
+      fill_last.push_back(pipeline_fill(cfg, r, c, g, n_last));
     }
   }
   // m tile mt's figures for a tile of n_act columns (tn or n_last)
@@ -599,6 +609,12 @@ struct MTileCosts {
   }
   double steps(int64_t mt, int64_t n_act) const {
     return (n_act == tn ? steps_full : steps_last)[static_cast<size_t>(mt)];
+  }
+  double first(int64_t mt, int64_t n_act) const {
+    return (n_act == tn ? first_full : first_last)[static_cast<size_t>(mt)];
+  }
+  double fill(int64_t mt, int64_t n_act) const {
+    return (n_act == tn ? fill_full : fill_last)[static_cast<size_t>(mt)];
   }
 };
 
@@ -625,7 +641,7 @@ double busiest_block_spatial(const ChipConfig& cfg, const ConvRates& r, const Ca
     if (c.affine_per_elem > 0 && t.l0c_buffers > 1 && hi > lo)
       cost += tile_store(r, c, geom_of(hi - 1), n_act_of(hi - 1));  // as busiest_block
     // The block's start, before its first step: the pipeline's fill and the cold first step.
-    const double fill = hi > lo ? pipeline_fill(cfg, r, c, geom_of(lo), n_act_of(lo)) : 0.0;
+    const double fill = hi > lo ? costs.fill(mt_of(lo), n_act_of(lo)) : 0.0;
     const double cold = hi > lo ? static_cast<double>(t.kc1 * geom_of(lo).h * c.wv * kBlkBytes +
                                                       c.kchunk * c.b_cols(tn) * 2) /
                                           r.gm_rate +
@@ -670,8 +686,7 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
       const int64_t n_act = key % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
       const std::vector<double>& p = n_act == tn ? pre_full : pre_last;
       cost += prefix(p, end - key * per_key) - prefix(p, i - key * per_key);
-      const SlabGeom& g = c.mts[static_cast<size_t>(i % mt_count)];
-      cost += tile_cost(cfg, r, c, g, n_act, true) - costs.tile(i % mt_count, n_act);
+      cost += costs.first(i % mt_count, n_act) - costs.tile(i % mt_count, n_act);
       if (t.resident)  // the first chunk's weights are not overlapped
         cost += c.weight_load(cfg, r.l2_rate, n_act) + r.gm_lat;
       i = end;
@@ -689,7 +704,7 @@ double busiest_block(const ChipConfig& cfg, const ConvRates& r, const Candidate&
     if (hi_last(b) > b * per) {
       const int64_t first = b * per;
       const int64_t n_act = (first / per_key) % t.n_tiles == t.n_tiles - 1 ? n_last : tn;
-      fill = pipeline_fill(cfg, r, c, c.mts[static_cast<size_t>(first % mt_count)], n_act);
+      fill = costs.fill(first % mt_count, n_act);
       cost += fill;
     }
     if (!t.resident) {  // the block's first step waits for its slab and weights, cold
