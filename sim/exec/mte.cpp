@@ -353,6 +353,38 @@ struct Load2d {
   }
 };
 
+// n 32-byte blocks from src to dst (contiguous at both ends; not overlapping): the runs of
+// img2col's whole blocks. A memcpy of n * 32 bytes (at most 512) compiles to `rep movsq`, whose
+// start-up cost exceeds such a copy; a memcpy per block, two 16-byte moves in the SSE2 baseline.
+void copy_blocks_sse2(uint8_t* dst, const uint8_t* src, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i)
+    std::memcpy(dst + i * kBlockBytes, src + i * kBlockBytes, kBlockBytes);
+}
+
+#if defined(__SSE2__)
+// The same with one 32-byte move per block, two blocks a step.
+__attribute__((target("avx2"))) void copy_blocks_avx2(uint8_t* dst, const uint8_t* src,
+                                                      uint64_t n) {
+  auto* d = reinterpret_cast<__m256i*>(dst);
+  const auto* s = reinterpret_cast<const __m256i*>(src);
+  uint64_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    const __m256i a = _mm256_loadu_si256(s + i), b = _mm256_loadu_si256(s + i + 1);
+    _mm256_storeu_si256(d + i, a);
+    _mm256_storeu_si256(d + i + 1, b);
+  }
+  if (i < n) _mm256_storeu_si256(d + i, _mm256_loadu_si256(s + i));
+}
+#endif
+
+using CopyBlocks = void (*)(uint8_t* dst, const uint8_t* src, uint64_t n);
+CopyBlocks copy_blocks_for_host() {
+#if defined(__SSE2__)
+  if (host_simd_at_least(HostSimd::kAvx2)) return copy_blocks_avx2;
+#endif
+  return copy_blocks_sse2;
+}
+
 // load3d: img2col of an L1 feature map [C1][H][W][C0] into L0A (Zz)
 // Row m = oh*OW + ow (rows >= OH*OW read zero), column k = ((c1*KH + kh)*KW + kw)*C0 + c0.
 // Taps outside the (unpadded) image and channels >= `channels` read zero.
@@ -457,6 +489,7 @@ struct Load3d {
     // (not output positions).
     const uint64_t rows_total = uint64_t(oh_count * ow_count);
     const uint64_t rows = m_start >= rows_total ? 0 : std::min(m_ext, rows_total - m_start);
+    static const CopyBlocks copy_blocks = copy_blocks_for_host();
     for (uint64_t kb = 0; kb < k_blocks; ++kb) {
       // The column block's channel block c1 and tap (kh, kw), then its rows in order.
       const uint64_t k = k_start + kb * c0;
@@ -486,11 +519,7 @@ struct Load3d {
               if (g.stride_w == 1)
                 run = std::min({uint64_t(ow_count - ow), uint64_t(w - iw),
                                 kFractalRows - rr % kFractalRows, rows - rr});
-              // Block by block (fixed 32-byte copies): one memcpy of run * 32 bytes, at most
-              // 512, compiles to `rep movsq`, whose start-up cost exceeds such a copy.
-              const uint8_t* src = plane + (ih * w + iw) * block;
-              for (uint64_t i = 0; i < run; ++i)
-                std::memcpy(dst + i * kBlockBytes, src + i * kBlockBytes, kBlockBytes);
+              copy_blocks(dst, plane + (ih * w + iw) * block, run);
             } else {
               mte::copy_block_prefix(dst, plane + (ih * w + iw) * block, bytes);
             }
