@@ -114,6 +114,9 @@ template <class Dst, class... Src>
 constexpr bool kAllF16 = std::is_same_v<Dst, Elem<Dtype::F16>> && sizeof...(Src) > 0 &&
                          (std::is_same_v<Src, Elem<Dtype::F16>> && ...);
 constexpr int kBulkF16MinRun = 64;
+// Elements of a dense f16 span widened at a time (elementwise_reusing): 12 KiB of floats on the
+// stack for three sources.
+constexpr int kDenseF16Chunk = 1024;
 
 // dst = f(src...) on the active lanes of each run; Dst/Src are access policies (Elem<D> or
 // Raw<S>). A run's results are computed into a local buffer first (all its sources are read
@@ -179,6 +182,19 @@ struct Elementwise {
         if (active.test(first + i)) std::memcpy(d + i * dsize, &out[i], dsize);
     }
   }
+  // Elements [first, first + Run) of a dense f16 span (elementwise_reusing): d and s[k] point at
+  // element 0 of the destination and of source k.
+  template <int Run, size_t M>
+  void dense_f16(uint8_t* d, const std::array<const uint8_t*, M>& s, uint64_t first) {
+    uint16_t out[Run];
+    dense_f16_sources<Run>(out, s, first, std::make_index_sequence<M>{});
+    std::memcpy(d + first * sizeof(uint16_t), out, sizeof(out));
+  }
+  template <int Run, size_t M, size_t... K>
+  void dense_f16_sources(uint16_t* out, const std::array<const uint8_t*, M>& s, uint64_t first,
+                         std::index_sequence<K...> k) {
+    wide_f16<Run>(out, k, (s[K] + first * sizeof(uint16_t))...);
+  }
   // out[i] = narrow_f16_rne(f(widen_f16(source k lane i)...)) for i < Run (kAllF16 ops): the
   // sources widened, f applied and the results narrowed, each in one pass over the run.
   template <int Run, size_t... K, class... P>
@@ -195,10 +211,13 @@ struct Elementwise {
 // span: each operand's blocks and repeats lie back to back (lane i of repeat r is element
 // r * lanes + i of the operand's byte range), the active lanes are exactly the first n of
 // those elements (no mask, a counter mask, or a normal mask with every lane set), and the
-// destination's range overlaps no source's. Then one pass over n elements gives what the
-// repeat-by-repeat order gives (each element's result depends on its own sources only).
+// destination's range overlaps no source's (in_place: or is exactly a source's range, of the
+// same element size). Then one pass over n elements gives what the repeat-by-repeat order
+// gives (each element's result depends on its own sources only; an in-place pass reads each
+// element's sources before it writes that element, and no other element reads it).
 template <size_t N>
-uint64_t dense_span_elements(const VecInsn& vi, const std::array<const VecOperand*, N>& ops) {
+uint64_t dense_span_elements(const VecInsn& vi, const std::array<const VecOperand*, N>& ops,
+                             bool in_place = false) {
   const uint64_t lanes = static_cast<uint64_t>(vi.lanes), total = vi.repeats * lanes;
   for (const VecOperand* o : ops) {
     const uint64_t per_repeat = static_cast<uint64_t>(o->bytes_per_repeat);
@@ -210,6 +229,7 @@ uint64_t dense_span_elements(const VecInsn& vi, const std::array<const VecOperan
   const VecOperand& d = *ops[0];
   for (size_t k = 1; k < N; ++k) {
     const VecOperand& s = *ops[k];
+    if (in_place && s.addr == d.addr && s.elem_size == d.elem_size) continue;
     if (d.addr < s.addr + vi.repeats * s.rep_bytes && s.addr < d.addr + vi.repeats * d.rep_bytes)
       return 0;
   }
@@ -231,6 +251,32 @@ void elementwise_reusing(const VecInsn& vi, uint8_t* ub, F f) {
               static_cast<int>(n));
       return;
     }
+  } else if constexpr (HasBulkF32<F>::value) {
+    // f32 add, sub, mul, div of a whole tile, in place or not: one bulk pass (bulk_f32 loads
+    // each group of lanes before it stores it), without the runs' staging buffer.
+    if (const uint64_t n = dense_span_elements(vi, ops, /*in_place=*/true)) {
+      F::bulk_f32(ub + ops[1]->addr, ub + ops[2]->addr,
+                  reinterpret_cast<uint32_t*>(ub + ops[0]->addr), static_cast<int>(n));
+      return;
+    }
+  } else if constexpr (kAllF16<Dst, Src...> && !Reuse) {
+    // An f16 op of a whole tile, in place or not: widened, computed and narrowed a chunk at a
+    // time as a run's wide_f16 does (a chunk's sources are read before its results are stored).
+    static const bool hw = f16_bulk_uses_hardware();
+    if (hw)
+      if (const uint64_t n = dense_span_elements(vi, ops, /*in_place=*/true)) {
+        Elementwise<Dst, F, Reuse, Src...> e{f};
+        constexpr int chunk = kDenseF16Chunk;
+        uint8_t* d = ub + ops[0]->addr;
+        std::array<const uint8_t*, N - 1> s;
+        for (size_t k = 1; k < N; ++k) s[k - 1] = ub + ops[k]->addr;
+        uint64_t i = 0;
+        for (; i + chunk <= n; i += chunk) e.template dense_f16<chunk>(d, s, i);
+        for (; i + kBulkF16MinRun <= n; i += kBulkF16MinRun)
+          e.template dense_f16<kBulkF16MinRun>(d, s, i);
+        for (; i < n; ++i) e.template dense_f16<1>(d, s, i);
+        return;
+      }
   }
   for_each_run<widest>(vi, ub, ops, Elementwise<Dst, F, Reuse, Src...>{f});
 }

@@ -26,6 +26,7 @@ struct Geometry {
   int64_t repeat;
   int64_t dst_blk, src0_blk, src1_blk, dst_rep, src0_rep, src1_rep;
   VectorMask mask;
+  uint64_t dst_at = kDst;  // the destination's address (kSrc0: in place)
 };
 
 // The operand layouts every element-wise instruction is tested with, for `lanes` lanes.
@@ -38,6 +39,11 @@ std::vector<Geometry> geometries(int lanes) {
        counter_mask(2 * lanes + 37)},
       {"src1 repeat stride 0 (same block every repeat), lo mask only", 4, 1, 1, 1, 8, 8, 0,
        normal_mask(0, 0xfedcba9876543210ull)},
+      // Dense spans (one pass over the whole tile in the executor): long, and in place with a
+      // count that is no multiple of a repeat.
+      {"contiguous, full mask, 20 repeats", 20, 1, 1, 1, 8, 8, 8, VectorMask{}},
+      {"in place (dst is src0), counter mode 9*lanes+5", 1, 1, 1, 1, 8, 8, 8,
+       counter_mask(9 * lanes + 5), kSrc0},
   };
 }
 
@@ -73,7 +79,7 @@ void check_elementwise(Opcode op, Dtype t, const Geometry& g, int nsrc, const Re
     }
   const std::vector<uint8_t> before = h.snapshot();
 
-  VecOp o(op, {{"type", dt(t)}, {"xdst", kDst}, {"repeat", g.repeat}, {"dst_blk", g.dst_blk},
+  VecOp o(op, {{"type", dt(t)}, {"xdst", g.dst_at}, {"repeat", g.repeat}, {"dst_blk", g.dst_blk},
                {"dst_rep", g.dst_rep}},
           g.mask);
   if (nsrc == 2) {
@@ -96,7 +102,7 @@ void check_elementwise(Opcode op, Dtype t, const Geometry& g, int nsrc, const Re
                                                                   size, r, lane),
                                             size)
                              : 0;
-      element_to(expected, ref_lane_addr(kDst, g.dst_blk, g.dst_rep, size, r, lane), size,
+      element_to(expected, ref_lane_addr(g.dst_at, g.dst_blk, g.dst_rep, size, r, lane), size,
                  ref(a, b) & elem_mask(size));
     }
   const std::vector<uint8_t> after = h.snapshot();
