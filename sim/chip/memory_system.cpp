@@ -391,15 +391,10 @@ void MemorySystem::start_writeback(uint64_t bytes, GmTransfer* evictor, int orig
 void MemorySystem::count_line_reads(GmTransfer* t, bool add) {
   bool shared = false;
   for (const auto& lb : t->read_lines) {
-    if (add) {
-      uint32_t& readers = m_line_readers[lb.first];
-      shared |= readers > 0;
-      ++readers;
-    } else {
-      const auto it = m_line_readers.find(lb.first);
-      if (--it->second == 0) m_line_readers.erase(it);
-      else shared = true;
-    }
+    if (add)
+      shared |= m_line_readers.increment(lb.first) > 0;
+    else
+      shared |= m_line_readers.decrement(lb.first) > 0;
   }
   t->lines_registered = add;
   if (add) t->line_readers = 1;

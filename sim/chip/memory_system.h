@@ -43,7 +43,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include <systemc>
@@ -52,6 +51,7 @@
 
 #include "sim/chip/gm_transfer.h"
 #include "sim/chip/l2_placement.h"
+#include "sim/chip/line_counts.h"
 #include "sim/chip/l2_tags.h"
 #include "sim/config/chip_config.h"
 #include "sim/core/core_env.h"
@@ -225,7 +225,7 @@ class MemorySystem : public sc_core::sc_module {
   // l2_line_bytes), and the lines [lo, hi] spanning every line whose count changed while
   // another transfer also read it, since the readers' means were last computed (lo > hi:
   // none). Only a transfer reading a line in that span can have a changed mean (count_line_reads).
-  std::unordered_map<uint64_t, uint32_t> m_line_readers;
+  LineCounts m_line_readers;
   uint64_t m_shared_changed_lo = UINT64_MAX, m_shared_changed_hi = 0;
   uint64_t m_last_ps = 0;
   sc_core::sc_event m_rate_change;
