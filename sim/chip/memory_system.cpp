@@ -168,7 +168,8 @@ void MemorySystem::abort_transfers() {
   for (const auto& f : m_writeback_flows) m_idle_writeback_flows.push_back(f.get());
   m_users[kHbm] = m_users[kL2] = 0;
   m_line_readers.clear();
-  m_line_readers_changed = false;
+  m_shared_changed_lo = UINT64_MAX;
+  m_shared_changed_hi = 0;
   m_rate_change.cancel();
 }
 
@@ -382,17 +383,25 @@ void MemorySystem::start_writeback(uint64_t bytes, GmTransfer* evictor, int orig
   m_active.push_back(f);
 }
 
+// A line's count changing moves the byte-weighted mean of every other transfer reading it, so
+// when some other transfer reads one of t's lines (shared), the span of t's lines is marked for
+// settle to recompute the means of the transfers reading in it. Otherwise no other transfer's
+// mean moves, and t, registered, reads each of its lines alone: its mean is exactly 1 (the
+// recomputed sum over its lines of bytes x 1 over their bytes).
 void MemorySystem::count_line_reads(GmTransfer* t, bool add) {
+  bool shared = false;
   for (const auto& lb : t->read_lines) {
-    if (add) {
-      ++m_line_readers[lb.first];
-    } else {
-      const auto it = m_line_readers.find(lb.first);
-      if (--it->second == 0) m_line_readers.erase(it);
-    }
+    if (add)
+      shared |= m_line_readers.increment(lb.first) > 0;
+    else
+      shared |= m_line_readers.decrement(lb.first) > 0;
   }
   t->lines_registered = add;
-  m_line_readers_changed = true;
+  if (add) t->line_readers = 1;
+  if (shared) {  // read_lines is ascending and not empty (registered only then)
+    m_shared_changed_lo = std::min(m_shared_changed_lo, t->read_lines.front().first);
+    m_shared_changed_hi = std::max(m_shared_changed_hi, t->read_lines.back().first);
+  }
 }
 
 void MemorySystem::on_rate_change() {
@@ -465,9 +474,11 @@ void MemorySystem::settle() {
   // Same-line serialisation: a read in its L2 phase reads its lines one after another, each
   // shared with the other transfers reading it (k of them in all: R / k of the line's R bytes
   // per cycle), so it moves at R over the byte-weighted mean k of its lines.
-  if (m_line_readers_changed) {
+  if (m_shared_changed_lo <= m_shared_changed_hi) {
     for (GmTransfer* t : m_active) {
-      if (!t->lines_registered) continue;
+      if (!t->lines_registered || t->read_lines.back().first < m_shared_changed_lo ||
+          t->read_lines.front().first > m_shared_changed_hi)
+        continue;
       double bytes = 0, weighted = 0;
       for (const auto& lb : t->read_lines) {
         bytes += static_cast<double>(lb.second);
@@ -475,7 +486,8 @@ void MemorySystem::settle() {
       }
       t->line_readers = weighted / bytes;
     }
-    m_line_readers_changed = false;
+    m_shared_changed_lo = UINT64_MAX;
+    m_shared_changed_hi = 0;
   }
   double next = std::numeric_limits<double>::infinity();
   for (GmTransfer* t : m_active) {

@@ -43,7 +43,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include <systemc>
@@ -52,6 +51,7 @@
 
 #include "sim/chip/gm_transfer.h"
 #include "sim/chip/l2_placement.h"
+#include "sim/chip/line_counts.h"
 #include "sim/chip/l2_tags.h"
 #include "sim/config/chip_config.h"
 #include "sim/core/core_env.h"
@@ -222,9 +222,11 @@ class MemorySystem : public sc_core::sc_module {
   std::vector<sc_core::sc_time> m_writebacks_end_of;  // by origin port (writebacks_end_of)
   int m_users[2] = {0, 0};  // active transfers per resource (as of the last settle)
   // Same-line serialisation: transfers in their L2 phase reading each GM line (address /
-  // l2_line_bytes), and whether that changed since the readers' means were last computed.
-  std::unordered_map<uint64_t, uint32_t> m_line_readers;
-  bool m_line_readers_changed = false;
+  // l2_line_bytes), and the lines [lo, hi] spanning every line whose count changed while
+  // another transfer also read it, since the readers' means were last computed (lo > hi:
+  // none). Only a transfer reading a line in that span can have a changed mean (count_line_reads).
+  LineCounts m_line_readers;
+  uint64_t m_shared_changed_lo = UINT64_MAX, m_shared_changed_hi = 0;
   uint64_t m_last_ps = 0;
   sc_core::sc_event m_rate_change;
   sc_core::sc_event m_writeback_finished;  // see writeback_finished()
