@@ -105,9 +105,17 @@ struct Step {
   bool ahead = false;
 };
 
-// The arena buffers step `s` touches in a run whose arena is at `arena_addr`: each [start,
-// start + bytes) once (rt::LaunchLabel::planned_blocks).
-std::vector<std::pair<uint64_t, uint64_t>> planned_blocks(const Step& s, uint64_t arena_addr) {
+// The arena buffers step `n` of `steps` touches in a run whose arena is at `arena_addr`: each
+// [start, start + bytes) once (rt::LaunchLabel::planned_blocks). Besides its own places, the
+// buffer of each derived tensor it reads where an earlier step computed it (Step::derived_from;
+// `reuse`: DerivedPlacement::reuse of this run, the address it is read at) when that address is
+// the earlier step's arena buffer (not a buffer the derived-tensor cache kept). Left out, the
+// launch's argument would lie in the arena outside every buffer listed, so the cold L2 would
+// file it by the whole arena, not by its buffer, as the tensor of a launch of its own.
+std::vector<std::pair<uint64_t, uint64_t>> planned_blocks(const std::vector<Step>& steps, size_t n,
+                                                          const std::vector<uint64_t>& reuse,
+                                                          uint64_t arena_addr) {
+  const Step& s = steps[n];
   std::vector<std::pair<uint64_t, uint64_t>> blocks;
   const auto add = [&](const Place& p) {
     if (p.kind != Place::Kind::arena || p.extent == 0) return;
@@ -117,6 +125,14 @@ std::vector<std::pair<uint64_t, uint64_t>> planned_blocks(const Step& s, uint64_
   for (const std::vector<Place>* places : {&s.inputs, &s.outputs, &s.derived_at})
     for (const Place& p : *places) add(p);
   add(s.workspace);
+  for (size_t d = 0; d < s.derived_from.size() && d < reuse.size(); ++d) {
+    const auto [from, from_d] = s.derived_from[d];
+    if (from < 0 || reuse[d] == 0) continue;
+    const Place& at = steps[static_cast<size_t>(from)].derived_at.at(static_cast<size_t>(from_d));
+    if (at.kind == Place::Kind::arena && reuse[d] >= arena_addr + at.index &&
+        reuse[d] < arena_addr + at.index + at.extent)
+      add(at);
+  }
   return blocks;
 }
 
@@ -394,15 +410,16 @@ class NpuGraphKernel : public OpKernel {
     std::vector<std::shared_ptr<const void>> hold;
     // Where each step's derived tensors live in this run (DerivedPlacement::placed).
     std::vector<std::vector<uint64_t>> derived(plan->steps.size());
-    // Step s's label in this run: its own dispatch id, the run's id, the graph's host dispatch
-    // paid by the first launch queued.
-    const auto run_label = [&](const Step& s) {
+    // Step n's label in this run: its own dispatch id, the run's id, the graph's host dispatch
+    // paid by the first launch queued; `reuse`: its DerivedPlacement::reuse (place_operands).
+    const auto run_label = [&](size_t n, const std::vector<uint64_t>& reuse) {
+      const Step& s = plan->steps[n];
       auto label = std::make_shared<rt::LaunchLabel>(*s.label);
       label->dispatch = next_dispatch_id();
       label->graph_run = run;
       label->host_dispatch =
           paid ? rt::LaunchLabel::HostDispatch::none : rt::LaunchLabel::HostDispatch::graph;
-      label->planned_blocks = planned_blocks(s, arena_addr);
+      label->planned_blocks = planned_blocks(plan->steps, n, reuse, arena_addr);
       paid = true;
       return label;
     };
@@ -445,7 +462,7 @@ class NpuGraphKernel : public OpKernel {
       std::vector<uint64_t> in, out;
       DerivedPlacement placement;
       place_operands(n, &in, &out, &placement);
-      const std::shared_ptr<const rt::LaunchLabel> label = run_label(s);
+      const std::shared_ptr<const rt::LaunchLabel> label = run_label(n, placement.reuse);
       rt::Status st =
           s.kept >= 0
               ? queue_kept_output_op(device, stream, s.op, *s.compiled, in,
@@ -486,9 +503,9 @@ class NpuGraphKernel : public OpKernel {
       DerivedPlacement placement;
       place_operands(n, &in, &out, &placement);
       std::vector<PreparedLaunch> launches;
-      rt::Status st =
-          prepare_compiled_op(device, s.op, *s.compiled, in, out, address(s.workspace),
-                              s.stable_inputs, run_label(s), &hold, &placement, &launches);
+      rt::Status st = prepare_compiled_op(device, s.op, *s.compiled, in, out, address(s.workspace),
+                                          s.stable_inputs, run_label(n, placement.reuse), &hold,
+                                          &placement, &launches);
       const bool kept_across_runs = std::any_of(
           launches.begin(), launches.end(), [](const PreparedLaunch& l) { return l.source.state; });
       if (st.ok() && kept_across_runs) {
