@@ -51,8 +51,8 @@
 
 #include "sim/chip/gm_transfer.h"
 #include "sim/chip/l2_placement.h"
-#include "sim/chip/line_counts.h"
 #include "sim/chip/l2_tags.h"
+#include "sim/chip/line_counts.h"
 #include "sim/config/chip_config.h"
 #include "sim/core/core_env.h"
 #include "sim/replay/fingerprint.h"
