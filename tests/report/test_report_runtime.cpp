@@ -189,11 +189,15 @@ TEST_CASE("runtime report: the pipe trace keeps the first launches and shifts th
   isa::Instruction nop;
   for (int launch = 0; launch < 3; ++launch) {
     const uint64_t t = 1'000'000 * uint64_t(launch);
+    CHECK_FALSE(c.wants_instructions());  // between launches
     c.on_kernel_begin(prog, 1, t);
+    // The chip's cores call the instruction hooks during the detailed launches only.
+    CHECK(c.wants_instructions() == (launch < 2));
     c.on_instruction(0, Lane::SCALAR, t, t + 2000, 0, nop, sec);
     c.on_instruction(0, Lane::CUBE, t + 2000, t + 5000, 1, nop, sec);
     c.on_kernel_end(prog, t + 5000, true);
   }
+  CHECK_FALSE(c.wants_instructions());
   const auto s = c.stats();
   CHECK(s.launches_seen == 3);
   CHECK(s.launches_detailed == 2);
