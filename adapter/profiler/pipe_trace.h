@@ -69,6 +69,9 @@ class PipeTraceCollector : public ChipObserver {
   void on_hdc(bool host_to_device, uint64_t start_ps, uint64_t end_ps, uint64_t bytes) override {}
   // True while the next launch would be recorded in detail.
   bool wants_launch_detail() const override;
+  // True while a launch is recorded in detail (between its on_kernel_begin and on_kernel_end):
+  // outside one the chip's cores do not call the instruction and flow hooks.
+  bool wants_instructions() const override { return m_in_detail.load(std::memory_order_acquire); }
 
  private:
   enum class Kind : uint8_t { Slice, FlowBegin, FlowEnd };

@@ -705,6 +705,7 @@ std::vector<std::string> write_report(const std::string& dir, const ReportInput&
   write_instructions(path("instructions.csv"), in);
   write_text(path("counters.json"), counters_document(in).dump(1) + "\n");
   write_text(path("chip.yaml"), dump_chip_config_yaml(*in.config));
+  if (in.tables_written) in.tables_written();
   if (!in.comms.empty()) {
     json trace = in.trace ? *in.trace : json::object();
     add_comm_trace(trace, in.comms, in.config->clock_mhz);
@@ -716,27 +717,55 @@ std::vector<std::string> write_report(const std::string& dir, const ReportInput&
   return written;
 }
 
-PlotResult run_plot_script(const std::string& dir, const std::string& python,
-                           const std::string& script) {
-  PlotResult r;
-  if (python.empty()) {
-    r.output = "no Python found (set NPUSIM_PYTHON or create .venv with scripts/setup.sh)";
-    return r;
+PlotProcess::PlotProcess(PlotProcess&& o) noexcept
+    : m_pipe(std::exchange(o.m_pipe, nullptr)),
+      m_cmd(std::move(o.m_cmd)),
+      m_error(std::move(o.m_error)) {}
+
+PlotProcess& PlotProcess::operator=(PlotProcess&& o) noexcept {
+  if (this != &o) {
+    finish_plot_script(*this);
+    m_pipe = std::exchange(o.m_pipe, nullptr);
+    m_cmd = std::move(o.m_cmd);
+    m_error = std::move(o.m_error);
   }
-  const std::string cmd =
-      shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(dir) + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) {
-    r.output = "cannot start: " + cmd;
+  return *this;
+}
+
+PlotProcess::~PlotProcess() { finish_plot_script(*this); }
+
+PlotProcess start_plot_script(const std::string& dir, const std::string& python,
+                              const std::string& script) {
+  PlotProcess p;
+  if (python.empty()) {
+    p.m_error = "no Python found (set NPUSIM_PYTHON or create .venv with scripts/setup.sh)";
+    return p;
+  }
+  p.m_cmd = shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(dir) + " 2>&1";
+  p.m_pipe = popen(p.m_cmd.c_str(), "r");
+  if (!p.m_pipe) p.m_error = "cannot start: " + p.m_cmd;
+  return p;
+}
+
+PlotResult finish_plot_script(PlotProcess& p) {
+  PlotResult r;
+  if (!p.m_pipe) {
+    r.output = p.m_error;
     return r;
   }
   char buf[4096];
   size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
+  while ((n = fread(buf, 1, sizeof buf, p.m_pipe)) > 0) r.output.append(buf, n);
+  const int status = pclose(std::exchange(p.m_pipe, nullptr));
   r.ok = status == 0;
-  if (!r.ok && r.output.empty()) r.output = "failed: " + cmd;
+  if (!r.ok && r.output.empty()) r.output = "failed: " + p.m_cmd;
   return r;
+}
+
+PlotResult run_plot_script(const std::string& dir, const std::string& python,
+                           const std::string& script) {
+  PlotProcess p = start_plot_script(dir, python, script);
+  return finish_plot_script(p);
 }
 
 std::string find_report_python(const std::string& source_dir) {

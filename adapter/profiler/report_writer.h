@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <string>
@@ -80,6 +81,10 @@ struct ReportInput {
   // listed without theirs (a TF training run has thousands of launches, ~100 KB of tree each).
   // The session totals are always complete.
   uint64_t counter_detail_ops = UINT64_MAX;
+  // Called once op_summary.csv, op_statistic.csv, instructions.csv, counters.json and chip.yaml
+  // are written, before trace.json and summary.txt: the plots (which read the first two and
+  // chip.yaml) may start then and run while the rest is written. Empty: nothing.
+  std::function<void()> tables_written;
 };
 
 // Writes the folder (created if missing; files of the same names are replaced) and returns the
@@ -101,6 +106,32 @@ struct PlotResult {
 };
 PlotResult run_plot_script(const std::string& dir, const std::string& python,
                            const std::string& script);
+// The plot script started on a folder and not yet waited for (start_plot_script), so that the
+// caller may write other files meanwhile; finish_plot_script waits for it. Destroying one that
+// was not finished waits for the script too.
+class PlotProcess {
+ public:
+  PlotProcess() = default;
+  PlotProcess(const PlotProcess&) = delete;
+  PlotProcess& operator=(const PlotProcess&) = delete;
+  PlotProcess(PlotProcess&& o) noexcept;
+  PlotProcess& operator=(PlotProcess&& o) noexcept;
+  ~PlotProcess();
+  bool started() const { return m_pipe != nullptr || !m_error.empty(); }
+
+ private:
+  friend PlotProcess start_plot_script(const std::string&, const std::string&,
+                                       const std::string&);
+  friend PlotResult finish_plot_script(PlotProcess& p);
+  FILE* m_pipe = nullptr;
+  std::string m_cmd;
+  std::string m_error;  // why it could not start (the result's output)
+};
+// Starts `python script DIR` (its output read at the finish). Never throws.
+PlotProcess start_plot_script(const std::string& dir, const std::string& python,
+                              const std::string& script);
+// Waits for it: whether it succeeded and its output (or why it could not run). Never throws.
+PlotResult finish_plot_script(PlotProcess& p);
 // The Python to run the plot script with: $NPUSIM_PYTHON if set, else <source_dir>/.venv/bin/python
 // if it is executable, else "".
 std::string find_report_python(const std::string& source_dir);

@@ -690,6 +690,7 @@ std::vector<std::string> write_runtime_report(const std::string& dir,
   r.other_chip_kernels = in.other_chip_kernels;
   r.summary_appendix = appendix(in, r.ops, ms);
   r.metrics = &ms;
+  r.tables_written = in.tables_written;
   const json trace = runtime_trace(in, r.ops);
   r.trace = &trace;
   if (in.pipe_trace)

@@ -142,6 +142,8 @@ struct RuntimeReportInput {
   // Named parts of the window (npusim.mark_phase): summary.txt gets a "Phases" section and each
   // phase name a folder phases/<name>/ with the report of its last occurrence.
   std::vector<ReportPhase> phases;
+  // ReportInput::tables_written of the top-level folder (not the phases' folders).
+  std::function<void()> tables_written;
 };
 
 // The Chrome trace: a "host" process (lanes "TF ops": one slice per TF op run, spanning its

@@ -61,6 +61,7 @@ Chip::Chip(sc_core::sc_module_name name, const ChipConfig& cfg, DeviceMemory& gm
   m_slot_of_core.assign(m_cores.size(), 0);
   for (auto& core : m_cores) core->gm_port.bind(m_memory->port);
   m_hdc = std::make_unique<HdcLink>("hdc", cfg, chip.sub("hdc"), m_observers);
+  refresh_instruction_observers();
   SC_METHOD(dispatch_blocks);
   sensitive << m_worker_freed;
   dont_initialize();
@@ -76,11 +77,19 @@ void Chip::add_observer(ChipObserver* observer) {
   if (std::find(m_observers.begin(), m_observers.end(), observer) != m_observers.end()) return;
   m_observers.push_back(observer);
   for (const auto& core : m_cores) observer->on_core(core->chip_index(), core->basename());
+  refresh_instruction_observers();
 }
 
 void Chip::remove_observer(ChipObserver* observer) {
   m_observers.erase(std::remove(m_observers.begin(), m_observers.end(), observer),
                     m_observers.end());
+  refresh_instruction_observers();
+}
+
+void Chip::refresh_instruction_observers() {
+  m_instruction_observers.clear();
+  for (ChipObserver* o : m_observers)
+    if (o->wants_instructions()) m_instruction_observers.push_back(o);
 }
 
 void Chip::dispatch_blocks() {
@@ -284,6 +293,7 @@ void Chip::start_slot(size_t i) {
   }
   for (ChipObserver* o : m_observers)
     o->on_kernel_begin(*s.launch.program, s.launch.block_dim, time_ps(s.start));
+  refresh_instruction_observers();
   s.scheduler.start(std::move(s.workers), s.launch.block_dim, static_cast<int>(m_cores.size()),
                     cycles_to_time(static_cast<double>(m_cfg.task_dispatch_cycles())),
                     cycles_to_time(m_cfg.task_block_start_cycles));
@@ -344,6 +354,7 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
                          record && record_l2_trace ? record_max_bytes / sizeof(GmAccess) : 0);
   s.start = s.end = sc_time_stamp();
   for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(s.start));
+  refresh_instruction_observers();
   s.scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),
                     cycles_to_time(static_cast<double>(m_cfg.task_dispatch_cycles())),
                     cycles_to_time(m_cfg.task_block_start_cycles));
@@ -751,6 +762,7 @@ void Chip::end_slot(Slot& s, const sc_core::sc_time& end, bool ok) {
   m_launches.inc();
   if (!ok) m_failed_launches.inc();
   for (ChipObserver* o : m_observers) o->on_kernel_end(*s.launch.program, time_ps(end), ok);
+  refresh_instruction_observers();
 }
 
 void Chip::reset_after_launches() {
@@ -838,7 +850,8 @@ void Chip::post(AiCore& from, Lane lane, AiCore& to, int id) {
                                   "(the chip allows {})", id, to.core_name(),
                                   to.cross_core_pending(id), m_cfg.cross_core_max_pending));
   const uint64_t flow = new_flow_id();
-  for (ChipObserver* o : m_observers) o->on_flow_begin(from.chip_index(), lane, now_ps(), flow);
+  for (ChipObserver* o : m_instruction_observers)
+    o->on_flow_begin(from.chip_index(), lane, now_ps(), flow);
   to.post_cross_core(id, flow);
 }
 

@@ -166,6 +166,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // core now. Not while a launch runs. Attaching one already attached is a no-op.
   void add_observer(ChipObserver* observer);
   void remove_observer(ChipObserver* observer);
+  // Asks the observers' wants_instructions() anew (instruction_observers()): after every
+  // on_kernel_begin and on_kernel_end the chip or its launcher calls.
+  void refresh_instruction_observers();
   const std::vector<std::unique_ptr<AiCore>>& cores() const { return m_cores; }
   // The records of the launch in progress, by core chip index, while it is being recorded
   // (until end_launch); empty otherwise.
@@ -185,6 +188,9 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   const ChipConfig& config() const override { return m_cfg; }
   DeviceMemory& gm() override { return m_gm; }
   const std::vector<ChipObserver*>& observers() const override { return m_observers; }
+  const std::vector<ChipObserver*>& instruction_observers() const override {
+    return m_instruction_observers;
+  }
   uint64_t new_flow_id() override { return ++m_flow_ids; }
   void recorded(uint64_t bytes) override;
   void fault(const AiCore& core, uint32_t pc, const isa::Instruction* in,
@@ -294,6 +300,8 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   const ChipConfig& m_cfg;
   DeviceMemory& m_gm;
   std::vector<ChipObserver*> m_observers;
+  // Those of m_observers that want instructions and flag edges (refresh_instruction_observers).
+  std::vector<ChipObserver*> m_instruction_observers;
   std::vector<std::unique_ptr<AiCore>> m_cores;  // chip index order: aic..., aiv... (or aicore)
   std::unique_ptr<MemorySystem> m_memory;
   std::unique_ptr<HdcLink> m_hdc;

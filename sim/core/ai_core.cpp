@@ -159,7 +159,7 @@ AiCore::AiCore(sc_core::sc_module_name name, int chip_index, int kind_index,
       m_env(env),
       m_cfg(env.config()),
       m_gm(env.gm()),
-      m_observers(env.observers()),
+      m_observers(env.instruction_observers()),
       m_name(basename()),
       m_local(std::make_unique<CoreMemory>(kind)),
       m_scalar_wait(m_abort, m_flag_event),
@@ -326,6 +326,9 @@ void AiCore::run_block() {
   const sc_time issue_time = cycles_to_time(m_cfg.scalar_cycles_per_insn);
   const uint64_t issue_ps = time_ps(issue_time);
   const auto& observers = m_observers;
+  // The instruction's start is read while any observer is attached: one that wants no
+  // instructions at its start may want them by its end (a launch beside this one began).
+  const auto& attached = m_env.observers();
   uint32_t pc = 0;
   const BlockIdentity id{m_launch->args, m_block, m_launch->block_dim, m_subblock, m_kind_index};
   const uint64_t budget = m_launch->max_insns_per_block;
@@ -348,7 +351,7 @@ void AiCore::run_block() {
     const isa::Instruction& in = code[pc];
     m_scalar.reg_fields = d.reg_fields;
     // The instruction's start, for observers only (reading the time costs a call).
-    const sc_time begin = observers.empty() ? SC_ZERO_TIME : sc_time_stamp() + m_local_time;
+    const sc_time begin = attached.empty() ? SC_ZERO_TIME : sc_time_stamp() + m_local_time;
     uint32_t next = pc + 1;
     if (in.op == Opcode::op_end) {
       // The block ends when every pipe has drained; `end` itself takes no issue slot.

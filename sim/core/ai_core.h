@@ -183,8 +183,9 @@ class AiCore : public sc_core::sc_module {
   AbortSignal m_abort;  // see abort_signal(); declared before the Waiters that register on it
   // The launch of the block being (or last) run (SectionRun::launch; nullptr before the first).
   const LaunchInfo* m_launch = nullptr;
-  // The environment's device memory and observers (CoreEnv returns the same objects for the
-  // chip's life): read per instruction, so looked up once.
+  // The environment's device memory and the observers that want instructions and flag edges
+  // (CoreEnv returns the same objects for the chip's life): read per instruction, so looked up
+  // once.
   DeviceMemory& m_gm;
   const std::vector<ChipObserver*>& m_observers;
   const std::string m_name;

@@ -112,6 +112,9 @@ class CoreEnv {
   virtual const ChipConfig& config() const = 0;
   virtual DeviceMemory& gm() = 0;
   virtual const std::vector<ChipObserver*>& observers() const = 0;
+  // The observers that want instructions and flag edges now (ChipObserver::wants_instructions):
+  // the same vector object for the chip's life, its contents updated between calls.
+  virtual const std::vector<ChipObserver*>& instruction_observers() const = 0;
   // A core recorded `bytes` more for the launch's replay (LaunchInfo::record). Zero time.
   virtual void recorded(uint64_t bytes) = 0;
   // A fresh id for a flow (flag edge) in the trace.

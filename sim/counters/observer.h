@@ -39,6 +39,11 @@ class ChipObserver {
   // (sim/replay/launch_replay.h): the observers then see only on_kernel_begin / on_kernel_end
   // of it, at the times the simulated run had.
   virtual bool wants_launch_detail() const { return true; }
+  // Whether this observer needs on_instruction / on_flow_begin / on_flow_end now. The chip asks
+  // after every on_kernel_begin and on_kernel_end (and when observers are attached or removed);
+  // the answer may change only at those calls. The cores skip these calls, and reading the time
+  // for them, while no attached observer wants them.
+  virtual bool wants_instructions() const { return true; }
 };
 
 }  // namespace npusim

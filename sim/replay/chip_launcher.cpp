@@ -161,6 +161,7 @@ KernelResult ChipLauncher::replayed_result(const KernelLaunch& launch, const Rec
     o->on_kernel_begin(*launch.program, launch.block_dim, start_ps);
   for (ChipObserver* o : m_chip.observers())
     o->on_kernel_end(*launch.program, start_ps + rec.duration_ps, true);
+  m_chip.refresh_instruction_observers();
   if (rec.registry == &m_counters || !rec.registry)
     m_counters.apply(rec.counters);
   else

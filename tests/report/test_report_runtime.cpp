@@ -1,6 +1,7 @@
 // The report of a run through the runtime (a TF program), from hand-made launch and copy records
 // (no chip elaborated): LaunchRecord -> OpRecord, per-op-type summary, the wait breakdown, the
-// pipe-trace collector's trimming and time shift, and the folder's TF-specific parts.
+// pipe-trace collector's trimming and time shift, the folder's TF-specific parts, and the plot
+// script run beside the writing of trace.json.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -189,11 +190,15 @@ TEST_CASE("runtime report: the pipe trace keeps the first launches and shifts th
   isa::Instruction nop;
   for (int launch = 0; launch < 3; ++launch) {
     const uint64_t t = 1'000'000 * uint64_t(launch);
+    CHECK_FALSE(c.wants_instructions());  // between launches
     c.on_kernel_begin(prog, 1, t);
+    // The chip's cores call the instruction hooks during the detailed launches only.
+    CHECK(c.wants_instructions() == (launch < 2));
     c.on_instruction(0, Lane::SCALAR, t, t + 2000, 0, nop, sec);
     c.on_instruction(0, Lane::CUBE, t + 2000, t + 5000, 1, nop, sec);
     c.on_kernel_end(prog, t + 5000, true);
   }
+  CHECK_FALSE(c.wants_instructions());
   const auto s = c.stats();
   CHECK(s.launches_seen == 3);
   CHECK(s.launches_detailed == 2);
@@ -330,7 +335,17 @@ TEST_CASE("runtime report: the folder has TF names, a kernel column, a host lane
   const std::string dir =
       (std::filesystem::temp_directory_path() / "npusim_test_runtime_report").string();
   std::filesystem::remove_all(dir);
+  // The plots' hook runs once, with the tables and chip.yaml written and trace.json not yet.
+  int hook_calls = 0;
+  in.tables_written = [&] {
+    ++hook_calls;
+    for (const char* f : {"op_summary.csv", "op_statistic.csv", "chip.yaml"})
+      CHECK(std::filesystem::exists(dir + "/" + f));
+    CHECK_FALSE(std::filesystem::exists(dir + "/trace.json"));
+    CHECK_FALSE(std::filesystem::exists(dir + "/summary.txt"));
+  };
   prof::write_runtime_report(dir, in);
+  CHECK(hook_calls == 1);
 
   std::ifstream csv(dir + "/op_summary.csv");
   std::string header, row0, row1;
@@ -517,4 +532,44 @@ TEST_CASE("runtime report: kinds of work and phases, each phase name's last occu
   CHECK_THROWS_WITH(prof::write_runtime_report(dir, in),
                     Catch::Contains("report phase '../x'"));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("runtime report: the plot script runs beside the caller until it is finished") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "npusim_test_plot_process";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // A stand-in for the plot script, run by /bin/sh as the Python: it takes a while, then writes
+  // a file into the folder it is given and prints a line.
+  const std::string script = (dir / "plots.sh").string();
+  std::ofstream(script) << "sleep 2\necho drawn > \"$1/plot.png\"\necho plotted $1\n";
+  {
+    prof::PlotProcess p = prof::start_plot_script(dir.string(), "/bin/sh", script);
+    CHECK(p.started());
+    CHECK_FALSE(fs::exists(dir / "plot.png"));  // started, not waited for
+    const prof::PlotResult r = prof::finish_plot_script(p);
+    CHECK(r.ok);
+    CHECK(r.output == "plotted " + dir.string() + "\n");
+    CHECK(read_file((dir / "plot.png").string()) == "drawn\n");
+    // Finished once: a second finish has nothing to wait for.
+    CHECK_FALSE(prof::finish_plot_script(p).ok);
+  }
+  fs::remove(dir / "plot.png");
+  {
+    // One not finished is waited for when it goes.
+    prof::PlotProcess p = prof::start_plot_script(dir.string(), "/bin/sh", script);
+  }
+  CHECK(fs::exists(dir / "plot.png"));
+  // A failing script, and none to run.
+  std::ofstream(script) << "exit 3\n";
+  prof::PlotProcess failing = prof::start_plot_script(dir.string(), "/bin/sh", script);
+  const prof::PlotResult f = prof::finish_plot_script(failing);
+  CHECK_FALSE(f.ok);
+  CHECK(f.output.rfind("failed: ", 0) == 0);
+  prof::PlotProcess none = prof::start_plot_script(dir.string(), "", script);
+  CHECK(none.started());
+  const prof::PlotResult n = prof::finish_plot_script(none);
+  CHECK_FALSE(n.ok);
+  CHECK(n.output.find("NPUSIM_PYTHON") != std::string::npos);
+  fs::remove_all(dir);
 }

@@ -1,6 +1,7 @@
 // The Chrome-trace timeline (opts.trace): one process per core with a lane per pipe, complete
 // events per instruction with pc, source line and text, flow events from each set_flag to the
-// wait_flag it releases, and the event cap.
+// wait_flag it releases, the event cap, and observers that want the instructions of some launches
+// only (ChipObserver::wants_instructions).
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "isa/assembler.h"
+#include "sim/counters/observer.h"
 #include "sim/config/chip_config.h"
 #include "tests/sim/sim_test_util.h"
 
@@ -151,4 +153,59 @@ TEST_CASE("trace: events past trace_max_events are dropped and counted") {
       ++recorded;
   CHECK(recorded == kMaxEvents);
   CHECK(t["otherData"]["dropped_events"].get<uint64_t>() > 0);
+}
+
+namespace {
+
+// Counts the instruction slices and flow edges it is given. `selective`: it wants those of every
+// other launch only (the first, the third, ...), its answer changing at each launch's begin and
+// end as a profiler's does past its detailed launches; otherwise it wants all of them.
+struct CountingObserver : ChipObserver {
+  explicit CountingObserver(bool selective) : selective(selective) {}
+  bool selective;
+  int launches = 0;
+  bool in_wanted_launch = false;
+  uint64_t instructions = 0, flow_edges = 0;
+  void on_core(int, const std::string&) override {}
+  void on_kernel_begin(const isa::Program&, int, uint64_t) override {
+    in_wanted_launch = launches++ % 2 == 0;
+  }
+  void on_kernel_end(const isa::Program&, uint64_t, bool) override { in_wanted_launch = false; }
+  void on_instruction(int, Lane, uint64_t, uint64_t, uint32_t, const isa::Instruction&,
+                      const isa::Section&) override {
+    ++instructions;
+  }
+  void on_flow_begin(int, Lane, uint64_t, uint64_t) override { ++flow_edges; }
+  void on_flow_end(int, Lane, uint64_t, uint64_t) override { ++flow_edges; }
+  void on_hdc(bool, uint64_t, uint64_t, uint64_t) override {}
+  bool wants_instructions() const override { return !selective || in_wanted_launch; }
+};
+
+}  // namespace
+
+TEST_CASE("trace: an observer gets the instructions and flows of the launches it wants only") {
+  isa::Program p = isa::assemble(kPipeline, "pipe.s");
+  CountingObserver all(false), selective(true);
+  sim().add_observer(&all);
+  sim().add_observer(&selective);
+  // Launch 1 is wanted: every slice and edge the other observer gets.
+  REQUIRE(launch(sim(), p, {0x100000, 0x200000}, 2).ok);
+  const uint64_t insns = all.instructions, edges = all.flow_edges;
+  CHECK(insns >= 2 * 12);  // the kernel's 12 instructions on each of the two blocks' cores
+  CHECK(edges > 0);
+  CHECK(selective.instructions == insns);
+  CHECK(selective.flow_edges == edges);
+  // Launch 2 is not: none, while the other observer gets the same launch's again.
+  REQUIRE(launch(sim(), p, {0x100000, 0x200000}, 2).ok);
+  CHECK(all.instructions == 2 * insns);
+  CHECK(all.flow_edges == 2 * edges);
+  CHECK(selective.instructions == insns);
+  CHECK(selective.flow_edges == edges);
+  // Launch 3 is wanted again.
+  REQUIRE(launch(sim(), p, {0x100000, 0x200000}, 2).ok);
+  CHECK(selective.instructions == 2 * insns);
+  CHECK(selective.flow_edges == 2 * edges);
+  CHECK(selective.launches == 3);
+  sim().remove_observer(&selective);
+  sim().remove_observer(&all);
 }

@@ -455,15 +455,22 @@ NPUSIM_TF_EXPORT char* npusim_tf_write_report(const char* dir, const char* extra
         if (k > 0) in.other_chip_kernels[static_cast<int>(k)] = prof::kernel_spans(ck.launches);
       }
     }
+    const std::string python = extra.value("python", std::string());
+    const std::string script = extra.value("plot_script", std::string());
+    const bool plot = !python.empty() && !script.empty();
+    // The plots start once the tables they read are written and draw while trace.json (the
+    // largest file) and the rest are written.
+    prof::PlotProcess plotting;
+    if (plot)
+      in.tables_written = [&] { plotting = prof::start_plot_script(dir, python, script); };
     j["files"] = prof::write_runtime_report(dir, in);
     for (size_t k = 0; k < chip_inputs.size(); ++k)
       for (std::string& f :
            prof::write_runtime_report(fmt::format("{}/device_{}", dir, k), chip_inputs[k]))
         j["files"].push_back(std::move(f));
-    const std::string python = extra.value("python", std::string());
-    const std::string script = extra.value("plot_script", std::string());
-    if (!python.empty() && !script.empty()) {
-      const prof::PlotResult plots = prof::run_plot_script(dir, python, script);
+    if (plot) {
+      if (!plotting.started()) plotting = prof::start_plot_script(dir, python, script);
+      const prof::PlotResult plots = prof::finish_plot_script(plotting);
       j["plots"] = {{"ok", plots.ok}, {"output", plots.output}};
       // Several NPUs: each device_<k>/ gets its chip's plots too (the same script on its files).
       if (devices.size() > 1) {
