@@ -129,8 +129,7 @@ template <class Dst, class F, bool Reuse, class... Src>
 struct Elementwise {
   F f;
   template <size_t N, class Run>
-  void operator()(uint64_t, const std::array<uint8_t*, N>& p, int first, Run,
-                  const Lanes& active) {
+  void operator()(uint64_t, const std::array<uint8_t*, N>& p, int first, Run, const Lanes& active) {
     split<Run::value>(p, first, active, std::make_index_sequence<N - 1>{});
   }
   template <int Run, size_t N, size_t... I>
@@ -241,8 +240,8 @@ uint64_t dense_span_elements(const VecInsn& vi, const std::array<const VecOperan
 template <bool Reuse, class Dst, class... Src, class F>
 void elementwise_reusing(const VecInsn& vi, uint8_t* ub, F f) {
   constexpr size_t N = 1 + sizeof...(Src);
-  constexpr int widest = std::max({int(sizeof(typename Dst::storage)),
-                                   int(sizeof(typename Src::storage))...});
+  constexpr int widest =
+      std::max({int(sizeof(typename Dst::storage)), int(sizeof(typename Src::storage))...});
   std::array<const VecOperand*, N> ops{};
   for (size_t k = 0; k < N; ++k) ops[k] = &vi.operand[k];  // dst, src0, src1 slots
   if constexpr (HasBulk<F>::value) {  // a cast of a whole tile: one bulk conversion
@@ -328,11 +327,10 @@ __m128 compare4(__m128 a, __m128 b) {
 
 // Four 32-bit lanes, all ones where bit i of `nibble` is set.
 inline __m128i nibble_lanes(unsigned nibble) {
-  return _mm_sub_epi32(_mm_setzero_si128(),
-                       _mm_set_epi32(static_cast<int>((nibble >> 3) & 1u),
-                                     static_cast<int>((nibble >> 2) & 1u),
-                                     static_cast<int>((nibble >> 1) & 1u),
-                                     static_cast<int>(nibble & 1u)));
+  return _mm_sub_epi32(
+      _mm_setzero_si128(),
+      _mm_set_epi32(static_cast<int>((nibble >> 3) & 1u), static_cast<int>((nibble >> 2) & 1u),
+                    static_cast<int>((nibble >> 1) & 1u), static_cast<int>(nibble & 1u)));
 }
 #endif
 
@@ -352,40 +350,41 @@ void run_compare_as(const VecInsn& vi, uint8_t* ub) {
       row[byte] = static_cast<uint8_t>(
           (byte < 8 ? bits.lo >> (8 * byte) : bits.hi >> (8 * (byte - 8))) & 0xffu);
   };
-  for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 2> p, int first,
-                                      int n, const Lanes& active) {
-    if (first == 0) bits = Lanes{};
-    if (active.all(first, n)) {
+  for_each_run<size>(
+      vi, ub, ops,
+      [&](uint64_t r, std::array<uint8_t*, 2> p, int first, int n, const Lanes& active) {
+        if (first == 0) bits = Lanes{};
+        if (active.all(first, n)) {
       // Without branches on the data, 64 lanes to a word: a run never crosses a word (it is a
       // whole repeat, or one block of 8 or 16 lanes starting at a multiple of its size).
 #if defined(__SSE2__)
-      if constexpr (D == Dtype::F32) {  // 4 lanes at a time (a run is 8 or 64 lanes)
-        uint64_t word = 0;
-        for (int i = 0; i < n; i += 4)
-          word |= uint64_t(_mm_movemask_ps(compare4<C>(
-                      _mm_loadu_ps(reinterpret_cast<const float*>(p[0] + i * size)),
-                      _mm_loadu_ps(reinterpret_cast<const float*>(p[1] + i * size)))))
-                  << i;
-        (first < 64 ? bits.lo : bits.hi) |= word << (first & 63);
-        return finish_repeat(r, first, n);
-      }
+          if constexpr (D == Dtype::F32) {  // 4 lanes at a time (a run is 8 or 64 lanes)
+            uint64_t word = 0;
+            for (int i = 0; i < n; i += 4)
+              word |= uint64_t(_mm_movemask_ps(compare4<C>(
+                          _mm_loadu_ps(reinterpret_cast<const float*>(p[0] + i * size)),
+                          _mm_loadu_ps(reinterpret_cast<const float*>(p[1] + i * size)))))
+                      << i;
+            (first < 64 ? bits.lo : bits.hi) |= word << (first & 63);
+            return finish_repeat(r, first, n);
+          }
 #endif
-      for (int base = 0; base < n; base += 64) {
-        uint64_t word = 0;
-        for (int i = base; i < std::min(n, base + 64); ++i)
-          word |= uint64_t{compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size))}
-                  << (i - base);
-        const int lane = first + base;
-        (lane < 64 ? bits.lo : bits.hi) |= word << (lane & 63);
-      }
-    } else {
-      for (int i = 0; i < n; ++i)
-        if (active.test(first + i) &&
-            compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size)))
-          bits.set(first + i);
-    }
-    finish_repeat(r, first, n);
-  });
+          for (int base = 0; base < n; base += 64) {
+            uint64_t word = 0;
+            for (int i = base; i < std::min(n, base + 64); ++i)
+              word |= uint64_t{compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size))}
+                      << (i - base);
+            const int lane = first + base;
+            (lane < 64 ? bits.lo : bits.hi) |= word << (lane & 63);
+          }
+        } else {
+          for (int i = 0; i < n; ++i)
+            if (active.test(first + i) &&
+                compare<C>(E::load(p[0] + i * size), E::load(p[1] + i * size)))
+              bits.set(first + i);
+        }
+        finish_repeat(r, first, n);
+      });
 }
 
 template <Dtype D>
@@ -408,10 +407,14 @@ void run_compare(const VecInsn& vi, uint8_t* ub) {
 enum class WideF32 { kAdd, kSub, kMul, kDiv };
 template <class Fn>
 constexpr WideF32 wide_f32_of() {
-  if constexpr (std::is_same_v<Fn, vec::Add>) return WideF32::kAdd;
-  else if constexpr (std::is_same_v<Fn, vec::Sub>) return WideF32::kSub;
-  else if constexpr (std::is_same_v<Fn, vec::Mul>) return WideF32::kMul;
-  else return WideF32::kDiv;
+  if constexpr (std::is_same_v<Fn, vec::Add>)
+    return WideF32::kAdd;
+  else if constexpr (std::is_same_v<Fn, vec::Sub>)
+    return WideF32::kSub;
+  else if constexpr (std::is_same_v<Fn, vec::Mul>)
+    return WideF32::kMul;
+  else
+    return WideF32::kDiv;
 }
 template <class Fn>
 inline constexpr bool kWideF32 = std::is_same_v<Fn, vec::Add> || std::is_same_v<Fn, vec::Sub> ||
@@ -423,10 +426,14 @@ void binary_f32_scalar(const uint8_t* a, const uint8_t* b, uint32_t* out, int fr
   for (int i = from; i < n; ++i) {
     const float x = Elem<Dtype::F32>::load(a + 4 * i), y = Elem<Dtype::F32>::load(b + 4 * i);
     float r;
-    if constexpr (W == WideF32::kAdd) r = x + y;
-    else if constexpr (W == WideF32::kSub) r = x - y;
-    else if constexpr (W == WideF32::kMul) r = x * y;
-    else r = x / y;
+    if constexpr (W == WideF32::kAdd)
+      r = x + y;
+    else if constexpr (W == WideF32::kSub)
+      r = x - y;
+    else if constexpr (W == WideF32::kMul)
+      r = x * y;
+    else
+      r = x / y;
     out[i] = Elem<Dtype::F32>::from_compute(r);
   }
 }
@@ -441,10 +448,14 @@ __attribute__((target("avx512f"))) void binary_f32_avx512(const uint8_t* a, cons
   for (; i + 16 <= n; i += 16) {
     const __m512 x = _mm512_loadu_ps(a + 4 * i), y = _mm512_loadu_ps(b + 4 * i);
     __m512 r;
-    if constexpr (W == WideF32::kAdd) r = _mm512_add_ps(x, y);
-    else if constexpr (W == WideF32::kSub) r = _mm512_sub_ps(x, y);
-    else if constexpr (W == WideF32::kMul) r = _mm512_mul_ps(x, y);
-    else r = _mm512_div_ps(x, y);
+    if constexpr (W == WideF32::kAdd)
+      r = _mm512_add_ps(x, y);
+    else if constexpr (W == WideF32::kSub)
+      r = _mm512_sub_ps(x, y);
+    else if constexpr (W == WideF32::kMul)
+      r = _mm512_mul_ps(x, y);
+    else
+      r = _mm512_div_ps(x, y);
     r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q), r, nan);
     _mm512_storeu_ps(out + i, r);
   }
@@ -459,10 +470,14 @@ __attribute__((target("avx"))) void binary_f32_avx(const uint8_t* a, const uint8
     const __m256 x = _mm256_loadu_ps(reinterpret_cast<const float*>(a + 4 * i));
     const __m256 y = _mm256_loadu_ps(reinterpret_cast<const float*>(b + 4 * i));
     __m256 r;
-    if constexpr (W == WideF32::kAdd) r = _mm256_add_ps(x, y);
-    else if constexpr (W == WideF32::kSub) r = _mm256_sub_ps(x, y);
-    else if constexpr (W == WideF32::kMul) r = _mm256_mul_ps(x, y);
-    else r = _mm256_div_ps(x, y);
+    if constexpr (W == WideF32::kAdd)
+      r = _mm256_add_ps(x, y);
+    else if constexpr (W == WideF32::kSub)
+      r = _mm256_sub_ps(x, y);
+    else if constexpr (W == WideF32::kMul)
+      r = _mm256_mul_ps(x, y);
+    else
+      r = _mm256_div_ps(x, y);
     // (and / andnot / or: GCC splits _mm256_blendv_ps with a compare's mask into lanes)
     const __m256 is_nan = _mm256_cmp_ps(r, r, _CMP_UNORD_Q);
     r = _mm256_or_ps(_mm256_andnot_ps(is_nan, r), _mm256_and_ps(is_nan, nan));
@@ -524,46 +539,50 @@ void run_typed(const VecInsn& vi, uint8_t* ub) {
     const VecOperand& sel = vi.operand[vec::kSel];
     std::array<const VecOperand*, 3> ops{&vi.operand[vec::kDst], &vi.operand[vec::kSrc0],
                                          &vi.operand[vec::kSrc1]};
-    for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 3> p, int first,
-                                        int n, const Lanes& active) {
-      const uint8_t* bits = ub + sel.addr + r * sel.rep_bytes;
-      // All lanes active and each source the destination itself or apart from it: the lanes
-      // do not see each other's results, so a loop without branches on the data gives the
-      // lane-by-lane result below.
-      const auto apart = [&](const uint8_t* q) {
-        return q == p[0] || q + n * size <= p[0] || p[0] + n * size <= q;
-      };
-      if (active.all(first, n) && apart(p[1]) && apart(p[2])) {
+    for_each_run<size>(
+        vi, ub, ops,
+        [&](uint64_t r, std::array<uint8_t*, 3> p, int first, int n, const Lanes& active) {
+          const uint8_t* bits = ub + sel.addr + r * sel.rep_bytes;
+          // All lanes active and each source the destination itself or apart from it: the lanes
+          // do not see each other's results, so a loop without branches on the data gives the
+          // lane-by-lane result below.
+          const auto apart = [&](const uint8_t* q) {
+            return q == p[0] || q + n * size <= p[0] || p[0] + n * size <= q;
+          };
+          if (active.all(first, n) && apart(p[1]) && apart(p[2])) {
 #if defined(__SSE2__)
-        if constexpr (size == 4) {  // 4 lanes at a time, a nibble of selector bits each
-          for (int i = 0; i < n; i += 4) {
-            const int lane = first + i;  // a multiple of 4: its nibble lies in one byte
-            const __m128i m = nibble_lanes((bits[lane / 8] >> (lane % 8)) & 0xfu);
-            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[1] + i * size));
-            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[2] + i * size));
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(p[0] + i * size),
-                             _mm_or_si128(_mm_and_si128(m, a), _mm_andnot_si128(m, b)));
-          }
-          return;
-        }
+            if constexpr (size == 4) {  // 4 lanes at a time, a nibble of selector bits each
+              for (int i = 0; i < n; i += 4) {
+                const int lane = first + i;  // a multiple of 4: its nibble lies in one byte
+                const __m128i m = nibble_lanes((bits[lane / 8] >> (lane % 8)) & 0xfu);
+                const __m128i a =
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[1] + i * size));
+                const __m128i b =
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[2] + i * size));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(p[0] + i * size),
+                                 _mm_or_si128(_mm_and_si128(m, a), _mm_andnot_si128(m, b)));
+              }
+              return;
+            }
 #endif
-        using S = typename R::storage;
-        for (int i = 0; i < n; ++i) {
-          const int lane = first + i;
-          const S take0 = static_cast<S>(0) - static_cast<S>((bits[lane / 8] >> (lane % 8)) & 1u);
-          const S v = static_cast<S>((load_bits<S>(p[1] + i * size) & take0) |
-                                     (load_bits<S>(p[2] + i * size) & static_cast<S>(~take0)));
-          store_bits<S>(p[0] + i * size, v);
-        }
-        return;
-      }
-      for (int i = 0; i < n; ++i) {
-        int lane = first + i;
-        if (!active.test(lane)) continue;
-        bool take0 = (bits[lane / 8] >> (lane % 8)) & 1u;
-        std::memcpy(p[0] + i * size, (take0 ? p[1] : p[2]) + i * size, size);
-      }
-    });
+            using S = typename R::storage;
+            for (int i = 0; i < n; ++i) {
+              const int lane = first + i;
+              const S take0 =
+                  static_cast<S>(0) - static_cast<S>((bits[lane / 8] >> (lane % 8)) & 1u);
+              const S v = static_cast<S>((load_bits<S>(p[1] + i * size) & take0) |
+                                         (load_bits<S>(p[2] + i * size) & static_cast<S>(~take0)));
+              store_bits<S>(p[0] + i * size, v);
+            }
+            return;
+          }
+          for (int i = 0; i < n; ++i) {
+            int lane = first + i;
+            if (!active.test(lane)) continue;
+            bool take0 = (bits[lane / 8] >> (lane % 8)) & 1u;
+            std::memcpy(p[0] + i * size, (take0 ? p[1] : p[2]) + i * size, size);
+          }
+        });
   } else if constexpr (Op::family == Family::kCompare) {
     run_compare<D>(vi, ub);
   } else if constexpr (Op::family == Family::kReduce) {
@@ -571,13 +590,14 @@ void run_typed(const VecInsn& vi, uint8_t* ub) {
     std::array<const VecOperand*, 1> ops{&vi.operand[vec::kSrc0]};
     constexpr int size = sizeof(typename E::storage);
     T acc = Op::template identity<T>();
-    for_each_run<size>(vi, ub, ops, [&](uint64_t r, std::array<uint8_t*, 1> p, int first,
-                                        int n, const Lanes& active) {
-      if (first == 0) acc = Op::template identity<T>();  // a new repeat
-      for (int i = 0; i < n; ++i)
-        if (active.test(first + i)) acc = Op::combine(acc, E::load(p[0] + i * size));
-      if (first + n == vi.lanes) E::store(ub + dst.addr + r * dst.rep_bytes, acc);
-    });
+    for_each_run<size>(
+        vi, ub, ops,
+        [&](uint64_t r, std::array<uint8_t*, 1> p, int first, int n, const Lanes& active) {
+          if (first == 0) acc = Op::template identity<T>();  // a new repeat
+          for (int i = 0; i < n; ++i)
+            if (active.test(first + i)) acc = Op::combine(acc, E::load(p[0] + i * size));
+          if (first + n == vi.lanes) E::store(ub + dst.addr + r * dst.rep_bytes, acc);
+        });
   }
 }
 

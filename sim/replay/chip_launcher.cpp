@@ -559,12 +559,14 @@ KernelResult ChipLauncher::finish() {
   const uint64_t quiescent_ps = time_ps(sc_time_stamp() - P->start);
   RecordedLaunch rec;
   // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept. A mix
-  // kernel's blocks span several cores, which a replay that walks the cores apart does not
-  // model; a lean recording (translation only) walks nothing, and one with the effects' order
-  // across the cores replays in that order.
-  const bool keep = P->record && m_chip.launch().record && r.ok &&
-                    (!m_chip.mix() || P->lean || P->ordered) &&
-                    record_blocks(*launch.program, m_chip, &rec);
+  // kernel without cross-core flags (a cube core and its vector cores per block, each core
+  // running its own section's blocks: the strided input gradient's cube writes dx's strided
+  // positions while its vector cores zero the others) is kept as any launch is: each core's
+  // blocks are recorded with their section, block and subblock ids (record_blocks), its walk
+  // is a function of the key (no ld, no flag waits on another core), and record_blocks refuses
+  // it where a core touched bytes another wrote, so its cores replay apart exactly.
+  const bool keep =
+      P->record && m_chip.launch().record && r.ok && record_blocks(*launch.program, m_chip, &rec);
   if (keep && P->flow) {
     record_translation(
         *launch.program, *P->flow, m_chip, launch.args, P->blocks, m_gm, &rec,
@@ -639,9 +641,7 @@ KernelResult ChipLauncher::finish() {
   } else if (P->record && !m_store.opts.replay_log.empty()) {
     P->note += !r.ok                     ? "; not recorded: failed"
                : !m_chip.launch().record ? "; not recorded: past replay_record_max_bytes"
-               : m_chip.mix() && !P->lean && !P->ordered
-                   ? "; not recorded: a mix kernel"
-                   : "; not recorded: a core touched bytes another wrote";
+                                         : "; not recorded: a core touched bytes another wrote";
   }
   if (P->recorded && !P->note.empty()) P->note += ", checked by simulating";
   m_replay_note = std::move(P->note);

@@ -33,8 +33,8 @@ struct Geometry {
 std::vector<Geometry> geometries(int lanes) {
   return {
       {"contiguous, full mask, 3 repeats", 3, 1, 1, 1, 8, 8, 8, VectorMask{}},
-      {"block strides 2/3/1, repeat strides 16/24/9, partial mask, 5 repeats", 5, 2, 3, 1, 16,
-       24, 9, normal_mask(0xf0f0f0f00ff00ff1ull, 0x123456789abcdef1ull)},
+      {"block strides 2/3/1, repeat strides 16/24/9, partial mask, 5 repeats", 5, 2, 3, 1, 16, 24,
+       9, normal_mask(0xf0f0f0f00ff00ff1ull, 0x123456789abcdef1ull)},
       {"counter mode 2*lanes+37 (repeat field ignored)", 1, 1, 1, 1, 8, 8, 8,
        counter_mask(2 * lanes + 37)},
       {"src1 repeat stride 0 (same block every repeat), lo mask only", 4, 1, 1, 1, 8, 8, 0,
@@ -75,12 +75,17 @@ void check_elementwise(Opcode op, Dtype t, const Geometry& g, int nsrc, const Re
         left = run - 1;
       }
       h.put_elem(ref_lane_addr(kSrc0, g.src0_blk, g.src0_rep, size, r, lane), size, a);
-      if (nsrc == 2) h.put_elem(ref_lane_addr(kSrc1, g.src1_blk, g.src1_rep, size, r, lane), size, b);
+      if (nsrc == 2)
+        h.put_elem(ref_lane_addr(kSrc1, g.src1_blk, g.src1_rep, size, r, lane), size, b);
     }
   const std::vector<uint8_t> before = h.snapshot();
 
-  VecOp o(op, {{"type", dt(t)}, {"xdst", g.dst_at}, {"repeat", g.repeat}, {"dst_blk", g.dst_blk},
-               {"dst_rep", g.dst_rep}},
+  VecOp o(op,
+          {{"type", dt(t)},
+           {"xdst", g.dst_at},
+           {"repeat", g.repeat},
+           {"dst_blk", g.dst_blk},
+           {"dst_rep", g.dst_rep}},
           g.mask);
   if (nsrc == 2) {
     o.set("xsrc0", kSrc0).set("xsrc1", kSrc1).set("src0_blk", g.src0_blk);
@@ -96,12 +101,12 @@ void check_elementwise(Opcode op, Dtype t, const Geometry& g, int nsrc, const Re
   for (uint64_t r = 0; r < repeats; ++r)
     for (int lane = 0; lane < lanes; ++lane) {
       if (!ref_lane_active(g.mask, r, lanes, lane)) continue;
-      uint32_t a = element_from(before, ref_lane_addr(kSrc0, g.src0_blk, g.src0_rep, size, r, lane),
-                                size);
-      uint32_t b = nsrc == 2 ? element_from(before, ref_lane_addr(kSrc1, g.src1_blk, g.src1_rep,
-                                                                  size, r, lane),
-                                            size)
-                             : 0;
+      uint32_t a =
+          element_from(before, ref_lane_addr(kSrc0, g.src0_blk, g.src0_rep, size, r, lane), size);
+      uint32_t b =
+          nsrc == 2 ? element_from(
+                          before, ref_lane_addr(kSrc1, g.src1_blk, g.src1_rep, size, r, lane), size)
+                    : 0;
       element_to(expected, ref_lane_addr(g.dst_at, g.dst_blk, g.dst_rep, size, r, lane), size,
                  ref(a, b) & elem_mask(size));
     }
@@ -133,13 +138,17 @@ uint32_t ref_binary(Opcode op, Dtype t, uint32_t a, uint32_t b) {
   if (t == Dtype::F16) {
     _Float16 x = ref_f16(static_cast<uint16_t>(a)), y = ref_f16(static_cast<uint16_t>(b)), r = 0;
     switch (op) {
-      case Opcode::op_vadd: case Opcode::op_vadds: r = x + y; break;
+      case Opcode::op_vadd:
+      case Opcode::op_vadds: r = x + y; break;
       case Opcode::op_vsub: r = x - y; break;
-      case Opcode::op_vmul: case Opcode::op_vmuls: r = x * y; break;
+      case Opcode::op_vmul:
+      case Opcode::op_vmuls: r = x * y; break;
       case Opcode::op_vdiv: r = x / y; break;
       case Opcode::op_vlrelu: r = x >= 0 ? x : x * y; break;
-      case Opcode::op_vmax: case Opcode::op_vmaxs: return ref_float_select(t, a, b, true);
-      case Opcode::op_vmin: case Opcode::op_vmins: return ref_float_select(t, a, b, false);
+      case Opcode::op_vmax:
+      case Opcode::op_vmaxs: return ref_float_select(t, a, b, true);
+      case Opcode::op_vmin:
+      case Opcode::op_vmins: return ref_float_select(t, a, b, false);
       default: FAIL("no f16 reference");
     }
     return ref_float_bits(t, static_cast<float>(r));  // NaN -> canonical
@@ -147,24 +156,32 @@ uint32_t ref_binary(Opcode op, Dtype t, uint32_t a, uint32_t b) {
   if (isa::dtype_is_float(t)) {  // f32, bf16: fp32 arithmetic, rounded once
     float x = ref_float_of(t, a), y = ref_float_of(t, b), r = 0;
     switch (op) {
-      case Opcode::op_vadd: case Opcode::op_vadds: r = x + y; break;
+      case Opcode::op_vadd:
+      case Opcode::op_vadds: r = x + y; break;
       case Opcode::op_vsub: r = x - y; break;
-      case Opcode::op_vmul: case Opcode::op_vmuls: r = x * y; break;
+      case Opcode::op_vmul:
+      case Opcode::op_vmuls: r = x * y; break;
       case Opcode::op_vdiv: r = x / y; break;
       case Opcode::op_vlrelu: r = x >= 0 ? x : x * y; break;
-      case Opcode::op_vmax: case Opcode::op_vmaxs: return ref_float_select(t, a, b, true);
-      case Opcode::op_vmin: case Opcode::op_vmins: return ref_float_select(t, a, b, false);
+      case Opcode::op_vmax:
+      case Opcode::op_vmaxs: return ref_float_select(t, a, b, true);
+      case Opcode::op_vmin:
+      case Opcode::op_vmins: return ref_float_select(t, a, b, false);
       default: FAIL("no float reference");
     }
     return ref_float_bits(t, r);
   }
   int64_t x = ref_int_of(t, a), y = ref_int_of(t, b);
   switch (op) {
-    case Opcode::op_vadd: case Opcode::op_vadds: return wrap(t, x + y);
+    case Opcode::op_vadd:
+    case Opcode::op_vadds: return wrap(t, x + y);
     case Opcode::op_vsub: return wrap(t, x - y);
-    case Opcode::op_vmul: case Opcode::op_vmuls: return wrap(t, x * y);
-    case Opcode::op_vmax: case Opcode::op_vmaxs: return wrap(t, std::max(x, y));
-    case Opcode::op_vmin: case Opcode::op_vmins: return wrap(t, std::min(x, y));
+    case Opcode::op_vmul:
+    case Opcode::op_vmuls: return wrap(t, x * y);
+    case Opcode::op_vmax:
+    case Opcode::op_vmaxs: return wrap(t, std::max(x, y));
+    case Opcode::op_vmin:
+    case Opcode::op_vmins: return wrap(t, std::min(x, y));
     case Opcode::op_vand: return a & b;
     case Opcode::op_vor: return a | b;
     default: FAIL("no integer reference"); return 0;
@@ -261,8 +278,8 @@ TEST_CASE("VUN: exp ln sqrt rsqrt rec on sources in runs of equal values (broadc
       for (const Geometry& g : geometries(256 / isa::dtype_size(t)))
         for (int run : {3, 70})  // across blocks and repeats; longer than an f32 repeat
           check_elementwise(
-              op, t, g, 1, [&](uint32_t a, uint32_t) { return ref_unary(op, t, a); },
-              std::nullopt, seed++, run);
+              op, t, g, 1, [&](uint32_t a, uint32_t) { return ref_unary(op, t, a); }, std::nullopt,
+              seed++, run);
 }
 
 TEST_CASE("VSCL: adds muls maxs mins lrelu, scalar rounded to the type") {
@@ -285,8 +302,8 @@ TEST_CASE("VSCL: adds muls maxs mins lrelu, scalar rounded to the type") {
   for (const Case& c : cases)
     for (Dtype t : c.types)
       for (int k = 0; k < 3; ++k) {
-        int64_t reg = isa::dtype_is_float(t) ? int64_t{ref_f32_bits(float_scalars[k])}
-                                             : int_scalars[k];
+        int64_t reg =
+            isa::dtype_is_float(t) ? int64_t{ref_f32_bits(float_scalars[k])} : int_scalars[k];
         uint32_t s = isa::dtype_is_float(t)
                          ? ref_float_bits(t, float_scalars[k])
                          : static_cast<uint32_t>(reg) & elem_mask(isa::dtype_size(t));
@@ -302,9 +319,18 @@ TEST_CASE("fp16 and bf16 arithmetic rounds once to nearest even") {
   auto run2 = [&](Opcode op, Dtype t, uint16_t a, uint16_t b) {
     h.put<uint16_t>(kSrc0, a);
     h.put<uint16_t>(kSrc1, b);
-    VecOp o(op, {{"type", dt(t)}, {"xdst", kDst}, {"xsrc0", kSrc0}, {"xsrc1", kSrc1},
-                 {"repeat", 1}, {"dst_blk", 1}, {"src0_blk", 1}, {"src1_blk", 1},
-                 {"dst_rep", 8}, {"src0_rep", 8}, {"src1_rep", 8}},
+    VecOp o(op,
+            {{"type", dt(t)},
+             {"xdst", kDst},
+             {"xsrc0", kSrc0},
+             {"xsrc1", kSrc1},
+             {"repeat", 1},
+             {"dst_blk", 1},
+             {"src0_blk", 1},
+             {"src1_blk", 1},
+             {"dst_rep", 8},
+             {"src0_rep", 8},
+             {"src1_rep", 8}},
             normal_mask(0, 1));
     h.run(o);
     return h.get<uint16_t>(kDst);
@@ -338,15 +364,24 @@ TEST_CASE("integer arithmetic wraps") {
     int size = isa::dtype_size(t);
     h.put_elem(kSrc0, size, a);
     h.put_elem(kSrc1, size, b);
-    VecOp o(op, {{"type", dt(t)}, {"xdst", kDst}, {"xsrc0", kSrc0}, {"xsrc1", kSrc1},
-                 {"repeat", 1}, {"dst_blk", 1}, {"src0_blk", 1}, {"src1_blk", 1},
-                 {"dst_rep", 8}, {"src0_rep", 8}, {"src1_rep", 8}},
+    VecOp o(op,
+            {{"type", dt(t)},
+             {"xdst", kDst},
+             {"xsrc0", kSrc0},
+             {"xsrc1", kSrc1},
+             {"repeat", 1},
+             {"dst_blk", 1},
+             {"src0_blk", 1},
+             {"src1_blk", 1},
+             {"dst_rep", 8},
+             {"src0_rep", 8},
+             {"src1_rep", 8}},
             normal_mask(0, 1));
     h.run(o);
     return h.get_elem(kDst, size);
   };
-  CHECK(run2(Opcode::op_vadd, Dtype::S16, 32767, 1) == 0x8000);        // -32768
-  CHECK(run2(Opcode::op_vmul, Dtype::U16, 65535, 65535) == 1);         // (2^16-1)^2 mod 2^16
+  CHECK(run2(Opcode::op_vadd, Dtype::S16, 32767, 1) == 0x8000);  // -32768
+  CHECK(run2(Opcode::op_vmul, Dtype::U16, 65535, 65535) == 1);   // (2^16-1)^2 mod 2^16
   CHECK(run2(Opcode::op_vsub, Dtype::S32, 0x80000000u, 1) == 0x7fffffffu);
   CHECK(run2(Opcode::op_vmax, Dtype::U16, 0x8000, 0x7fff) == 0x8000);  // unsigned compare
   CHECK(run2(Opcode::op_vmax, Dtype::S16, 0x8000, 0x7fff) == 0x7fff);  // signed compare

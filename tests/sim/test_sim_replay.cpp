@@ -151,6 +151,47 @@ const char* kOverlap = R"(
     end
 )";
 
+// A mix kernel without cross-core flags (as the strided input gradient's: its cube core writes
+// some bytes of the output, its vector cores others): per block the cube core stores 1000 +
+// block at tags[block]; vector core `subblock` scales x's tile 2 * block + subblock (128 fp16)
+// by 2 into y's. No core touches bytes another writes, so its cores replay apart.
+const char* kMixApart = R"(
+.arg x
+.arg y
+.arg tags
+.section aic
+    ldarg x1, tags
+    get_block_id x2
+    shl x3, x2, 3
+    add x1, x1, x3
+    add x4, x2, 1000
+    st x4, x1
+    end
+.section aiv
+    ldarg x1, x
+    ldarg x2, y
+    get_block_id x5
+    get_subblock_id x6
+    shl x5, x5, 1
+    add x5, x5, x6
+    shl x5, x5, 8
+    add x1, x1, x5
+    add x2, x2, x5
+    movi x3, 0
+    movi x4, 1024
+    movi x7, f32(2.0)
+    copy_gm2ub x3, x1, 1, 8, 0, 0
+    set_flag mte2, v, 0
+    wait_flag mte2, v, 0
+    vmuls.f16 x4, x3, x7, 1, 1, 1, 8, 8
+    set_flag v, mte3, 0
+    wait_flag v, mte3, 0
+    copy_ub2gm x2, x4, 1, 8, 0, 0
+    end
+)";
+constexpr uint64_t kMixY = kZ + 0x800000, kMixTags = kW + 0x80000;
+constexpr int kMixBlocks = 3;  // on the tiny chip's two groups of a cube and two vector cores
+
 const char* kFault = ".section aiv\n    movi x1, 0x40000\n    copy_ub2gm x1, x1, 1, 8, 0, 0\n    end\n";
 
 // Counts what it is told; wants detail when `detail` is set.
@@ -206,6 +247,7 @@ json workload(SimOptions::Replay mode, int threads, bool functional = true,
   isa::Program stld = isa::assemble(kStoreLoad, "stld.s");
   isa::Program overlap = isa::assemble(kOverlap, "overlap.s");
   isa::Program scale = isa::assemble(kLoadScale, "scale.s");
+  isa::Program mix = isa::assemble(kMixApart, "mix.s");
   for (int round = 0; round < 3; ++round) {
     // New data every round: a replay computes with the data it is given.
     const std::string r = std::to_string(round);
@@ -233,6 +275,9 @@ json workload(SimOptions::Replay mode, int threads, bool functional = true,
     write_gm(sim, kW + 256, std::vector<uint32_t>{f32_to_bits(0.5f + round), 0});
     record("scale" + r, launch(sim, scale, {kX, kW + 256, kZ}, 1));
     out["scale_out" + r] = read_gm<uint16_t>(sim, kZ, 128);
+    record("mix" + r, launch(sim, mix, {kX, kMixY, kMixTags}, kMixBlocks));
+    out["mix_out" + r] = read_gm<uint16_t>(sim, kMixY, kMixBlocks * 2 * 128);
+    out["mix_tags" + r] = read_gm<int64_t>(sim, kMixTags, kMixBlocks);
   }
   // A different block count or size argument is another launch.
   record("vadd_blocks", launch(sim, vadd, {kX, kY, kZ, n}, 2));
@@ -321,6 +366,13 @@ TEST_CASE("replay gives exactly what simulating every launch gives") {
   for (size_t i = 0; i < scaled.size(); ++i)
     scale_correct &= scaled[i] == f32_to_f16(f16_to_f32(x[i]) * 2.5f);
   CHECK(scale_correct);
+  // The mix kernel of round 2: x's first 6 tiles doubled, each block's tag.
+  const auto doubled = off["mix_out2"].get<std::vector<uint16_t>>();
+  bool mix_correct = doubled.size() == kMixBlocks * 2 * 128;
+  for (size_t i = 0; i < doubled.size(); ++i)
+    mix_correct &= doubled[i] == f32_to_f16(f16_to_f32(x[i]) * 2.0f);
+  CHECK(mix_correct);
+  CHECK(off["mix_tags2"] == json(std::vector<int64_t>{1000, 1001, 1002}));
 }
 
 // A timing-only simulator carries out a launch that passed the address check by invalidating
@@ -347,6 +399,12 @@ TEST_CASE("which launches are replayed") {
     CHECK(on[std::string(k) + "0"]["replayed"] == false);
     CHECK(on[std::string(k) + "1"]["replayed"] == true);
     CHECK(on[std::string(k) + "2"]["replayed"] == true);
+  }
+  // A mix kernel whose cores touch no bytes another writes replays as any launch does (each
+  // core its own section's blocks, with their subblock ids).
+  for (int round = 0; round < 3; ++round) {
+    INFO("mix" << round);
+    CHECK(on["mix" + std::to_string(round)]["replayed"] == (round > 0));
   }
   // A program with ld replays once its recording passes the check with the launch's data:
   // ldst always (the loaded value only flows into the stored one), the loop when it loops as

@@ -6,7 +6,8 @@ npusim package from the repository (adapter/tf/python). All tests of one pytest 
 one TensorFlow and one emulated chip: the tiny preset (NPUSIM_CHIP=tiny), which keeps kernels
 fast, or the preset NPUSIM_TEST_CHIP names (910b, 910, 310p: as for the compiler tests,
 docs/compiler.md "Tests on the chip presets"), whichever test opens the NPU first (the
-environment is set when this file loads). Tests
+environment is set, and npusim imported so that the plugin is loaded before any TensorFlow op,
+when this file loads: the test files run in any order in one process). Tests
 that need a fresh process (import order, configure before the device exists) run
 a child Python (run_child).
 """
@@ -446,6 +447,26 @@ def _use_the_test_chip():
 
 
 _use_the_test_chip()
+
+
+def _load_the_plugin():
+    """Imports npusim, which loads the plugin into TensorFlow, when this file loads: before any
+    test module is collected or any test runs. TensorFlow creates its devices once per process,
+    at its first op (or when devices are listed), and the NPU appears only if the plugin was
+    loaded before that; `import npusim` after it raises NpusimError ("already created its
+    devices"). So a test that runs a TensorFlow op (a CPU reference, say) without the `npusim`
+    or `tf` fixture would, run first, make every later test of the process that needs the NPU
+    fail: files passed alone and failed after others. Loading the plugin here makes the order
+    of the test files in one process irrelevant. Without tensorflow nothing is loaded (the
+    test files skip themselves); a plugin that cannot be found is an error here, naming it."""
+    try:
+        import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+        return
+    import npusim  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import,redefined-outer-name
+
+
+_load_the_plugin()
 
 
 @pytest.fixture(scope="session")

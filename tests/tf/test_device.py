@@ -2,6 +2,7 @@
 configure() rules, import order (child processes)."""
 
 import json
+import os
 import textwrap
 
 import numpy as np
@@ -141,6 +142,31 @@ def test_import_after_the_first_op_is_a_clear_error():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "NpusimError" in result.stdout
     assert "before `import npusim`" in result.stdout
+
+
+def test_a_cpu_op_before_any_fixture_leaves_the_npu_to_later_tests():
+    """The tests' process as pytest starts it: conftest.py loads, then the first test runs a
+    TensorFlow op on the CPU (a reference) without the `npusim` or `tf` fixture, which creates
+    TensorFlow's devices. A later test's `import npusim` and its NPU ops must still work, so
+    that the test files pass in any order in one process (run after such a test, they failed
+    with "already created its devices ... before `import npusim`"). conftest.py is loaded from
+    its file, as pytest loads it, in a fresh Python."""
+    conftest = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py")
+    result = run_child(textwrap.dedent(f"""
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("conftest", {conftest!r})
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        import tensorflow as tf
+        tf.constant(1.0) + 1.0  # TensorFlow creates its devices here
+        import npusim
+        with tf.device("/NPU:0"):
+            y = tf.identity(tf.constant([1.0, 2.0])) * 3.0
+        print("DEVICE", y.device.endswith("NPU:0"), npusim.device_info()["open"])
+        print("VALUES", y.numpy().tolist())
+    """))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "DEVICE True True" in result.stdout
+    assert "VALUES [3.0, 6.0]" in result.stdout
 
 
 def test_write_report(npusim, tf, tmp_path):

@@ -102,8 +102,7 @@ def test_an_explicit_switch_wins(runs):
     assert ratios(runs["in order, switch filter_grad"][0]) == [1]
 
 
-def test_the_results_match_the_cpu_and_each_other(runs):
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+def test_the_results_match_the_cpu_and_each_other(tf, runs):
     rng = np.random.default_rng(11)  # the child's inputs
     x = rng.uniform(-1, 1, (2, 32, 32, 16)).astype(np.float16)
     dy = rng.uniform(-1, 1, (2, 32, 32, 16)).astype(np.float16)
