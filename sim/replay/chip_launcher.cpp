@@ -559,12 +559,14 @@ KernelResult ChipLauncher::finish() {
   const uint64_t quiescent_ps = time_ps(sc_time_stamp() - P->start);
   RecordedLaunch rec;
   // A recording dropped on the way (SimOptions::replay_record_max_bytes) is not kept. A mix
-  // kernel without cross-core flags (a cube core and its vector cores per block, each core
-  // running its own section's blocks: the strided input gradient's cube writes dx's strided
-  // positions while its vector cores zero the others) is kept as any launch is: each core's
-  // blocks are recorded with their section, block and subblock ids (record_blocks), its walk
-  // is a function of the key (no ld, no flag waits on another core), and record_blocks refuses
-  // it where a core touched bytes another wrote, so its cores replay apart exactly.
+  // kernel (a cube core and its vector cores per block, each core running its own section's
+  // blocks) is kept as any launch is: each core's blocks are recorded with their section,
+  // block and subblock ids (record_blocks), and record_blocks refuses a launch where a core
+  // read or wrote GM bytes another core wrote (unless lean or in the recorded effect order).
+  // The cores of a mix kernel share nothing but GM and the cross-core flags, which carry no
+  // data, so with no such bytes each core's effects depend on the launch alone and the cores
+  // replay apart exactly (the strided input gradient: the cube core writes dx's strided
+  // positions while its vector cores zero the others).
   const bool keep =
       P->record && m_chip.launch().record && r.ok && record_blocks(*launch.program, m_chip, &rec);
   if (keep && P->flow) {
