@@ -92,6 +92,16 @@ void Chip::refresh_instruction_observers() {
     if (o->wants_instructions()) m_instruction_observers.push_back(o);
 }
 
+void Chip::notify_kernel_begin(const isa::Program& program, int block_dim, uint64_t t_ps) {
+  for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, t_ps);
+  refresh_instruction_observers();
+}
+
+void Chip::notify_kernel_end(const isa::Program& program, uint64_t t_ps, bool ok) {
+  for (ChipObserver* o : m_observers) o->on_kernel_end(program, t_ps, ok);
+  refresh_instruction_observers();
+}
+
 void Chip::dispatch_blocks() {
   // Every running launch's free workers (a launch none of whose workers was freed in this
   // delta cycle has none free with blocks left: dispatch_free does nothing for it). A worker
@@ -291,9 +301,7 @@ void Chip::start_slot(size_t i) {
     s.held_from.clear();
     s.held_to.clear();
   }
-  for (ChipObserver* o : m_observers)
-    o->on_kernel_begin(*s.launch.program, s.launch.block_dim, time_ps(s.start));
-  refresh_instruction_observers();
+  notify_kernel_begin(*s.launch.program, s.launch.block_dim, time_ps(s.start));
   s.scheduler.start(std::move(s.workers), s.launch.block_dim, static_cast<int>(m_cores.size()),
                     cycles_to_time(static_cast<double>(m_cfg.task_dispatch_cycles())),
                     cycles_to_time(m_cfg.task_block_start_cycles));
@@ -353,8 +361,7 @@ void Chip::begin_launch(const isa::Program& program, const std::vector<uint64_t>
   m_memory->begin_launch(record && !record_lean,
                          record && record_l2_trace ? record_max_bytes / sizeof(GmAccess) : 0);
   s.start = s.end = sc_time_stamp();
-  for (ChipObserver* o : m_observers) o->on_kernel_begin(program, block_dim, time_ps(s.start));
-  refresh_instruction_observers();
+  notify_kernel_begin(program, block_dim, time_ps(s.start));
   s.scheduler.start(std::move(workers), block_dim, static_cast<int>(m_cores.size()),
                     cycles_to_time(static_cast<double>(m_cfg.task_dispatch_cycles())),
                     cycles_to_time(m_cfg.task_block_start_cycles));
@@ -761,8 +768,7 @@ void Chip::end_slot(Slot& s, const sc_core::sc_time& end, bool ok) {
   m_total_cycles.add(time_ps(end - s.start));
   m_launches.inc();
   if (!ok) m_failed_launches.inc();
-  for (ChipObserver* o : m_observers) o->on_kernel_end(*s.launch.program, time_ps(end), ok);
-  refresh_instruction_observers();
+  notify_kernel_end(*s.launch.program, time_ps(end), ok);
 }
 
 void Chip::reset_after_launches() {

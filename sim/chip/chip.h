@@ -166,9 +166,11 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // core now. Not while a launch runs. Attaching one already attached is a no-op.
   void add_observer(ChipObserver* observer);
   void remove_observer(ChipObserver* observer);
-  // Asks the observers' wants_instructions() anew (instruction_observers()): after every
-  // on_kernel_begin and on_kernel_end the chip or its launcher calls.
-  void refresh_instruction_observers();
+  // Tells every observer that a launch began / ended at t_ps (the chip's own launches, and the
+  // launcher's replayed ones, which the observers see only as these two calls), then asks their
+  // wants_instructions() anew: the only moments its answer may change.
+  void notify_kernel_begin(const isa::Program& program, int block_dim, uint64_t t_ps);
+  void notify_kernel_end(const isa::Program& program, uint64_t t_ps, bool ok);
   const std::vector<std::unique_ptr<AiCore>>& cores() const { return m_cores; }
   // The records of the launch in progress, by core chip index, while it is being recorded
   // (until end_launch); empty otherwise.
@@ -178,8 +180,6 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   // place across the cores (each pipe instruction's execute() and each scalar ld / st, done at
   // one simulated instant, so this is the order the cores' data saw). Empty otherwise.
   const std::vector<uint16_t>& effect_order() const { return m_effect_order; }
-  // The launch in progress (or last begun) is a mix kernel: aic and aiv cores in groups.
-  bool mix() const { return m_slots.front()->mix; }
 
   // The lone launch in progress (or last begun): what begin_launch was given.
   const LaunchInfo& launch() const { return m_slots.front()->launch; }
@@ -302,6 +302,7 @@ class Chip : public sc_core::sc_module, public CoreEnv {
   std::vector<ChipObserver*> m_observers;
   // Those of m_observers that want instructions and flag edges (refresh_instruction_observers).
   std::vector<ChipObserver*> m_instruction_observers;
+  void refresh_instruction_observers();
   std::vector<std::unique_ptr<AiCore>> m_cores;  // chip index order: aic..., aiv... (or aicore)
   std::unique_ptr<MemorySystem> m_memory;
   std::unique_ptr<HdcLink> m_hdc;

@@ -157,11 +157,8 @@ CounterRegistry::RawDelta ChipLauncher::own_counters(const RecordedLaunch& rec) 
 KernelResult ChipLauncher::replayed_result(const KernelLaunch& launch, const RecordedLaunch& rec,
                                            const sc_time& start) {
   const uint64_t start_ps = time_ps(start);
-  for (ChipObserver* o : m_chip.observers())
-    o->on_kernel_begin(*launch.program, launch.block_dim, start_ps);
-  for (ChipObserver* o : m_chip.observers())
-    o->on_kernel_end(*launch.program, start_ps + rec.duration_ps, true);
-  m_chip.refresh_instruction_observers();
+  m_chip.notify_kernel_begin(*launch.program, launch.block_dim, start_ps);
+  m_chip.notify_kernel_end(*launch.program, start_ps + rec.duration_ps, true);
   if (rec.registry == &m_counters || !rec.registry)
     m_counters.apply(rec.counters);
   else
