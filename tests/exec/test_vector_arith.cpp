@@ -314,26 +314,36 @@ TEST_CASE("VSCL: adds muls maxs mins lrelu, scalar rounded to the type") {
       }
 }
 
+namespace {
+
+// One binary op on lane 0 of one repeat: a and b (the type's bits) in, the result's bits out.
+uint32_t run_one_lane(VecHarness& h, Opcode op, Dtype t, uint32_t a, uint32_t b) {
+  const int size = isa::dtype_size(t);
+  h.put_elem(kSrc0, size, a);
+  h.put_elem(kSrc1, size, b);
+  VecOp o(op,
+          {{"type", dt(t)},
+           {"xdst", kDst},
+           {"xsrc0", kSrc0},
+           {"xsrc1", kSrc1},
+           {"repeat", 1},
+           {"dst_blk", 1},
+           {"src0_blk", 1},
+           {"src1_blk", 1},
+           {"dst_rep", 8},
+           {"src0_rep", 8},
+           {"src1_rep", 8}},
+          normal_mask(0, 1));
+  h.run(o);
+  return h.get_elem(kDst, size);
+}
+
+}  // namespace
+
 TEST_CASE("fp16 and bf16 arithmetic rounds once to nearest even") {
   VecHarness h;
-  auto run2 = [&](Opcode op, Dtype t, uint16_t a, uint16_t b) {
-    h.put<uint16_t>(kSrc0, a);
-    h.put<uint16_t>(kSrc1, b);
-    VecOp o(op,
-            {{"type", dt(t)},
-             {"xdst", kDst},
-             {"xsrc0", kSrc0},
-             {"xsrc1", kSrc1},
-             {"repeat", 1},
-             {"dst_blk", 1},
-             {"src0_blk", 1},
-             {"src1_blk", 1},
-             {"dst_rep", 8},
-             {"src0_rep", 8},
-             {"src1_rep", 8}},
-            normal_mask(0, 1));
-    h.run(o);
-    return h.get<uint16_t>(kDst);
+  auto run2 = [&](Opcode op, Dtype t, uint32_t a, uint32_t b) {
+    return run_one_lane(h, op, t, a, b);
   };
   // f16 (10 fraction bits): 2048 (0x6800) + 1 (0x3c00) = 2049, a tie between 2048 and 2050
   // -> even 2048; 2048 + 3 (0x4200) = 2051, a tie -> 2052 (0x6802).
@@ -361,24 +371,7 @@ TEST_CASE("fp16 and bf16 arithmetic rounds once to nearest even") {
 TEST_CASE("integer arithmetic wraps") {
   VecHarness h;
   auto run2 = [&](Opcode op, Dtype t, uint32_t a, uint32_t b) {
-    int size = isa::dtype_size(t);
-    h.put_elem(kSrc0, size, a);
-    h.put_elem(kSrc1, size, b);
-    VecOp o(op,
-            {{"type", dt(t)},
-             {"xdst", kDst},
-             {"xsrc0", kSrc0},
-             {"xsrc1", kSrc1},
-             {"repeat", 1},
-             {"dst_blk", 1},
-             {"src0_blk", 1},
-             {"src1_blk", 1},
-             {"dst_rep", 8},
-             {"src0_rep", 8},
-             {"src1_rep", 8}},
-            normal_mask(0, 1));
-    h.run(o);
-    return h.get_elem(kDst, size);
+    return run_one_lane(h, op, t, a, b);
   };
   CHECK(run2(Opcode::op_vadd, Dtype::S16, 32767, 1) == 0x8000);  // -32768
   CHECK(run2(Opcode::op_vmul, Dtype::U16, 65535, 65535) == 1);   // (2^16-1)^2 mod 2^16
